@@ -1,0 +1,259 @@
+// exactblocks._core: thin typed entry points (STYLE 5.8). No math and no defaults here; the
+// Python layer has validated every argument. Computation runs with the GIL released.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+
+#include "core/check.hpp"
+#include "core/mamba2_block.hpp"
+#include "core/transformer_block.hpp"
+#include "math/f64.hpp"
+#include "ops/gemm.hpp"
+#include "ops/rope.hpp"
+#include "simd/dispatch.hpp"
+
+namespace nb = nanobind;
+using namespace eb;
+
+#ifndef EB_VERSION
+#define EB_VERSION "0.0.0"
+#endif
+
+// Bump on any change that can move an output bit (SPEC 1, 3.4): orders, routines, op order.
+static const char* kArithmeticVersion = "fp32-identical-1";
+
+using CArr = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+using MArr = nb::ndarray<float, nb::c_contig, nb::device::cpu>;
+using IArr = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using OutArr = nb::ndarray<nb::numpy, float>;
+
+static int g_threads = 1;
+
+static OutArr new_array(std::initializer_list<size_t> shape) {
+  size_t n = 1;
+  for (size_t s : shape) n *= s;
+  float* data = new float[std::max<size_t>(n, 1)]();
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+  return OutArr(data, shape, owner);
+}
+
+static std::unordered_map<std::string, const float*> weight_ptrs(const nb::dict& weights,
+                                                                 std::vector<CArr>& keep) {
+  std::unordered_map<std::string, const float*> out;
+  for (auto [k, v] : weights) {
+    keep.push_back(nb::cast<CArr>(v, false));
+    out[nb::cast<std::string>(k)] = keep.back().data();
+  }
+  return out;
+}
+
+template <class T>
+static T get(const nb::dict& d, const char* key) {
+  EB_CHECK(d.contains(key), std::string("config key missing: ") + key);
+  return nb::cast<T>(d[key]);
+}
+
+static TransformerConfig transformer_config(const nb::dict& d) {
+  TransformerConfig c;
+  c.d_model = get<int64_t>(d, "d_model");
+  c.n_heads = get<int64_t>(d, "n_heads");
+  c.n_kv_heads = get<int64_t>(d, "n_kv_heads");
+  c.head_dim = get<int64_t>(d, "head_dim");
+  c.intermediate = get<int64_t>(d, "intermediate");
+  c.window = get<int64_t>(d, "window");
+  c.rope_dim = get<int64_t>(d, "rope_dim");
+  c.max_positions = get<int64_t>(d, "max_positions");
+  c.rope_theta = get<double>(d, "rope_theta");
+  c.norm_eps = static_cast<float>(get<double>(d, "norm_eps"));
+  c.attn_softcap = static_cast<float>(get<double>(d, "attn_softcap"));
+  c.rope_scaling_kind = get<int>(d, "rope_scaling_kind");
+  c.rope_factor = get<double>(d, "rope_factor");
+  c.rope_low_freq_factor = get<double>(d, "rope_low_freq_factor");
+  c.rope_high_freq_factor = get<double>(d, "rope_high_freq_factor");
+  c.rope_original_max = get<double>(d, "rope_original_max");
+  c.norm = get<int>(d, "norm");
+  c.mlp = get<int>(d, "mlp");
+  c.qkv_bias = get<bool>(d, "qkv_bias");
+  c.o_bias = get<bool>(d, "o_bias");
+  c.norm_bias = get<bool>(d, "norm_bias");
+  c.mlp_bias = get<bool>(d, "mlp_bias");
+  c.qk_norm = get<bool>(d, "qk_norm");
+  return c;
+}
+
+static Mamba2Config mamba2_config(const nb::dict& d) {
+  Mamba2Config c;
+  c.d_model = get<int64_t>(d, "d_model");
+  c.d_inner = get<int64_t>(d, "d_inner");
+  c.n_heads = get<int64_t>(d, "n_heads");
+  c.head_dim = get<int64_t>(d, "head_dim");
+  c.d_state = get<int64_t>(d, "d_state");
+  c.n_groups = get<int64_t>(d, "n_groups");
+  c.conv_dim = get<int64_t>(d, "conv_dim");
+  c.conv_kernel = get<int64_t>(d, "conv_kernel");
+  c.norm_eps = static_cast<float>(get<double>(d, "norm_eps"));
+  c.dt_min = static_cast<float>(get<double>(d, "dt_min"));
+  c.dt_max = static_cast<float>(get<double>(d, "dt_max"));
+  c.conv_bias = get<bool>(d, "conv_bias");
+  c.proj_bias = get<bool>(d, "proj_bias");
+  return c;
+}
+
+static void check_rows(const IArr& a, int64_t batch, const char* name) {
+  EB_CHECK(static_cast<int64_t>(a.shape(0)) == batch, std::string(name) + " must have batch entries");
+}
+
+NB_MODULE(_core, m) {
+  m.attr("__version__") = EB_VERSION;
+  m.def("arithmetic_version", []() { return std::string(kArithmeticVersion); });
+  m.def("numeric_mode", []() { return std::string("identical"); });
+  m.def("vendor", []() { return std::string("cpu"); });
+  m.def("set_num_threads", [](int n) {
+    EB_CHECK(n >= 1, "n_threads must be >= 1");
+    g_threads = n;
+  });
+  m.def("get_num_threads", []() { return g_threads; });
+  m.def("available_isas", &available_isas);
+  m.def("set_isa", &set_isa);
+  m.def("get_isa", &get_isa);
+
+  m.def("elementwise", [](const std::string& name, nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu> x) {
+    static const char* names[] = {"exp", "log1p", "tanh", "erf", "sin", "cos",
+                                  "silu", "softplus", "gelu", "gelu_tanh"};
+    int op = -1;
+    for (int i = 0; i < 10; ++i)
+      if (name == names[i]) op = i;
+    EB_CHECK(op >= 0, "unknown elementwise op " + name);
+    OutArr y = new_array({x.shape(0)});
+    {
+      nb::gil_scoped_release release;
+      kernels().elementwise(op, x.data(), y.data(), static_cast<int64_t>(x.shape(0)));
+    }
+    return y;
+  });
+  m.def("exp_f64", [](double x) { return math::exp_f64(x); });
+  m.def("log_f64", [](double x) { return math::log_f64(x); });
+  m.def("rope_inv_freq", [](int64_t rope_dim, double theta, int kind, double factor, double low,
+                            double high, double original_max) {
+    OutArr y = new_array({static_cast<size_t>(rope_dim / 2)});
+    ops::rope_inv_freq(rope_dim, theta, kind, factor, low, high, original_max, y.data());
+    return y;
+  });
+  // Ops exposed for the unit tests (tests/unit): the same kernels the blocks use.
+  m.def("gemm", [](nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> a,
+                   nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> w,
+                   nb::object bias) {
+    const int64_t mm = static_cast<int64_t>(a.shape(0)), k = static_cast<int64_t>(a.shape(1));
+    const int64_t n = static_cast<int64_t>(w.shape(0));
+    EB_CHECK(static_cast<int64_t>(w.shape(1)) == k, "gemm: inner sizes differ");
+    const float* b = nullptr;
+    CArr barr;
+    if (!bias.is_none()) {
+      barr = nb::cast<CArr>(bias, false);
+      EB_CHECK(static_cast<int64_t>(barr.size()) == n, "gemm: bias size");
+      b = barr.data();
+    }
+    ops::PackedMatrix pm = ops::pack_matrices({w.data()}, {n}, k, {b});
+    OutArr c = new_array({static_cast<size_t>(mm), static_cast<size_t>(n)});
+    {
+      nb::gil_scoped_release release;
+      kernels().gemm(a.data(), mm, k, pm, c.data(), n, g_threads);
+    }
+    return c;
+  }, nb::arg("a"), nb::arg("w"), nb::arg("bias").none() = nb::none());
+  m.def("norm", [](int kind, nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> x,
+                   CArr w, nb::object bias, double eps) {
+    const int64_t rows = static_cast<int64_t>(x.shape(0)), n = static_cast<int64_t>(x.shape(1));
+    std::vector<float> wv(w.data(), w.data() + n);
+    if (kind == 2)
+      for (float& v : wv) v = 1.0f + v;
+    CArr barr;
+    const float* b = nullptr;
+    if (!bias.is_none()) { barr = nb::cast<CArr>(bias, false); b = barr.data(); }
+    OutArr y = new_array({static_cast<size_t>(rows), static_cast<size_t>(n)});
+    kernels().norm_rows(kind, x.data(), rows, n, wv.data(), b, static_cast<float>(eps), y.data());
+    return y;
+  }, nb::arg("kind"), nb::arg("x"), nb::arg("w"), nb::arg("bias").none(), nb::arg("eps"));
+  m.def("dot_l16", [](CArr a, CArr b) {
+    return kernels().dot_l16(a.data(), b.data(), static_cast<int64_t>(a.size()));
+  });
+  m.def("sum_l16", [](CArr a) { return kernels().sum_l16(a.data(), static_cast<int64_t>(a.size())); });
+
+  nb::class_<TransformerModel>(m, "TransformerCore")
+      .def("__init__", [](TransformerModel* self, nb::dict cfg, nb::dict weights) {
+        std::vector<CArr> keep;
+        auto ptrs = weight_ptrs(weights, keep);
+        TransformerConfig c = transformer_config(cfg);
+        nb::gil_scoped_release release;
+        new (self) TransformerModel(c, ptrs);
+      })
+      .def("forward", [](const TransformerModel& mdl, nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> x,
+                         IArr lengths, IArr start, MArr k_cache, MArr v_cache) {
+        const int64_t B = static_cast<int64_t>(x.shape(0)), L = static_cast<int64_t>(x.shape(1));
+        const TransformerConfig& c = mdl.cfg;
+        EB_CHECK(static_cast<int64_t>(x.shape(2)) == c.d_model, "x last dim != d_model");
+        check_rows(lengths, B, "lengths");
+        check_rows(start, B, "start");
+        EB_CHECK(k_cache.ndim() == 4 && v_cache.ndim() == 4, "cache rank");
+        const int64_t cap = static_cast<int64_t>(k_cache.shape(2));
+        EB_CHECK(static_cast<int64_t>(k_cache.shape(0)) == B &&
+                     static_cast<int64_t>(k_cache.shape(1)) == c.n_kv_heads &&
+                     static_cast<int64_t>(k_cache.shape(3)) == c.head_dim && cap >= 1,
+                 "k_cache shape");
+        for (size_t i = 0; i < 4; ++i) EB_CHECK(k_cache.shape(i) == v_cache.shape(i), "v_cache shape");
+        for (int64_t b = 0; b < B; ++b)
+          EB_CHECK(lengths.data()[b] >= 0 && lengths.data()[b] <= L && start.data()[b] >= 0 &&
+                       start.data()[b] + lengths.data()[b] <= c.max_positions,
+                   "lengths/start out of range");
+        OutArr y = new_array({static_cast<size_t>(B), static_cast<size_t>(L), static_cast<size_t>(c.d_model)});
+        TransformerCall call{x.data(), y.data(), B, L, lengths.data(), start.data(),
+                             k_cache.data(), v_cache.data(), cap, g_threads};
+        {
+          nb::gil_scoped_release release;
+          kernels().transformer_forward(mdl, call);
+        }
+        return y;
+      });
+
+  nb::class_<Mamba2Model>(m, "Mamba2Core")
+      .def("__init__", [](Mamba2Model* self, nb::dict cfg, nb::dict weights) {
+        std::vector<CArr> keep;
+        auto ptrs = weight_ptrs(weights, keep);
+        Mamba2Config c = mamba2_config(cfg);
+        nb::gil_scoped_release release;
+        new (self) Mamba2Model(c, ptrs);
+      })
+      .def("forward", [](const Mamba2Model& mdl, nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> x,
+                         IArr lengths, MArr conv_window, MArr h) {
+        const int64_t B = static_cast<int64_t>(x.shape(0)), L = static_cast<int64_t>(x.shape(1));
+        const Mamba2Config& c = mdl.cfg;
+        EB_CHECK(static_cast<int64_t>(x.shape(2)) == c.d_model, "x last dim != d_model");
+        check_rows(lengths, B, "lengths");
+        EB_CHECK(conv_window.ndim() == 3 && static_cast<int64_t>(conv_window.shape(0)) == B &&
+                     static_cast<int64_t>(conv_window.shape(1)) == c.conv_dim &&
+                     static_cast<int64_t>(conv_window.shape(2)) == c.conv_kernel,
+                 "conv_window shape");
+        EB_CHECK(h.ndim() == 4 && static_cast<int64_t>(h.shape(0)) == B &&
+                     static_cast<int64_t>(h.shape(1)) == c.n_heads &&
+                     static_cast<int64_t>(h.shape(2)) == c.head_dim &&
+                     static_cast<int64_t>(h.shape(3)) == c.d_state,
+                 "h shape");
+        for (int64_t b = 0; b < B; ++b)
+          EB_CHECK(lengths.data()[b] >= 0 && lengths.data()[b] <= L, "lengths out of range");
+        OutArr y = new_array({static_cast<size_t>(B), static_cast<size_t>(L), static_cast<size_t>(c.d_model)});
+        Mamba2Call call{x.data(), y.data(), B, L, lengths.data(), conv_window.data(), h.data(), g_threads};
+        {
+          nb::gil_scoped_release release;
+          kernels().mamba2_forward(mdl, call);
+        }
+        return y;
+      });
+}

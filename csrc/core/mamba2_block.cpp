@@ -1,0 +1,48 @@
+// Mamba2Model construction: copy and pack the weights once; A = -exp(A_log) with the
+// library's own exp (SPEC 7.2). Conv weights are stored (conv_dim, conv_kernel).
+#include "core/mamba2_block.hpp"
+
+#include "core/check.hpp"
+#include "math/exp.hpp"
+
+namespace eb {
+namespace {
+
+const float* need(const std::unordered_map<std::string, const float*>& w, const std::string& k) {
+  auto it = w.find(k);
+  EB_CHECK(it != w.end(), "missing weight " + k);
+  return it->second;
+}
+
+const float* maybe(const std::unordered_map<std::string, const float*>& w, const std::string& k) {
+  auto it = w.find(k);
+  return it == w.end() ? nullptr : it->second;
+}
+
+std::vector<float> copy(const float* p, int64_t n) { return std::vector<float>(p, p + n); }
+
+}  // namespace
+
+Mamba2Model::Mamba2Model(const Mamba2Config& c,
+                         const std::unordered_map<std::string, const float*>& w)
+    : cfg(c) {
+  EB_CHECK(c.n_groups > 0 && c.n_heads % c.n_groups == 0 && c.d_inner % c.n_groups == 0,
+           "bad n_groups");
+  EB_CHECK(c.conv_dim == c.d_inner + 2 * c.n_groups * c.d_state, "bad conv_dim");
+  const int64_t n_in = c.d_inner + c.conv_dim + c.n_heads;
+  block_norm_w = copy(need(w, "block_norm.weight"), c.d_model);
+  w_in = ops::pack_matrices({need(w, "in_proj.weight")}, {n_in}, c.d_model,
+                            {maybe(w, "in_proj.bias")});
+  conv_w = copy(need(w, "conv1d.weight"), c.conv_dim * c.conv_kernel);
+  if (const float* b = maybe(w, "conv1d.bias")) conv_b = copy(b, c.conv_dim);
+  dt_bias = copy(need(w, "dt_bias"), c.n_heads);
+  d = copy(need(w, "D"), c.n_heads);
+  const float* a_log = need(w, "A_log");
+  a.resize(static_cast<size_t>(c.n_heads));
+  for (int64_t i = 0; i < c.n_heads; ++i) a[i] = -math::exp_f32(a_log[i]);
+  gated_norm_w = copy(need(w, "norm.weight"), c.d_inner);
+  w_out = ops::pack_matrices({need(w, "out_proj.weight")}, {c.d_model}, c.d_inner,
+                             {maybe(w, "out_proj.bias")});
+}
+
+}  // namespace eb

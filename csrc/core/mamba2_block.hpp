@@ -1,0 +1,42 @@
+// Mamba2Model: one Mamba-2 block's resolved sizes and packed weights; Mamba2Call: the arrays
+// of one forward call (HF Mamba2Block, recurrent form; SPEC 7.3). Python validated all.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ops/gemm.hpp"
+
+namespace eb {
+
+struct Mamba2Config {
+  int64_t d_model = 0, d_inner = 0, n_heads = 0, head_dim = 0, d_state = 0, n_groups = 1;
+  int64_t conv_dim = 0, conv_kernel = 0;
+  float norm_eps = 1e-5f, dt_min = 0.0f, dt_max = 0.0f;  // dt_max may be +inf
+  bool conv_bias = false, proj_bias = false;
+};
+
+struct Mamba2Model {
+  Mamba2Config cfg;
+  std::vector<float> block_norm_w;     // (d_model,)
+  ops::PackedMatrix w_in;              // in_proj (d_inner + conv_dim + n_heads, d_model)
+  std::vector<float> conv_w, conv_b;   // (conv_dim, conv_kernel), (conv_dim,) or empty
+  std::vector<float> dt_bias, a, d;    // (n_heads,) each; a = -exp(A_log) with the own exp
+  std::vector<float> gated_norm_w;     // (d_inner,)
+  ops::PackedMatrix w_out;             // out_proj (d_model, d_inner)
+
+  Mamba2Model(const Mamba2Config& c, const std::unordered_map<std::string, const float*>& weights);
+};
+
+struct Mamba2Call {
+  const float* x;           // (batch, n_tokens, d_model)
+  float* y;                 // (batch, n_tokens, d_model), zero-filled by the caller
+  int64_t batch, n_tokens;
+  const int64_t* lengths;   // (batch,)
+  float* conv_window;       // (batch, conv_dim, conv_kernel), updated in place for rows advanced
+  float* h;                 // (batch, n_heads, head_dim, d_state), updated in place
+  int n_threads;
+};
+
+}  // namespace eb

@@ -1,0 +1,108 @@
+// The Mamba-2 block's forward over a vector type V, compiled per ISA (kernels_isa.cpp).
+// Prefill IS repeated steps (STYLE 5.7): the conv window rolls and the SSM recurrence runs
+// token after token in every call shape, so no chunk split or batch can move a bit.
+// Chunked SSD exists only as a float64 test reference. Follows HF Mamba2Mixer.torch_forward
+// (transformers 5.x, per-group gated norm) and SSD arXiv:2405.21060.
+#pragma once
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/mamba2_block.hpp"
+#include "math/derived.hpp"
+#include "ops/conv1d.hpp"
+#include "ops/gemm.hpp"
+#include "ops/norm.hpp"
+#include "ops/ssm_scan.hpp"
+#include "threading/parallel.hpp"
+
+namespace eb::core {
+
+template <class V>
+void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
+  const Mamba2Config& c = mdl.cfg;
+  const int64_t d = c.d_model, di = c.d_inner, nh = c.n_heads, hd = c.head_dim;
+  const int64_t ns = c.d_state, ng = c.n_groups, cd = c.conv_dim, K = c.conv_kernel;
+  const int64_t n_in = mdl.w_in.n_out, B = call.batch, L = call.n_tokens;
+  const int nt = call.n_threads;
+
+  std::vector<int64_t> row_off(static_cast<size_t>(B + 1), 0);
+  for (int64_t b = 0; b < B; ++b) row_off[b + 1] = row_off[b] + call.lengths[b];
+  const int64_t M = row_off[B];
+  if (M == 0) return;
+  std::vector<float> xs(M * d), hn(M * d), zx(M * n_in), act(M * cd), o(M * di), y(M * d);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < call.lengths[b]; ++t)
+      std::memcpy(&xs[(row_off[b] + t) * d], call.x + (b * L + t) * d, sizeof(float) * d);
+
+  // 1-2. hn = RMSNorm(x); z | xBC | dt_raw = W_in hn (+ b_in)
+  parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t m = b0; m < b1; ++m)
+      ops::norm_row<V>(ops::kRmsNorm, &xs[m * d], d, mdl.block_norm_w.data(), nullptr,
+                       c.norm_eps, &hn[m * d]);
+  });
+  ops::gemm<V>(hn.data(), M, d, mdl.w_in, zx.data(), n_in, nt);
+
+  // 3. causal depthwise conv + SiLU, per (row, channel), rolling the row's conv window.
+  const float* conv_b = mdl.conv_b.empty() ? nullptr : mdl.conv_b.data();
+  parallel_for(B * cd, nt, [&](int64_t b0, int64_t b1, int) {
+    std::vector<float> seq;
+    for (int64_t task = b0; task < b1; ++task) {
+      const int64_t b = task / cd, ch = task % cd, n = call.lengths[b];
+      if (n == 0) continue;
+      float* win = call.conv_window + (b * cd + ch) * K;
+      seq.assign(static_cast<size_t>(K + n), 0.0f);  // [window (K) | u_0 .. u_(n-1)]
+      std::memcpy(seq.data(), win, sizeof(float) * K);
+      for (int64_t t = 0; t < n; ++t) seq[K + t] = zx[(row_off[b] + t) * n_in + di + ch];
+      for (int64_t t = 0; t < n; ++t) {
+        const float cv = ops::conv1d_tap_sum(seq.data() + t + 1, mdl.conv_w.data() + ch * K, K,
+                                             conv_b ? conv_b + ch : nullptr);
+        act[(row_off[b] + t) * cd + ch] = math::silu_f32(cv);
+      }
+      for (int64_t k = 0; k < K; ++k) win[k] = math::canon_nan(seq[n + k]);
+    }
+  });
+
+  // 4-6. dt, then the SSM recurrence per (row, head), token after token.
+  const int64_t heads_per_group = nh / ng;
+  parallel_for(B * nh, nt, [&](int64_t b0, int64_t b1, int) {
+    std::vector<float> dtb(static_cast<size_t>(ns));
+    for (int64_t task = b0; task < b1; ++task) {
+      const int64_t b = task / nh, hh = task % nh, g = hh / heads_per_group;
+      float* hs = call.h + (b * nh + hh) * hd * ns;
+      for (int64_t t = 0; t < call.lengths[b]; ++t) {
+        const int64_t m = row_off[b] + t;
+        const float* a_row = &act[m * cd];
+        float dt = math::softplus_f32(zx[m * n_in + di + cd + hh] + mdl.dt_bias[hh]);
+        dt = std::min(std::max(dt, c.dt_min), c.dt_max);
+        ops::ssm_scan_step<V>(hs, hd, ns, dt, mdl.a[hh], mdl.d[hh], a_row + hh * hd,
+                              a_row + di + g * ns, a_row + di + ng * ns + g * ns, dtb.data(),
+                              &o[m * di + hh * hd]);
+      }
+      if (call.lengths[b] > 0)  // SPEC 3.5: NaN written into a state is the canonical quiet NaN
+        for (int64_t i = 0; i < hd * ns; ++i) hs[i] = math::canon_nan(hs[i]);
+    }
+  });
+
+  // 7. v = y * silu(z); gated RMSNorm per group; 8. out = x + (W_out o (+ b_out))
+  const int64_t gs = di / ng;
+  parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t m = b0; m < b1; ++m) {
+      float* v = &o[m * di];
+      for (int64_t i = 0; i < di; ++i) v[i] = v[i] * math::silu_f32(zx[m * n_in + i]);
+      for (int64_t g = 0; g < ng; ++g)
+        // (v * r) * w: rmsnorm_offset's op order, with the plain weight (HF MambaRMSNormGated)
+        ops::norm_row<V>(ops::kRmsNormOffset, v + g * gs, gs, mdl.gated_norm_w.data() + g * gs,
+                         nullptr, c.norm_eps, v + g * gs);
+    }
+  });
+  ops::gemm<V>(o.data(), M, di, mdl.w_out, y.data(), d, nt);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < call.lengths[b]; ++t) {
+      const int64_t m = row_off[b] + t;
+      float* dst = call.y + (b * L + t) * d;
+      for (int64_t i = 0; i < d; ++i) dst[i] = math::canon_nan(xs[m * d + i] + y[m * d + i]);
+    }
+}
+
+}  // namespace eb::core

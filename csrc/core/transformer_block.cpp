@@ -1,0 +1,72 @@
+// TransformerModel construction: copy and pack the weights once (SPEC 2.1: the caller's
+// arrays are never kept), build the RoPE table and the (1 + w) norm weights.
+#include "core/transformer_block.hpp"
+
+#include <cmath>
+
+#include "core/check.hpp"
+#include "ops/norm.hpp"
+#include "ops/rope.hpp"
+
+namespace eb {
+namespace {
+
+const float* need(const std::unordered_map<std::string, const float*>& w, const std::string& k) {
+  auto it = w.find(k);
+  EB_CHECK(it != w.end(), "missing weight " + k);
+  return it->second;
+}
+
+const float* maybe(const std::unordered_map<std::string, const float*>& w, const std::string& k) {
+  auto it = w.find(k);
+  return it == w.end() ? nullptr : it->second;
+}
+
+std::vector<float> norm_weight(const float* w, int64_t n, int kind) {
+  std::vector<float> out(w, w + n);
+  if (kind == ops::kRmsNormOffset)
+    for (float& v : out) v = 1.0f + v;  // GemmaRMSNorm scales by (1 + w): rounded once, here
+  return out;
+}
+
+}  // namespace
+
+TransformerModel::TransformerModel(const TransformerConfig& c,
+                                   const std::unordered_map<std::string, const float*>& w)
+    : cfg(c) {
+  EB_CHECK(c.n_heads > 0 && c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0, "bad head counts");
+  EB_CHECK(c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim, "bad rope_dim");
+  const int64_t d = c.d_model, qw = c.n_heads * c.head_dim, kw = c.n_kv_heads * c.head_dim;
+  const int64_t it = c.intermediate;
+  attn_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  inv_freq.assign(static_cast<size_t>(c.rope_dim / 2 + 1), 0.0f);
+  ops::rope_inv_freq(c.rope_dim, c.rope_theta, c.rope_scaling_kind, c.rope_factor,
+                     c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_max,
+                     inv_freq.data());
+  norm_in_w = norm_weight(need(w, "input_layernorm.weight"), d, c.norm);
+  norm_post_w = norm_weight(need(w, "post_attention_layernorm.weight"), d, c.norm);
+  if (c.norm_bias) {
+    const float* b1 = need(w, "input_layernorm.bias");
+    const float* b2 = need(w, "post_attention_layernorm.bias");
+    norm_in_b.assign(b1, b1 + d);
+    norm_post_b.assign(b2, b2 + d);
+  }
+  if (c.qk_norm) {
+    q_norm_w = norm_weight(need(w, "q_norm.weight"), c.head_dim, c.norm);
+    k_norm_w = norm_weight(need(w, "k_norm.weight"), c.head_dim, c.norm);
+  }
+  w_qkv = ops::pack_matrices(
+      {need(w, "q_proj.weight"), need(w, "k_proj.weight"), need(w, "v_proj.weight")},
+      {qw, kw, kw}, d,
+      {maybe(w, "q_proj.bias"), maybe(w, "k_proj.bias"), maybe(w, "v_proj.bias")});
+  w_o = ops::pack_matrices({need(w, "o_proj.weight")}, {d}, qw, {maybe(w, "o_proj.bias")});
+  if (ops::mlp_is_gated_kind(c.mlp)) {
+    w_gu = ops::pack_matrices({need(w, "gate_proj.weight"), need(w, "up_proj.weight")}, {it, it},
+                              d, {maybe(w, "gate_proj.bias"), maybe(w, "up_proj.bias")});
+  } else {
+    w_gu = ops::pack_matrices({need(w, "up_proj.weight")}, {it}, d, {maybe(w, "up_proj.bias")});
+  }
+  w_down = ops::pack_matrices({need(w, "down_proj.weight")}, {d}, it, {maybe(w, "down_proj.bias")});
+}
+
+}  // namespace eb

@@ -1,0 +1,54 @@
+// TransformerModel: one decoder block's resolved config and packed weights (built once),
+// and TransformerCall: the arrays of one forward call. The block composes ops only
+// (transformer_impl.hpp); the Python layer has validated everything before a call.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ops/gemm.hpp"
+
+namespace eb {
+
+struct TransformerConfig {
+  int64_t d_model = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, intermediate = 0;
+  int64_t window = 0, rope_dim = 0, max_positions = 0;
+  double rope_theta = 10000.0;
+  int rope_scaling_kind = 0;
+  double rope_factor = 1.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
+  double rope_original_max = 8192.0;
+  float norm_eps = 1e-6f, attn_softcap = 0.0f;
+  int norm = 0, mlp = 0;
+  bool qkv_bias = false, o_bias = false, norm_bias = false, mlp_bias = false, qk_norm = false;
+};
+
+struct TransformerModel {
+  TransformerConfig cfg;
+  float attn_scale = 1.0f;             // float32 nearest to head_dim^-1/2
+  std::vector<float> inv_freq;         // (rope_dim / 2,)
+  std::vector<float> norm_in_w, norm_in_b, norm_post_w, norm_post_b;  // (d_model,)
+  std::vector<float> q_norm_w, k_norm_w;                              // (head_dim,)
+  ops::PackedMatrix w_qkv;   // [q_proj; k_proj; v_proj]  (QW + 2 KW, d_model)
+  ops::PackedMatrix w_o;     // o_proj                     (d_model, QW)
+  ops::PackedMatrix w_gu;    // [gate_proj; up_proj] or [up_proj]  ((2|1) IT, d_model)
+  ops::PackedMatrix w_down;  // down_proj                  (d_model, IT)
+
+  // weights: canonical short names -> contiguous float32 data (shapes checked by Python).
+  TransformerModel(const TransformerConfig& c,
+                   const std::unordered_map<std::string, const float*>& weights);
+};
+
+struct TransformerCall {
+  const float* x;         // (batch, n_tokens, d_model)
+  float* y;               // (batch, n_tokens, d_model), zero-filled by the caller
+  int64_t batch, n_tokens;
+  const int64_t* lengths;  // (batch,) real tokens per row, 0..n_tokens
+  const int64_t* start;    // (batch,) absolute position of each row's first token
+  float* k_cache;          // (batch, n_kv_heads, capacity, head_dim)
+  float* v_cache;
+  int64_t capacity;
+  int n_threads;
+};
+
+}  // namespace eb

@@ -1,0 +1,141 @@
+// The Transformer block's forward, written once over a vector type V and compiled per ISA
+// (csrc/isa/kernels_isa.cpp). Composes ops only; the op order is SPEC 4.3 (HF
+// LlamaDecoderLayer). Real tokens of all rows are gathered into M compact rows; every step is
+// either per token or per (token, head), so a row's bits never depend on the other rows,
+// on how its tokens were split into calls, or on the thread count.
+#pragma once
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/transformer_block.hpp"
+#include "math/derived.hpp"
+#include "ops/activations.hpp"
+#include "ops/attention.hpp"
+#include "ops/gemm.hpp"
+#include "ops/norm.hpp"
+#include "ops/rope.hpp"
+#include "threading/parallel.hpp"
+
+namespace eb::core {
+
+template <class V>
+void transformer_forward(const TransformerModel& mdl, const TransformerCall& call) {
+  const TransformerConfig& c = mdl.cfg;
+  const int64_t d = c.d_model, n_h = c.n_heads, n_kv = c.n_kv_heads, hd = c.head_dim;
+  const int64_t qw = n_h * hd, kw = n_kv * hd, it = c.intermediate, n_qkv = qw + 2 * kw;
+  const int64_t n_gu = mdl.w_gu.n_out, half = c.rope_dim / 2, n_rep = n_h / n_kv;
+  const int64_t B = call.batch, L = call.n_tokens, cap = call.capacity;
+  const int nt = call.n_threads;
+
+  // Compact the real tokens: token m is (row tok_row[m], index tok_t[m] within the call).
+  std::vector<int64_t> row_off(static_cast<size_t>(B + 1), 0);
+  for (int64_t b = 0; b < B; ++b) row_off[b + 1] = row_off[b] + call.lengths[b];
+  const int64_t M = row_off[B];
+  if (M == 0) return;
+  std::vector<int64_t> tok_row(static_cast<size_t>(M)), tok_t(static_cast<size_t>(M));
+  int64_t max_keys = 1;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < call.lengths[b]; ++t) {
+      tok_row[row_off[b] + t] = b;
+      tok_t[row_off[b] + t] = t;
+    }
+    max_keys = std::max(max_keys, call.start[b] + call.lengths[b]);
+  }
+  if (c.window > 0) max_keys = std::min(max_keys, c.window);
+
+  std::vector<float> xs(M * d), hn(M * d), qkv(M * n_qkv), att(M * qw), x1(M * d);
+  std::vector<float> gu(M * n_gu), u(M * it), y(M * d);
+  for (int64_t m = 0; m < M; ++m)
+    std::memcpy(&xs[m * d], call.x + (tok_row[m] * L + tok_t[m]) * d, sizeof(float) * d);
+
+  const float* nb_in = mdl.norm_in_b.empty() ? nullptr : mdl.norm_in_b.data();
+  const float* nb_post = mdl.norm_post_b.empty() ? nullptr : mdl.norm_post_b.data();
+
+  // 1. h = N_in(x)
+  parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t m = b0; m < b1; ++m)
+      ops::norm_row<V>(c.norm, &xs[m * d], d, mdl.norm_in_w.data(), nb_in, c.norm_eps, &hn[m * d]);
+  });
+  // 2. q | k | v = h [Wq; Wk; Wv]^T (+ b)
+  ops::gemm<V>(hn.data(), M, d, mdl.w_qkv, qkv.data(), n_qkv, nt);
+  // 3-4. q/k norm, then RoPE at each token's absolute position.
+  parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
+    std::vector<float> cs(static_cast<size_t>(half) + 1), sn(static_cast<size_t>(half) + 1);
+    for (int64_t m = b0; m < b1; ++m) {
+      float* row = &qkv[m * n_qkv];
+      if (c.qk_norm) {
+        for (int64_t h = 0; h < n_h; ++h)
+          ops::norm_row<V>(c.norm, row + h * hd, hd, mdl.q_norm_w.data(), nullptr, c.norm_eps,
+                           row + h * hd);
+        for (int64_t g = 0; g < n_kv; ++g)
+          ops::norm_row<V>(c.norm, row + qw + g * hd, hd, mdl.k_norm_w.data(), nullptr,
+                           c.norm_eps, row + qw + g * hd);
+      }
+      if (half > 0) {
+        ops::rope_cos_sin(mdl.inv_freq.data(), half, call.start[tok_row[m]] + tok_t[m], cs.data(),
+                          sn.data());
+        for (int64_t h = 0; h < n_h + n_kv; ++h)
+          ops::rope_apply(row + h * hd, half, cs.data(), sn.data());
+      }
+    }
+  });
+  // 5-6. attention per (token, query head); keys before the call come from the cache ring,
+  // keys of this call from the fresh K/V (never from a slot this call may overwrite).
+  parallel_for(M * n_h, nt, [&](int64_t b0, int64_t b1, int) {
+    std::vector<float> scores(static_cast<size_t>(max_keys));
+    for (int64_t task = b0; task < b1; ++task) {
+      const int64_t m = task / n_h, h = task % n_h, g = h / n_rep;
+      const int64_t b = tok_row[m], start = call.start[b];
+      const int64_t p = start + tok_t[m];
+      const int64_t j0 = c.window > 0 ? std::max<int64_t>(0, p - c.window + 1) : 0;
+      const float* kc = call.k_cache + (b * n_kv + g) * cap * hd;
+      const float* vc = call.v_cache + (b * n_kv + g) * cap * hd;
+      const float* fresh = &qkv[row_off[b] * n_qkv];
+      auto key_at = [&](int64_t j) -> const float* {
+        return j < start ? kc + (j % cap) * hd : fresh + (j - start) * n_qkv + qw + g * hd;
+      };
+      auto val_at = [&](int64_t j) -> const float* {
+        return j < start ? vc + (j % cap) * hd : fresh + (j - start) * n_qkv + qw + kw + g * hd;
+      };
+      ops::attention_row<V>(&qkv[m * n_qkv + h * hd], hd, j0, p, key_at, val_at, mdl.attn_scale,
+                            c.attn_softcap, scores.data(), &att[m * qw + h * hd]);
+    }
+  });
+  // 7. x1 = x + (Wo o (+ bo))
+  ops::gemm<V>(att.data(), M, qw, mdl.w_o, x1.data(), d, nt);
+  for (int64_t i = 0; i < M * d; ++i) x1[i] = xs[i] + x1[i];
+  // 8-9. h2 = N_post(x1); u = act(g) * up (or act(up)); y = x1 + (Wd u (+ bd))
+  parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t m = b0; m < b1; ++m)
+      ops::norm_row<V>(c.norm, &x1[m * d], d, mdl.norm_post_w.data(), nb_post, c.norm_eps,
+                       &hn[m * d]);
+  });
+  ops::gemm<V>(hn.data(), M, d, mdl.w_gu, gu.data(), n_gu, nt);
+  parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t m = b0; m < b1; ++m) ops::mlp_combine(c.mlp, &gu[m * n_gu], it, &u[m * it]);
+  });
+  ops::gemm<V>(u.data(), M, it, mdl.w_down, y.data(), d, nt);
+  for (int64_t m = 0; m < M; ++m) {
+    float* dst = call.y + (tok_row[m] * L + tok_t[m]) * d;
+    for (int64_t i = 0; i < d; ++i) dst[i] = math::canon_nan(x1[m * d + i] + y[m * d + i]);
+  }
+  // Cache: the row's new positions p go to slot p % cap; only the last `cap` survive.
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = call.lengths[b];
+    for (int64_t t = std::max<int64_t>(0, len - cap); t < len; ++t) {
+      const int64_t slot = (call.start[b] + t) % cap;
+      const float* src = &qkv[(row_off[b] + t) * n_qkv];
+      for (int64_t g = 0; g < n_kv; ++g) {
+        float* kd = call.k_cache + ((b * n_kv + g) * cap + slot) * hd;
+        float* vd = call.v_cache + ((b * n_kv + g) * cap + slot) * hd;
+        for (int64_t i = 0; i < hd; ++i) {
+          kd[i] = math::canon_nan(src[qw + g * hd + i]);
+          vd[i] = math::canon_nan(src[qw + kw + g * hd + i]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace eb::core

@@ -1,0 +1,45 @@
+// Causal / sliding-window attention for one query row and one head (SPEC 4.3 step 6):
+//   s_j = L16(q . k_j) * scale  [softcap: s_j = tanh(s_j / cap) * cap]   j = j0 .. p in order
+//   m = max_j s_j,  e_j = exp(s_j - m),  Z = L16(e),  p_j = e_j / Z,  o = SEQ_j(p_j * v_j)
+// Keys are enumerated in increasing absolute position from j0 = max(0, p - window + 1), so
+// prefill, chunks and decode give the same bits; key_at(j)/val_at(j) hide where position j
+// lives (the state's ring slot or the current call's fresh K/V). GQA: the caller passes the
+// kv head h / n_rep (HF repeat_kv order). scores: scratch of p - j0 + 1 floats.
+// Source: HF eager_attention_forward (Llama; Gemma2 softcap). Reference twin: <VecScalar>.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "math/exp.hpp"
+#include "math/tanh.hpp"
+#include "ops/reduce.hpp"
+
+namespace eb::ops {
+
+template <class V, class KeyAt, class ValAt>
+inline void attention_row(const float* q, int64_t head_dim, int64_t j0, int64_t p, KeyAt key_at,
+                          ValAt val_at, float scale, float softcap, float* scores, float* o) {
+  const int64_t n = p - j0 + 1;
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) {
+    float s = dot_l16<V>(q, key_at(j0 + i), head_dim) * scale;
+    if (softcap > 0.0f) s = math::tanh_f32(s / softcap) * softcap;
+    scores[i] = s;
+    m = s > m ? s : m;
+  }
+  for (int64_t i = 0; i < n; ++i) scores[i] = math::exp_f32(scores[i] - m);
+  const float z = sum_l16<V>(scores, n);
+  for (int64_t i = 0; i < n; ++i) scores[i] = scores[i] / z;
+  for (int64_t d = 0; d < head_dim; ++d) o[d] = 0.0f;
+  const int64_t hd_vec = head_dim - head_dim % V::kLanes;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* v = val_at(j0 + i);
+    const V p_i = V::set1(scores[i]);
+    for (int64_t d = 0; d < hd_vec; d += V::kLanes)
+      V::fma(p_i, V::load(v + d), V::load(o + d)).store(o + d);
+    for (int64_t d = hd_vec; d < head_dim; ++d) o[d] = std::fma(scores[i], v[d], o[d]);
+  }
+}
+
+}  // namespace eb::ops

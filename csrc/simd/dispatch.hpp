@@ -1,0 +1,41 @@
+// Run-time ISA dispatch (ATen pattern): each ISA's kernels are compiled in their own
+// translation unit and namespace (csrc/isa/kernels_isa.cpp) and exposed as one KernelTable;
+// the best table the CPU supports is chosen once at import, EXACTBLOCKS_ISA or set_isa()
+// can force another. Every table gives the same bits (SPEC 3.1).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/transformer_block.hpp"
+#include "ops/gemm.hpp"
+
+namespace eb {
+
+struct Mamba2Model;
+struct Mamba2Call;
+
+struct KernelTable {
+  const char* name;
+  void (*transformer_forward)(const TransformerModel&, const TransformerCall&);
+  void (*mamba2_forward)(const Mamba2Model&, const Mamba2Call&);
+  void (*elementwise)(int op, const float* x, float* y, int64_t n);
+  void (*gemm)(const float* a, int64_t m, int64_t lda, const ops::PackedMatrix& w, float* c,
+               int64_t ldc, int n_threads);
+  void (*norm_rows)(int kind, const float* x, int64_t rows, int64_t n, const float* w,
+                    const float* b, float eps, float* y);
+  float (*dot_l16)(const float* a, const float* b, int64_t n);
+  float (*sum_l16)(const float* a, int64_t n);
+};
+
+// Elementwise op codes for KernelTable::elementwise (tests only).
+enum ElementwiseOp : int {
+  kOpExp = 0, kOpLog1p, kOpTanh, kOpErf, kOpSin, kOpCos, kOpSilu, kOpSoftplus, kOpGelu, kOpGeluTanh
+};
+
+const KernelTable& kernels();
+std::vector<std::string> available_isas();
+void set_isa(const std::string& name);  // throws std::invalid_argument if unavailable
+std::string get_isa();
+
+}  // namespace eb
