@@ -19,6 +19,7 @@
 #include "ops/gemm.hpp"
 #include "ops/rope.hpp"
 #include "simd/dispatch.hpp"
+#include "threading/fpenv.hpp"
 
 namespace nb = nanobind;
 using namespace eb;
@@ -167,6 +168,20 @@ NB_MODULE(_core, m) {
       nb::gil_scoped_release release;
       kernels().gemm(a.data(), mm, k, pm, c.data(), n, g_threads);
     }
+    return c;
+  }, nb::arg("a"), nb::arg("w"), nb::arg("bias").none() = nb::none());
+  m.def("gemm_ref", [](nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> a,
+                       nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> w,
+                       nb::object bias) {
+    const int64_t mm = static_cast<int64_t>(a.shape(0)), k = static_cast<int64_t>(a.shape(1));
+    const int64_t n = static_cast<int64_t>(w.shape(0));
+    EB_CHECK(static_cast<int64_t>(w.shape(1)) == k, "gemm_ref: inner sizes differ");
+    CArr barr;
+    const float* b = nullptr;
+    if (!bias.is_none()) { barr = nb::cast<CArr>(bias, false); b = barr.data(); }
+    OutArr c = new_array({static_cast<size_t>(mm), static_cast<size_t>(n)});
+    FpEnvGuard guard;
+    ops::gemm_ref(a.data(), mm, k, w.data(), n, k, b, c.data(), n);
     return c;
   }, nb::arg("a"), nb::arg("w"), nb::arg("bias").none() = nb::none());
   m.def("norm", [](int kind, nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> x,

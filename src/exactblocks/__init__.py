@@ -1,0 +1,27 @@
+"""exactblocks: bit-exact CPU inference for one Transformer decoder block or one Mamba-2 block.
+
+Public names (SPEC.md 1): :class:`TransformerBlockInference`, :class:`TransformerState`,
+:class:`TransformerDecodeSession`, :func:`arithmetic_version`, :func:`set_num_threads`,
+:func:`get_num_threads` and ``__version__``. The compiled extension is loaded on first use.
+"""
+
+__version__ = "0.1.0"
+
+from .mamba2 import Mamba2BlockInference  # noqa: E402
+from .mamba2_state import Mamba2State  # noqa: E402
+from .runtime import arithmetic_version, get_num_threads, set_num_threads  # noqa: E402
+from .session import TransformerDecodeSession  # noqa: E402
+from .state import TransformerState  # noqa: E402
+from .transformer import TransformerBlockInference  # noqa: E402
+
+__all__ = [
+    "Mamba2BlockInference",
+    "Mamba2State",
+    "TransformerBlockInference",
+    "TransformerDecodeSession",
+    "TransformerState",
+    "__version__",
+    "arithmetic_version",
+    "get_num_threads",
+    "set_num_threads",
+]

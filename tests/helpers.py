@@ -1,0 +1,123 @@
+"""Small shared test helpers: random block weights and bitwise comparisons.
+
+Importable as ``helpers`` once ``tests/`` is on ``sys.path`` (the api and oracle conftests put it
+there).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_GATED = ("swiglu", "geglu", "geglu_tanh")
+
+_HF_PREFIX = {
+    "q_proj": "self_attn.", "k_proj": "self_attn.", "v_proj": "self_attn.",
+    "o_proj": "self_attn.", "q_norm": "self_attn.", "k_norm": "self_attn.",
+    "gate_proj": "mlp.", "up_proj": "mlp.", "down_proj": "mlp.",
+}
+
+
+def make_transformer_weights(rng: np.random.Generator, d_model: int, n_heads: int,
+                             n_kv_heads: int, head_dim: int, intermediate: int, *,
+                             qkv_bias: bool = False, o_bias: bool = False,
+                             norm: str = "rmsnorm", norm_bias: bool = False,
+                             mlp: str = "swiglu", mlp_bias: bool = False,
+                             qk_norm: bool = False, scale: float = 0.1,
+                             **ignored) -> dict[str, np.ndarray]:
+    """Return random float32 weights (short names) for a TransformerBlockInference.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+        Source of randomness (seeded by the caller).
+    d_model, n_heads, n_kv_heads, head_dim, intermediate : int
+        Sizes (SPEC.md 4.2).
+    qkv_bias, o_bias, norm_bias, mlp_bias, qk_norm : bool, default=False
+        Which optional tensors to include.
+    norm : str, default='rmsnorm'
+        'rmsnorm_offset' draws norm weights around 0 (scale 1 + w); the others around 1.
+    mlp : str, default='swiglu'
+        Gated kinds include ``gate_proj.weight``.
+    scale : float, default=0.1
+        Standard deviation of the matrices and biases, so that activations stay O(1).
+    **ignored
+        Other block options (window, rope_theta, ...) are accepted and ignored, so a test can
+        pass one options dict to both this helper and the block.
+
+    Returns
+    -------
+    dict of str to ndarray (float32, C-contiguous)
+    """
+    def r(*shape):
+        return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+    def norm_w(n):
+        base = 0.0 if norm == "rmsnorm_offset" else 1.0
+        return (base + r(n)).astype(np.float32)
+
+    qw, kw, d, it = n_heads * head_dim, n_kv_heads * head_dim, d_model, intermediate
+    w = {
+        "input_layernorm.weight": norm_w(d),
+        "post_attention_layernorm.weight": norm_w(d),
+        "q_proj.weight": r(qw, d), "k_proj.weight": r(kw, d), "v_proj.weight": r(kw, d),
+        "o_proj.weight": r(d, qw),
+        "up_proj.weight": r(it, d), "down_proj.weight": r(d, it),
+    }
+    if mlp in _GATED:
+        w["gate_proj.weight"] = r(it, d)
+    if norm_bias:
+        w["input_layernorm.bias"] = r(d)
+        w["post_attention_layernorm.bias"] = r(d)
+    if qkv_bias:
+        w["q_proj.bias"], w["k_proj.bias"], w["v_proj.bias"] = r(qw), r(kw), r(kw)
+    if o_bias:
+        w["o_proj.bias"] = r(d)
+    if qk_norm:
+        w["q_norm.weight"] = norm_w(head_dim)
+        w["k_norm.weight"] = norm_w(head_dim)
+    if mlp_bias:
+        if mlp in _GATED:
+            w["gate_proj.bias"] = r(it)
+        w["up_proj.bias"], w["down_proj.bias"] = r(it), r(d)
+    return w
+
+
+def to_hf_names(weights: dict) -> dict:
+    """Rename short Transformer weight names to HF ``LlamaDecoderLayer.state_dict()`` keys.
+
+    Parameters
+    ----------
+    weights : dict
+        Short names (``'q_proj.weight'``, ...).
+
+    Returns
+    -------
+    dict
+        Same values under HF keys (``'self_attn.q_proj.weight'``, ``'mlp.up_proj.weight'``, ...).
+    """
+    return {_HF_PREFIX.get(k.split(".")[0], "") + k: v for k, v in weights.items()}
+
+
+def assert_bitwise_equal(a, b, what: str = "arrays") -> None:
+    """Assert two float32 arrays have identical shapes and bits; report the first difference.
+
+    Parameters
+    ----------
+    a, b : ndarray, float32
+        Arrays to compare (NaN bits compare as bits).
+    what : str, default='arrays'
+        Label for the failure message.
+    """
+    a = np.ascontiguousarray(a)
+    b = np.ascontiguousarray(b)
+    assert a.dtype == np.float32 and b.dtype == np.float32, (a.dtype, b.dtype)
+    assert a.shape == b.shape, f"{what}: shapes differ {a.shape} vs {b.shape}"
+    ua, ub = a.view(np.uint32), b.view(np.uint32)
+    diff = np.flatnonzero(ua.ravel() != ub.ravel())
+    if diff.size:
+        k = int(diff[0])
+        idx = np.unravel_index(k, a.shape)
+        raise AssertionError(
+            f"{what}: {diff.size} elements differ; first at {tuple(int(i) for i in idx)}: "
+            f"{a.ravel()[k]!r} (0x{int(ua.ravel()[k]):08x}) vs {b.ravel()[k]!r} "
+            f"(0x{int(ub.ravel()[k]):08x})")

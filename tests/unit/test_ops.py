@@ -1,0 +1,139 @@
+"""Each op against a float64 NumPy reference with a tolerance from its error bound, and
+against its scalar twin bit for bit on every ISA (STYLE 5.10).
+
+Error model (u = 2^-24, float32 unit roundoff): a dot product of K terms accumulated with
+fused multiply-adds satisfies |s - s_exact| <= gamma_K * sum|a_i b_i|, gamma_K = K u / (1 - K u);
+one more rounding for the bias. Norms add a few roundings per element on top of their sums.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from exactblocks import _ext
+
+U = 2.0 ** -24
+
+
+@pytest.fixture(scope="module")
+def core():
+    return _ext.core()
+
+
+def gamma(k: int) -> float:
+    return k * U / (1 - k * U)
+
+
+def each_isa(core):
+    saved = core.get_isa()
+    try:
+        for isa in core.available_isas():
+            core.set_isa(isa)
+            yield isa
+    finally:
+        core.set_isa(saved)
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 17, 3), (3, 33, 31), (7, 64, 32),
+                                   (13, 100, 65), (16, 257, 97), (40, 31, 200)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemm_matches_float64_and_scalar_twin(core, m, k, n, with_bias):
+    rng = np.random.default_rng(m * 1000 + k * 10 + n)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    exact = a.astype(np.float64) @ w.T.astype(np.float64)
+    mag = np.abs(a.astype(np.float64)) @ np.abs(w.T.astype(np.float64))
+    if with_bias:
+        exact = exact + bias
+        mag = mag + np.abs(bias)
+    bound = gamma(k + 1) * mag + 1e-45
+    ref = core.gemm_ref(a, w, bias)
+    err = np.abs(ref - exact)
+    worst = np.unravel_index(np.argmax(err / bound), err.shape)
+    assert np.all(err <= bound), (f"m={m} k={k} n={n}: worst {worst}: got {ref[worst]}, "
+                                  f"exact {exact[worst]}, bound {bound[worst]}")
+    for isa in each_isa(core):
+        got = core.gemm(a, w, bias)
+        assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), f"{isa} != gemm_ref"
+
+
+def test_gemm_row_independent_of_tile_mates(core):
+    """Row r of a GEMM == the same row computed alone (decode GEMV == prefill GEMM)."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((23, 77)).astype(np.float32)
+    w = rng.standard_normal((70, 77)).astype(np.float32)
+    for isa in each_isa(core):
+        full = core.gemm(a, w)
+        for r in (0, 5, 22):
+            one = core.gemm(np.ascontiguousarray(a[r:r + 1]), w)
+            assert np.array_equal(full[r].view(np.uint32), one[0].view(np.uint32)), isa
+
+
+@pytest.mark.parametrize("n", [1, 3, 15, 16, 17, 100, 4097])
+def test_l16_reductions(core, n):
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal(n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    # the canonical order, emulated: 16 lanes, then the fixed tree (exact emulation needs fma
+    # for the dot, so the dot is checked against its error bound; the plain sum is emulated).
+    lanes = np.zeros(16, np.float32)
+    for i in range(n):
+        lanes[i % 16] = np.float32(lanes[i % 16] + a[i])
+    for w in (8, 4, 2, 1):
+        lanes[:w] = lanes[:w] + lanes[w:2 * w]
+    for isa in each_isa(core):
+        s = core.sum_l16(a)
+        assert np.float32(s).view(np.uint32) == lanes[0].view(np.uint32), isa
+        d = core.dot_l16(a, b)
+        exact = float(a.astype(np.float64) @ b.astype(np.float64))
+        assert abs(d - exact) <= gamma(n) * float(np.abs(a) @ np.abs(b)) + 1e-45, isa
+
+
+@pytest.mark.parametrize("kind", [0, 1, 2])
+@pytest.mark.parametrize("n", [1, 7, 16, 33, 576])
+def test_norms_match_float64(core, kind, n):
+    rng = np.random.default_rng(kind * 100 + n)
+    x = (3 * rng.standard_normal((5, n))).astype(np.float32)
+    w = (1 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+    b = (0.1 * rng.standard_normal(n)).astype(np.float32) if kind == 1 else None
+    eps = 1e-5
+    x64 = x.astype(np.float64)
+    if kind == 1:
+        c = x64 - x64.mean(-1, keepdims=True)
+        ref = c / np.sqrt((c * c).mean(-1, keepdims=True) + eps) * w + b
+    else:
+        w_eff = (1.0 + w.astype(np.float64)) if kind == 2 else w.astype(np.float64)
+        ref = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps) * w_eff
+    got = core.norm(kind, x, w, b, eps)
+    # sums: gamma_n relative to the sum of magnitudes, i.e. relative on the scale factor;
+    # plus ~6 roundings per element (mean, eps add, sqrt, divide, two products, bias).
+    scale = np.abs(ref) + (np.abs(b) if b is not None else 0)
+    bound = (gamma(n) * 4 + 10 * U) * scale + 1e-30
+    err = np.abs(got - ref)
+    assert np.all(err <= bound), f"kind={kind} n={n} max err {err.max()} bound {bound.max()}"
+    for isa in each_isa(core):
+        assert np.array_equal(core.norm(kind, x, w, b, eps).view(np.uint32), got.view(np.uint32))
+
+
+@pytest.mark.parametrize("kind,factor", [(0, 1.0), (1, 4.0), (2, 8.0)])
+def test_rope_inv_freq_table(core, kind, factor):
+    """inv_freq in binary64 then rounded once: within 1 float32 ulp of the exact value
+    (2 for llama3's smoothed band, whose binary64 arithmetic adds a few ulp of double)."""
+    import math
+    rope_dim, theta, O = 64, 500000.0, 8192.0
+    got = core.rope_inv_freq(rope_dim, theta, kind, factor, 1.0, 4.0, O)
+    for i, g in enumerate(got):
+        inv = theta ** (-2.0 * i / rope_dim)
+        if kind == 1:
+            inv /= factor
+        elif kind == 2:
+            lam = 2 * math.pi / inv
+            if lam > O / 1.0:
+                inv /= factor
+            elif lam >= O / 4.0:
+                s = (O / lam - 1.0) / 3.0
+                inv = (1 - s) * inv / factor + s * inv
+        ulp = np.spacing(np.float32(inv))
+        assert abs(float(g) - inv) <= ulp, (i, g, inv)
