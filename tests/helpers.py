@@ -10,6 +10,9 @@ import numpy as np
 
 _GATED = ("swiglu", "geglu", "geglu_tanh")
 
+# Small sizes of the API tests: d_model 32, 4 query heads of 8, GQA with 2 KV heads, MLP 64.
+API_SIZES = {"d_model": 32, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "intermediate": 64}
+
 _HF_PREFIX = {
     "q_proj": "self_attn.", "k_proj": "self_attn.", "v_proj": "self_attn.",
     "o_proj": "self_attn.", "q_norm": "self_attn.", "k_norm": "self_attn.",

@@ -140,6 +140,19 @@ NB_MODULE(_core, m) {
     }
     return y;
   });
+  // Tests only: turn FTZ/DAZ on or off on the calling thread, as another library built with
+  // fast-math might; exactblocks' kernels must give the same bits either way (SPEC 3.2).
+  m.def("_set_caller_ftz_daz", [](bool on) {
+#if defined(__x86_64__) || defined(_M_X64)
+    unsigned csr = _mm_getcsr();
+    csr = on ? (csr | (1u << 15) | (1u << 6)) : (csr & ~((1u << 15) | (1u << 6)));
+    _mm_setcsr(csr);
+    return true;
+#else
+    (void)on;
+    return false;
+#endif
+  });
   m.def("exp_f64", [](double x) { return math::exp_f64(x); });
   m.def("log_f64", [](double x) { return math::log_f64(x); });
   m.def("rope_inv_freq", [](int64_t rope_dim, double theta, int kind, double factor, double low,

@@ -25,12 +25,19 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
   const int64_t ns = c.d_state, ng = c.n_groups, cd = c.conv_dim, K = c.conv_kernel;
   const int64_t n_in = mdl.w_in.n_out, B = call.batch, L = call.n_tokens;
   const int nt = call.n_threads;
+  FpEnvGuard guard;  // the calling thread too runs the serial parts (residual, scatter)
 
   std::vector<int64_t> row_off(static_cast<size_t>(B + 1), 0);
   for (int64_t b = 0; b < B; ++b) row_off[b + 1] = row_off[b] + call.lengths[b];
   const int64_t M = row_off[B];
   if (M == 0) return;
   std::vector<float> xs(M * d), hn(M * d), zx(M * n_in), act(M * cd), o(M * di), y(M * d);
+  // Per-thread scratch, allocated before the first state write (SPEC 2.5).
+  int64_t max_len = 0;
+  for (int64_t b = 0; b < B; ++b) max_len = std::max(max_len, call.lengths[b]);
+  const int n_slots = std::max(nt, 1);
+  std::vector<float> seq_scratch(static_cast<size_t>(n_slots * (K + max_len)));
+  std::vector<float> dtb_scratch(static_cast<size_t>(n_slots * ns));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < call.lengths[b]; ++t)
       std::memcpy(&xs[(row_off[b] + t) * d], call.x + (b * L + t) * d, sizeof(float) * d);
@@ -45,17 +52,16 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
 
   // 3. causal depthwise conv + SiLU, per (row, channel), rolling the row's conv window.
   const float* conv_b = mdl.conv_b.empty() ? nullptr : mdl.conv_b.data();
-  parallel_for(B * cd, nt, [&](int64_t b0, int64_t b1, int) {
-    std::vector<float> seq;
+  parallel_for(B * cd, nt, [&](int64_t b0, int64_t b1, int tid) {
+    float* seq = &seq_scratch[static_cast<size_t>(tid * (K + max_len))];
     for (int64_t task = b0; task < b1; ++task) {
       const int64_t b = task / cd, ch = task % cd, n = call.lengths[b];
       if (n == 0) continue;
       float* win = call.conv_window + (b * cd + ch) * K;
-      seq.assign(static_cast<size_t>(K + n), 0.0f);  // [window (K) | u_0 .. u_(n-1)]
-      std::memcpy(seq.data(), win, sizeof(float) * K);
+      std::memcpy(seq, win, sizeof(float) * K);  // seq = [window (K) | u_0 .. u_(n-1)]
       for (int64_t t = 0; t < n; ++t) seq[K + t] = zx[(row_off[b] + t) * n_in + di + ch];
       for (int64_t t = 0; t < n; ++t) {
-        const float cv = ops::conv1d_tap_sum(seq.data() + t + 1, mdl.conv_w.data() + ch * K, K,
+        const float cv = ops::conv1d_tap_sum(seq + t + 1, mdl.conv_w.data() + ch * K, K,
                                              conv_b ? conv_b + ch : nullptr);
         act[(row_off[b] + t) * cd + ch] = math::silu_f32(cv);
       }
@@ -65,8 +71,8 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
 
   // 4-6. dt, then the SSM recurrence per (row, head), token after token.
   const int64_t heads_per_group = nh / ng;
-  parallel_for(B * nh, nt, [&](int64_t b0, int64_t b1, int) {
-    std::vector<float> dtb(static_cast<size_t>(ns));
+  parallel_for(B * nh, nt, [&](int64_t b0, int64_t b1, int tid) {
+    float* dtb = &dtb_scratch[static_cast<size_t>(tid * ns)];
     for (int64_t task = b0; task < b1; ++task) {
       const int64_t b = task / nh, hh = task % nh, g = hh / heads_per_group;
       float* hs = call.h + (b * nh + hh) * hd * ns;
@@ -76,7 +82,7 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
         float dt = math::softplus_f32(zx[m * n_in + di + cd + hh] + mdl.dt_bias[hh]);
         dt = std::min(std::max(dt, c.dt_min), c.dt_max);
         ops::ssm_scan_step<V>(hs, hd, ns, dt, mdl.a[hh], mdl.d[hh], a_row + hh * hd,
-                              a_row + di + g * ns, a_row + di + ng * ns + g * ns, dtb.data(),
+                              a_row + di + g * ns, a_row + di + ng * ns + g * ns, dtb,
                               &o[m * di + hh * hd]);
       }
       if (call.lengths[b] > 0)  // SPEC 3.5: NaN written into a state is the canonical quiet NaN

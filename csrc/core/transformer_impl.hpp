@@ -27,6 +27,7 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   const int64_t n_gu = mdl.w_gu.n_out, half = c.rope_dim / 2, n_rep = n_h / n_kv;
   const int64_t B = call.batch, L = call.n_tokens, cap = call.capacity;
   const int nt = call.n_threads;
+  FpEnvGuard guard;  // the calling thread too runs the serial parts (residuals, scatter)
 
   // Compact the real tokens: token m is (row tok_row[m], index tok_t[m] within the call).
   std::vector<int64_t> row_off(static_cast<size_t>(B + 1), 0);
@@ -46,6 +47,10 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
 
   std::vector<float> xs(M * d), hn(M * d), qkv(M * n_qkv), att(M * qw), x1(M * d);
   std::vector<float> gu(M * n_gu), u(M * it), y(M * d);
+  // Per-thread scratch, allocated up front: nothing allocates inside a parallel region.
+  const int n_slots = std::max(nt, 1);
+  std::vector<float> rope_scratch(static_cast<size_t>(n_slots * 2 * (half + 1)));
+  std::vector<float> score_scratch(static_cast<size_t>(n_slots) * static_cast<size_t>(max_keys));
   for (int64_t m = 0; m < M; ++m)
     std::memcpy(&xs[m * d], call.x + (tok_row[m] * L + tok_t[m]) * d, sizeof(float) * d);
 
@@ -60,8 +65,9 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   // 2. q | k | v = h [Wq; Wk; Wv]^T (+ b)
   ops::gemm<V>(hn.data(), M, d, mdl.w_qkv, qkv.data(), n_qkv, nt);
   // 3-4. q/k norm, then RoPE at each token's absolute position.
-  parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
-    std::vector<float> cs(static_cast<size_t>(half) + 1), sn(static_cast<size_t>(half) + 1);
+  parallel_for(M, nt, [&](int64_t b0, int64_t b1, int tid) {
+    float* cs = &rope_scratch[static_cast<size_t>(tid * 2 * (half + 1))];
+    float* sn = cs + half + 1;
     for (int64_t m = b0; m < b1; ++m) {
       float* row = &qkv[m * n_qkv];
       if (c.qk_norm) {
@@ -73,17 +79,16 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
                            c.norm_eps, row + qw + g * hd);
       }
       if (half > 0) {
-        ops::rope_cos_sin(mdl.inv_freq.data(), half, call.start[tok_row[m]] + tok_t[m], cs.data(),
-                          sn.data());
+        ops::rope_cos_sin(mdl.inv_freq.data(), half, call.start[tok_row[m]] + tok_t[m], cs, sn);
         for (int64_t h = 0; h < n_h + n_kv; ++h)
-          ops::rope_apply(row + h * hd, half, cs.data(), sn.data());
+          ops::rope_apply(row + h * hd, half, cs, sn);
       }
     }
   });
   // 5-6. attention per (token, query head); keys before the call come from the cache ring,
   // keys of this call from the fresh K/V (never from a slot this call may overwrite).
-  parallel_for(M * n_h, nt, [&](int64_t b0, int64_t b1, int) {
-    std::vector<float> scores(static_cast<size_t>(max_keys));
+  parallel_for(M * n_h, nt, [&](int64_t b0, int64_t b1, int tid) {
+    float* scores = &score_scratch[static_cast<size_t>(tid) * static_cast<size_t>(max_keys)];
     for (int64_t task = b0; task < b1; ++task) {
       const int64_t m = task / n_h, h = task % n_h, g = h / n_rep;
       const int64_t b = tok_row[m], start = call.start[b];
@@ -99,7 +104,7 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
         return j < start ? vc + (j % cap) * hd : fresh + (j - start) * n_qkv + qw + kw + g * hd;
       };
       ops::attention_row<V>(&qkv[m * n_qkv + h * hd], hd, j0, p, key_at, val_at, mdl.attn_scale,
-                            c.attn_softcap, scores.data(), &att[m * qw + h * hd]);
+                            c.attn_softcap, scores, &att[m * qw + h * hd]);
     }
   });
   // 7. x1 = x + (Wo o (+ bo))

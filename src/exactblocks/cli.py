@@ -176,10 +176,11 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
     stop = {i for i in (tokenizer.eos_token_id,) if i is not None}
     stop |= {i for i in tokenizer.special_token_ids if tokenizer.id_to_token(i) == "<|endoftext|>"}
 
+    n_threads = exactblocks.get_num_threads()
     name = os.path.basename(config["path"])
     name = name[:-5] if name.endswith(".gguf") else name
     print(f"exactblocks {exactblocks.__version__} demo: {name} ({len(blocks)} blocks, d_model "
-          f"{config['hidden_size']}, float32), {exactblocks.get_num_threads()} threads, "
+          f"{config['hidden_size']}, float32), {n_threads} thread{'s' if n_threads != 1 else ''}, "
           f"arithmetic {exactblocks.arithmetic_version()}", file=out)
     print(f"user: {prompt}", file=out)
     out.write("assistant: ")

@@ -18,10 +18,8 @@ _TESTS_DIR = str(Path(__file__).resolve().parents[1])
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
+from helpers import API_SIZES as SIZES  # noqa: E402
 from helpers import make_transformer_weights  # noqa: E402
-
-# Small sizes: d_model 32, 4 query heads of 8, GQA with 2 KV heads, MLP width 64.
-SIZES = {"d_model": 32, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "intermediate": 64}
 
 
 @pytest.fixture(scope="session")

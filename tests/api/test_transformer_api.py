@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import SIZES
+from helpers import API_SIZES as SIZES
 from helpers import assert_bitwise_equal, make_transformer_weights, to_hf_names
 
 import exactblocks
