@@ -54,6 +54,26 @@ def _push_threads(core_module) -> None:
 _ext._register_on_load(_push_threads)
 
 
+def _apply_isa_env(core_module) -> None:
+    """Honour ``EXACTBLOCKS_ISA`` (scalar, avx2, avx512) when the extension loads.
+
+    An ISA the CPU or the build lacks is refused: the first use of the extension raises
+    ValueError naming the variable, its value and the available paths (nothing silently falls
+    back, so a test that forces a path really runs it).
+    """
+    name = os.environ.get("EXACTBLOCKS_ISA", "").strip()
+    if not name:
+        return
+    avail = [str(s) for s in core_module.available_isas()]
+    if name not in avail:
+        raise ValueError(f"exactblocks: EXACTBLOCKS_ISA={name!r} is not available on this CPU "
+                         f"or build; available: {avail} (unset it to use the best one)")
+    core_module.set_isa(name)
+
+
+_ext._register_on_load(_apply_isa_env)
+
+
 def set_num_threads(n: int) -> None:
     """Set the number of worker threads used by later calls.
 
