@@ -15,6 +15,7 @@
 #include "core/check.hpp"
 #include "core/mamba2_block.hpp"
 #include "core/transformer_block.hpp"
+#include "core/workspace.hpp"
 #include "math/f64.hpp"
 #include "ops/gemm.hpp"
 #include "ops/rope.hpp"
@@ -128,9 +129,9 @@ NB_MODULE(_core, m) {
 
   m.def("elementwise", [](const std::string& name, nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu> x) {
     static const char* names[] = {"exp", "log1p", "tanh", "erf", "sin", "cos",
-                                  "silu", "softplus", "gelu", "gelu_tanh"};
+                                  "silu", "softplus", "gelu", "gelu_tanh", "exp_vec"};
     int op = -1;
-    for (int i = 0; i < 10; ++i)
+    for (int i = 0; i < 11; ++i)
       if (name == names[i]) op = i;
     EB_CHECK(op >= 0, "unknown elementwise op " + name);
     OutArr y = new_array({x.shape(0)});
@@ -215,6 +216,40 @@ NB_MODULE(_core, m) {
   });
   m.def("sum_l16", [](CArr a) { return kernels().sum_l16(a.data(), static_cast<int64_t>(a.size())); });
 
+  // A linear layer packed once (the demo's tied output head): y = x W^T (+ b) with the same
+  // GEMM/GEMV arithmetic as the blocks' projections.
+  // Scratch kept between calls: a decode session owns one so its steps do not allocate.
+  nb::class_<Workspace>(m, "Workspace").def(nb::init<>());
+
+  nb::class_<ops::PackedMatrix>(m, "PackedLinear")
+      .def("__init__", [](ops::PackedMatrix* self,
+                          nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> w,
+                          nb::object bias) {
+        const int64_t n = static_cast<int64_t>(w.shape(0)), k = static_cast<int64_t>(w.shape(1));
+        CArr barr;
+        const float* b = nullptr;
+        if (!bias.is_none()) {
+          barr = nb::cast<CArr>(bias, false);
+          EB_CHECK(static_cast<int64_t>(barr.size()) == n, "PackedLinear: bias size");
+          b = barr.data();
+        }
+        nb::gil_scoped_release release;
+        new (self) ops::PackedMatrix(ops::pack_matrices({w.data()}, {n}, k, {b}));
+      }, nb::arg("w"), nb::arg("bias").none() = nb::none())
+      .def_prop_ro("n_out", [](const ops::PackedMatrix& p) { return p.n_out; })
+      .def_prop_ro("k_in", [](const ops::PackedMatrix& p) { return p.k_in; })
+      .def("forward", [](const ops::PackedMatrix& p,
+                         nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> x) {
+        const int64_t mm = static_cast<int64_t>(x.shape(0));
+        EB_CHECK(static_cast<int64_t>(x.shape(1)) == p.k_in, "PackedLinear: x columns != k_in");
+        OutArr y = new_array({static_cast<size_t>(mm), static_cast<size_t>(p.n_out)});
+        {
+          nb::gil_scoped_release release;
+          kernels().gemm(x.data(), mm, p.k_in, p, y.data(), p.n_out, g_threads);
+        }
+        return y;
+      });
+
   nb::class_<TransformerModel>(m, "TransformerCore")
       .def("__init__", [](TransformerModel* self, nb::dict cfg, nb::dict weights) {
         std::vector<CArr> keep;
@@ -224,7 +259,7 @@ NB_MODULE(_core, m) {
         new (self) TransformerModel(c, ptrs);
       })
       .def("forward", [](const TransformerModel& mdl, nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> x,
-                         IArr lengths, IArr start, MArr k_cache, MArr v_cache) {
+                         IArr lengths, IArr start, MArr k_cache, MArr v_cache, Workspace* ws) {
         const int64_t B = static_cast<int64_t>(x.shape(0)), L = static_cast<int64_t>(x.shape(1));
         const TransformerConfig& c = mdl.cfg;
         EB_CHECK(static_cast<int64_t>(x.shape(2)) == c.d_model, "x last dim != d_model");
@@ -243,13 +278,14 @@ NB_MODULE(_core, m) {
                    "lengths/start out of range");
         OutArr y = new_array({static_cast<size_t>(B), static_cast<size_t>(L), static_cast<size_t>(c.d_model)});
         TransformerCall call{x.data(), y.data(), B, L, lengths.data(), start.data(),
-                             k_cache.data(), v_cache.data(), cap, g_threads};
+                             k_cache.data(), v_cache.data(), cap, g_threads, ws};
         {
           nb::gil_scoped_release release;
           kernels().transformer_forward(mdl, call);
         }
         return y;
-      });
+      }, nb::arg("x"), nb::arg("lengths"), nb::arg("start"), nb::arg("k_cache"),
+         nb::arg("v_cache"), nb::arg("workspace").none() = nb::none());
 
   nb::class_<Mamba2Model>(m, "Mamba2Core")
       .def("__init__", [](Mamba2Model* self, nb::dict cfg, nb::dict weights) {
@@ -260,7 +296,7 @@ NB_MODULE(_core, m) {
         new (self) Mamba2Model(c, ptrs);
       })
       .def("forward", [](const Mamba2Model& mdl, nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> x,
-                         IArr lengths, MArr conv_window, MArr h) {
+                         IArr lengths, MArr conv_window, MArr h, Workspace* ws) {
         const int64_t B = static_cast<int64_t>(x.shape(0)), L = static_cast<int64_t>(x.shape(1));
         const Mamba2Config& c = mdl.cfg;
         EB_CHECK(static_cast<int64_t>(x.shape(2)) == c.d_model, "x last dim != d_model");
@@ -277,11 +313,12 @@ NB_MODULE(_core, m) {
         for (int64_t b = 0; b < B; ++b)
           EB_CHECK(lengths.data()[b] >= 0 && lengths.data()[b] <= L, "lengths out of range");
         OutArr y = new_array({static_cast<size_t>(B), static_cast<size_t>(L), static_cast<size_t>(c.d_model)});
-        Mamba2Call call{x.data(), y.data(), B, L, lengths.data(), conv_window.data(), h.data(), g_threads};
+        Mamba2Call call{x.data(), y.data(), B, L, lengths.data(), conv_window.data(), h.data(), g_threads, ws};
         {
           nb::gil_scoped_release release;
           kernels().mamba2_forward(mdl, call);
         }
         return y;
-      });
+      }, nb::arg("x"), nb::arg("lengths"), nb::arg("conv_window"), nb::arg("h"),
+         nb::arg("workspace").none() = nb::none());
 }

@@ -10,6 +10,8 @@
 
 namespace eb {
 
+class Workspace;
+
 struct Mamba2Config {
   int64_t d_model = 0, d_inner = 0, n_heads = 0, head_dim = 0, d_state = 0, n_groups = 1;
   int64_t conv_dim = 0, conv_kernel = 0;
@@ -37,6 +39,7 @@ struct Mamba2Call {
   float* conv_window;       // (batch, conv_dim, conv_kernel), updated in place for rows advanced
   float* h;                 // (batch, n_heads, head_dim, d_state), updated in place
   int n_threads;
+  Workspace* ws;            // scratch kept between calls, or nullptr
 };
 
 }  // namespace eb

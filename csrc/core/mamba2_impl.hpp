@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/mamba2_block.hpp"
+#include "core/workspace.hpp"
 #include "math/derived.hpp"
 #include "ops/conv1d.hpp"
 #include "ops/gemm.hpp"
@@ -27,17 +28,27 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
   const int nt = call.n_threads;
   FpEnvGuard guard;  // the calling thread too runs the serial parts (residual, scatter)
 
-  std::vector<int64_t> row_off(static_cast<size_t>(B + 1), 0);
+  Workspace local;
+  Workspace& ws = call.ws ? *call.ws : local;
+  int64_t* row_off = ws.ints(0, static_cast<size_t>(B + 1));
+  row_off[0] = 0;
   for (int64_t b = 0; b < B; ++b) row_off[b + 1] = row_off[b] + call.lengths[b];
   const int64_t M = row_off[B];
   if (M == 0) return;
-  std::vector<float> xs(M * d), hn(M * d), zx(M * n_in), act(M * cd), o(M * di), y(M * d);
+  const auto sz = [](int64_t a, int64_t b) { return static_cast<size_t>(a * b); };
+  float* xs = ws.floats(0, sz(M, d));
+  float* hn = ws.floats(1, sz(M, d));
+  float* zx = ws.floats(2, sz(M, n_in));
+  float* act = ws.floats(3, sz(M, cd));
+  float* o = ws.floats(4, sz(M, di));
+  float* y = ws.floats(5, sz(M, d));
   // Per-thread scratch, allocated before the first state write (SPEC 2.5).
   int64_t max_len = 0;
   for (int64_t b = 0; b < B; ++b) max_len = std::max(max_len, call.lengths[b]);
   const int n_slots = std::max(nt, 1);
-  std::vector<float> seq_scratch(static_cast<size_t>(n_slots * (K + max_len)));
-  std::vector<float> dtb_scratch(static_cast<size_t>(n_slots * ns));
+  float* seq_scratch = ws.floats(6, sz(n_slots, K + max_len));
+  float* dtb_scratch = ws.floats(7, sz(n_slots, ns));
+  float* gate_scratch = ws.floats(8, sz(n_slots, di));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < call.lengths[b]; ++t)
       std::memcpy(&xs[(row_off[b] + t) * d], call.x + (b * L + t) * d, sizeof(float) * d);
@@ -48,7 +59,7 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
       ops::norm_row<V>(ops::kRmsNorm, &xs[m * d], d, mdl.block_norm_w.data(), nullptr,
                        c.norm_eps, &hn[m * d]);
   });
-  ops::gemm<V>(hn.data(), M, d, mdl.w_in, zx.data(), n_in, nt);
+  ops::gemm<V>(hn, M, d, mdl.w_in, zx, n_in, nt);
 
   // 3. causal depthwise conv + SiLU, per (row, channel), rolling the row's conv window.
   const float* conv_b = mdl.conv_b.empty() ? nullptr : mdl.conv_b.data();
@@ -92,17 +103,22 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
 
   // 7. v = y * silu(z); gated RMSNorm per group; 8. out = x + (W_out o (+ b_out))
   const int64_t gs = di / ng;
-  parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
+  parallel_for(M, nt, [&](int64_t b0, int64_t b1, int tid) {
+    float* e = &gate_scratch[static_cast<size_t>(tid * di)];
     for (int64_t m = b0; m < b1; ++m) {
       float* v = &o[m * di];
-      for (int64_t i = 0; i < di; ++i) v[i] = v[i] * math::silu_f32(zx[m * n_in + i]);
+      const float* z = &zx[m * n_in];
+      // v * silu(z), silu(z) = z / (1 + exp(-z)) with the vectorised exp (= math::silu_f32)
+      for (int64_t i = 0; i < di; ++i) e[i] = -z[i];
+      V::exp_array(e, e, di);
+      for (int64_t i = 0; i < di; ++i) v[i] = v[i] * (z[i] / (1.0f + e[i]));
       for (int64_t g = 0; g < ng; ++g)
         // (v * r) * w: rmsnorm_offset's op order, with the plain weight (HF MambaRMSNormGated)
         ops::norm_row<V>(ops::kRmsNormOffset, v + g * gs, gs, mdl.gated_norm_w.data() + g * gs,
                          nullptr, c.norm_eps, v + g * gs);
     }
   });
-  ops::gemm<V>(o.data(), M, di, mdl.w_out, y.data(), d, nt);
+  ops::gemm<V>(o, M, di, mdl.w_out, y, d, nt);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < call.lengths[b]; ++t) {
       const int64_t m = row_off[b] + t;

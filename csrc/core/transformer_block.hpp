@@ -11,6 +11,8 @@
 
 namespace eb {
 
+class Workspace;
+
 struct TransformerConfig {
   int64_t d_model = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, intermediate = 0;
   int64_t window = 0, rope_dim = 0, max_positions = 0;
@@ -49,6 +51,7 @@ struct TransformerCall {
   float* v_cache;
   int64_t capacity;
   int n_threads;
+  Workspace* ws;           // scratch kept between calls (a decode session's), or nullptr
 };
 
 }  // namespace eb

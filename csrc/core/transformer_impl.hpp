@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/transformer_block.hpp"
+#include "core/workspace.hpp"
 #include "math/derived.hpp"
 #include "ops/activations.hpp"
 #include "ops/attention.hpp"
@@ -30,11 +31,15 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   FpEnvGuard guard;  // the calling thread too runs the serial parts (residuals, scatter)
 
   // Compact the real tokens: token m is (row tok_row[m], index tok_t[m] within the call).
-  std::vector<int64_t> row_off(static_cast<size_t>(B + 1), 0);
+  Workspace local;
+  Workspace& ws = call.ws ? *call.ws : local;
+  int64_t* row_off = ws.ints(0, static_cast<size_t>(B + 1));
+  row_off[0] = 0;
   for (int64_t b = 0; b < B; ++b) row_off[b + 1] = row_off[b] + call.lengths[b];
   const int64_t M = row_off[B];
   if (M == 0) return;
-  std::vector<int64_t> tok_row(static_cast<size_t>(M)), tok_t(static_cast<size_t>(M));
+  int64_t* tok_row = ws.ints(1, static_cast<size_t>(M));
+  int64_t* tok_t = ws.ints(2, static_cast<size_t>(M));
   int64_t max_keys = 1;
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < call.lengths[b]; ++t) {
@@ -45,12 +50,19 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   }
   if (c.window > 0) max_keys = std::min(max_keys, c.window);
 
-  std::vector<float> xs(M * d), hn(M * d), qkv(M * n_qkv), att(M * qw), x1(M * d);
-  std::vector<float> gu(M * n_gu), u(M * it), y(M * d);
+  const auto sz = [](int64_t a, int64_t b) { return static_cast<size_t>(a * b); };
+  float* xs = ws.floats(0, sz(M, d));
+  float* hn = ws.floats(1, sz(M, d));
+  float* qkv = ws.floats(2, sz(M, n_qkv));
+  float* att = ws.floats(3, sz(M, qw));
+  float* x1 = ws.floats(4, sz(M, d));
+  float* gu = ws.floats(5, sz(M, n_gu));
+  float* u = ws.floats(6, sz(M, it));
+  float* y = ws.floats(7, sz(M, d));
   // Per-thread scratch, allocated up front: nothing allocates inside a parallel region.
   const int n_slots = std::max(nt, 1);
-  std::vector<float> rope_scratch(static_cast<size_t>(n_slots * 2 * (half + 1)));
-  std::vector<float> score_scratch(static_cast<size_t>(n_slots) * static_cast<size_t>(max_keys));
+  float* rope_scratch = ws.floats(8, sz(n_slots, 2 * (half + 1)));
+  float* score_scratch = ws.floats(9, sz(n_slots, max_keys));
   for (int64_t m = 0; m < M; ++m)
     std::memcpy(&xs[m * d], call.x + (tok_row[m] * L + tok_t[m]) * d, sizeof(float) * d);
 
@@ -63,7 +75,7 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
       ops::norm_row<V>(c.norm, &xs[m * d], d, mdl.norm_in_w.data(), nb_in, c.norm_eps, &hn[m * d]);
   });
   // 2. q | k | v = h [Wq; Wk; Wv]^T (+ b)
-  ops::gemm<V>(hn.data(), M, d, mdl.w_qkv, qkv.data(), n_qkv, nt);
+  ops::gemm<V>(hn, M, d, mdl.w_qkv, qkv, n_qkv, nt);
   // 3-4. q/k norm, then RoPE at each token's absolute position.
   parallel_for(M, nt, [&](int64_t b0, int64_t b1, int tid) {
     float* cs = &rope_scratch[static_cast<size_t>(tid * 2 * (half + 1))];
@@ -108,7 +120,7 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
     }
   });
   // 7. x1 = x + (Wo o (+ bo))
-  ops::gemm<V>(att.data(), M, qw, mdl.w_o, x1.data(), d, nt);
+  ops::gemm<V>(att, M, qw, mdl.w_o, x1, d, nt);
   for (int64_t i = 0; i < M * d; ++i) x1[i] = xs[i] + x1[i];
   // 8-9. h2 = N_post(x1); u = act(g) * up (or act(up)); y = x1 + (Wd u (+ bd))
   parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
@@ -116,11 +128,11 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
       ops::norm_row<V>(c.norm, &x1[m * d], d, mdl.norm_post_w.data(), nb_post, c.norm_eps,
                        &hn[m * d]);
   });
-  ops::gemm<V>(hn.data(), M, d, mdl.w_gu, gu.data(), n_gu, nt);
+  ops::gemm<V>(hn, M, d, mdl.w_gu, gu, n_gu, nt);
   parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
-    for (int64_t m = b0; m < b1; ++m) ops::mlp_combine(c.mlp, &gu[m * n_gu], it, &u[m * it]);
+    for (int64_t m = b0; m < b1; ++m) ops::mlp_combine<V>(c.mlp, &gu[m * n_gu], it, &u[m * it]);
   });
-  ops::gemm<V>(u.data(), M, it, mdl.w_down, y.data(), d, nt);
+  ops::gemm<V>(u, M, it, mdl.w_down, y, d, nt);
   for (int64_t m = 0; m < M; ++m) {
     float* dst = call.y + (tok_row[m] * L + tok_t[m]) * d;
     for (int64_t i = 0; i < d; ++i) dst[i] = math::canon_nan(x1[m * d + i] + y[m * d + i]);

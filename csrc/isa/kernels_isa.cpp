@@ -14,6 +14,10 @@
 #include "simd/vec_avx2.hpp"
 #define EB_VEC eb::simd::VecAvx2
 #define EB_ISA_STR "avx2"
+#elif defined(EB_ISA_neon)
+#include "simd/vec_neon.hpp"
+#define EB_VEC eb::simd::VecNeon
+#define EB_ISA_STR "neon"
 #else
 #include "simd/vec_scalar.hpp"
 #define EB_VEC eb::simd::VecScalar
@@ -47,6 +51,10 @@ float apply(int op, float v) {
 
 void elementwise(int op, const float* x, float* y, int64_t n) {
   FpEnvGuard guard;
+  if (op == kOpExpVec) {
+    V::exp_array(x, y, n);
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) y[i] = math::canon_nan(apply(op, x[i]));
 }
 

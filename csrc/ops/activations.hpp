@@ -22,8 +22,14 @@ inline float mlp_act(int kind, float v) {
 }
 
 // gated: gu rows hold [g (it) | up (it)]; ungated: [up (it)]. u (it) = the MLP hidden.
+// SwiGLU runs silu(g) = g / (1 + exp(-g)) with the vectorised exp (same bits as exp_f32).
+template <class V>
 inline void mlp_combine(int kind, const float* gu, int64_t it, float* u) {
-  if (mlp_is_gated(kind)) {
+  if (kind == kSwiGlu) {
+    for (int64_t i = 0; i < it; ++i) u[i] = -gu[i];
+    V::exp_array(u, u, it);
+    for (int64_t i = 0; i < it; ++i) u[i] = (gu[i] / (1.0f + u[i])) * gu[it + i];
+  } else if (mlp_is_gated(kind)) {
     for (int64_t i = 0; i < it; ++i) u[i] = mlp_act(kind, gu[i]) * gu[it + i];
   } else {
     for (int64_t i = 0; i < it; ++i) u[i] = mlp_act(kind, gu[i]);

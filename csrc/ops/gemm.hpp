@@ -35,18 +35,34 @@ void gemm_ref(const float* a, int64_t m, int64_t lda, const float* w, int64_t n_
 
 template <class V>
 struct GemmTraits {
-  static constexpr int kMR = V::kLanes >= 16 ? 6 : (V::kLanes >= 8 ? 3 : 2);
+  static constexpr int kMR = V::kLanes >= 16 ? 8 : (V::kLanes >= 8 ? 3 : 2);
 };
 
-// One MR x kGemmNR tile; writes nr_valid columns of each of the MR rows.
+// K is cache-blocked: a kGemmKC x kGemmNR slice of the panel (32 KB) stays in L1 while it is
+// used for every row block. The blocks of one output run in increasing k and each block
+// continues from the partial sums (stored to c as float and reloaded: exact), so the FMA chain
+// is the same single chain over k = 0..K-1 as without blocking.
+constexpr int64_t kGemmKC = 256;
+
+// One MR x kGemmNR tile over k in [k0, k1); writes nr_valid columns of each of the MR rows.
+// first: start from +0.0 (else reload the partial sums from c); last: add the bias and finish.
 template <class V, int MR>
-inline void gemm_tile(const float* a, int64_t lda, const float* panel, int64_t k_in,
-                      const float* bias, float* c, int64_t ldc, int nr_valid) {
+inline void gemm_tile(const float* a, int64_t lda, const float* panel, int64_t k0, int64_t k1,
+                      bool first, bool last, const float* bias, float* c, int64_t ldc,
+                      int nr_valid) {
   constexpr int NV = kGemmNR / V::kLanes;
   V acc[MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < NV; ++j) acc[r][j] = V::zero();
-  for (int64_t k = 0; k < k_in; ++k) {
+  if (first) {
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NV; ++j) acc[r][j] = V::zero();
+  } else {
+    for (int r = 0; r < MR; ++r) {
+      float tmp[kGemmNR] = {0};
+      for (int j = 0; j < nr_valid; ++j) tmp[j] = c[r * ldc + j];
+      for (int j = 0; j < NV; ++j) acc[r][j] = V::load(tmp + j * V::kLanes);
+    }
+  }
+  for (int64_t k = k0; k < k1; ++k) {
     V b_k[NV];
     for (int j = 0; j < NV; ++j) b_k[j] = V::load(panel + k * kGemmNR + j * V::kLanes);
     for (int r = 0; r < MR; ++r) {
@@ -58,7 +74,7 @@ inline void gemm_tile(const float* a, int64_t lda, const float* panel, int64_t k
     float tmp[kGemmNR];
     for (int j = 0; j < NV; ++j) acc[r][j].store(tmp + j * V::kLanes);
     float* c_r = c + r * ldc;
-    if (bias) {
+    if (last && bias) {
       for (int j = 0; j < nr_valid; ++j) c_r[j] = tmp[j] + bias[j];
     } else {
       for (int j = 0; j < nr_valid; ++j) c_r[j] = tmp[j];
@@ -67,34 +83,46 @@ inline void gemm_tile(const float* a, int64_t lda, const float* panel, int64_t k
 }
 
 template <class V, int MR>
-inline void gemm_rows(int rows, const float* a, int64_t lda, const float* panel, int64_t k_in,
-                      const float* bias, float* c, int64_t ldc, int nr_valid) {
+inline void gemm_rows(int rows, const float* a, int64_t lda, const float* panel, int64_t k0,
+                      int64_t k1, bool first, bool last, const float* bias, float* c,
+                      int64_t ldc, int nr_valid) {
   if constexpr (MR > 0) {
     if (rows == MR) {
-      gemm_tile<V, MR>(a, lda, panel, k_in, bias, c, ldc, nr_valid);
+      gemm_tile<V, MR>(a, lda, panel, k0, k1, first, last, bias, c, ldc, nr_valid);
     } else {
-      gemm_rows<V, MR - 1>(rows, a, lda, panel, k_in, bias, c, ldc, nr_valid);
+      gemm_rows<V, MR - 1>(rows, a, lda, panel, k0, k1, first, last, bias, c, ldc, nr_valid);
     }
   }
 }
 
-// c (m, ldc) = a (m, lda) * W^T (+ bias); tasks (panel, row block) split over threads.
+// c (m, ldc) = a (m, lda) * W^T (+ bias). Tasks (panel, row block) are split over threads in
+// contiguous ranges; a thread walks its tasks panel by panel, K block by K block.
 template <class V>
 void gemm(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, float* c, int64_t ldc,
           int n_threads) {
   constexpr int MR = GemmTraits<V>::kMR;
   const int64_t n_mb = (m + MR - 1) / MR;
   const int64_t tasks = w.n_panels * n_mb;
+  const int64_t kk = w.k_in;
   parallel_for(tasks, n_threads, [&](int64_t begin, int64_t end, int) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t p = t / n_mb, mb = t % n_mb;
-      const int64_t r0 = mb * MR;
-      const int rows = static_cast<int>(std::min<int64_t>(MR, m - r0));
+    for (int64_t t0 = begin; t0 < end;) {
+      const int64_t p = t0 / n_mb;
+      const int64_t t1 = std::min(end, (p + 1) * n_mb);  // this thread's tasks of panel p
       const int64_t n0 = p * kGemmNR;
       const int nr_valid = static_cast<int>(std::min<int64_t>(kGemmNR, w.n_out - n0));
-      gemm_rows<V, MR>(rows, a + r0 * lda, lda, w.data.data() + p * w.k_in * kGemmNR, w.k_in,
-                       w.has_bias() ? w.bias.data() + n0 : nullptr, c + r0 * ldc + n0, ldc,
-                       nr_valid);
+      const float* panel = w.data.data() + p * kk * kGemmNR;
+      const float* bias = w.has_bias() ? w.bias.data() + n0 : nullptr;
+      for (int64_t k0 = 0; k0 < kk || k0 == 0; k0 += kGemmKC) {
+        const int64_t k1 = std::min(kk, k0 + kGemmKC);
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t r0 = (t % n_mb) * MR;
+          const int rows = static_cast<int>(std::min<int64_t>(MR, m - r0));
+          gemm_rows<V, MR>(rows, a + r0 * lda, lda, panel, k0, k1, k0 == 0, k1 == kk, bias,
+                           c + r0 * ldc + n0, ldc, nr_valid);
+        }
+        if (k1 == kk) break;
+      }
+      t0 = t1;
     }
   });
 }

@@ -34,9 +34,34 @@ float dot_l16(const float* a, const float* b, int64_t n) {
     for (int j = 0; j < NV; ++j)
       acc[j] = V::fma(V::load(ta + j * V::kLanes), V::load(tb + j * V::kLanes), acc[j]);
   }
-  float s[kReduceLanes];
-  for (int j = 0; j < NV; ++j) acc[j].store(s + j * V::kLanes);
-  return combine_l16(s);
+  return V::reduce16(acc);
+}
+
+// Four dots q . k_r (r = 0..3) at once, each in its own L16 lanes: interleaving independent
+// chains hides the FMA latency; every result has exactly dot_l16's bits.
+template <class V>
+inline void dot_l16_x4(const float* q, const float* const* k, int64_t n, float* out) {
+  constexpr int NV = kReduceLanes / V::kLanes;
+  V acc[4][NV];
+  for (int r = 0; r < 4; ++r)
+    for (int j = 0; j < NV; ++j) acc[r][j] = V::zero();
+  int64_t i = 0;
+  for (; i + kReduceLanes <= n; i += kReduceLanes)
+    for (int j = 0; j < NV; ++j) {
+      const V qv = V::load(q + i + j * V::kLanes);
+      for (int r = 0; r < 4; ++r) acc[r][j] = V::fma(qv, V::load(k[r] + i + j * V::kLanes), acc[r][j]);
+    }
+  if (i < n) {
+    float tq[kReduceLanes] = {0};
+    std::memcpy(tq, q + i, sizeof(float) * static_cast<size_t>(n - i));
+    for (int r = 0; r < 4; ++r) {
+      float tk[kReduceLanes] = {0};
+      std::memcpy(tk, k[r] + i, sizeof(float) * static_cast<size_t>(n - i));
+      for (int j = 0; j < NV; ++j)
+        acc[r][j] = V::fma(V::load(tq + j * V::kLanes), V::load(tk + j * V::kLanes), acc[r][j]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) out[r] = V::reduce16(acc[r]);
 }
 
 // sum_i a[i] (plain adds), L16 order.
@@ -53,9 +78,7 @@ float sum_l16(const float* a, int64_t n) {
     std::memcpy(ta, a + i, sizeof(float) * static_cast<size_t>(n - i));
     for (int j = 0; j < NV; ++j) acc[j] = V::add(acc[j], V::load(ta + j * V::kLanes));
   }
-  float s[kReduceLanes];
-  for (int j = 0; j < NV; ++j) acc[j].store(s + j * V::kLanes);
-  return combine_l16(s);
+  return V::reduce16(acc);
 }
 
 }  // namespace eb::ops

@@ -12,6 +12,9 @@ namespace isa_avx2 { extern const KernelTable kTable; }
 #ifdef EB_HAVE_AVX512
 namespace isa_avx512 { extern const KernelTable kTable; }
 #endif
+#ifdef EB_HAVE_NEON
+namespace isa_neon { extern const KernelTable kTable; }
+#endif
 
 namespace {
 
@@ -28,6 +31,9 @@ std::vector<const KernelTable*> supported() {
       __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
     out.push_back(&isa_avx512::kTable);
 #endif
+#endif
+#if defined(__aarch64__) && defined(EB_HAVE_NEON)
+  out.push_back(&isa_neon::kTable);  // Advanced SIMD is mandatory in AArch64
 #endif
   return out;
 }

@@ -3,6 +3,10 @@
 #pragma once
 #include <immintrin.h>
 
+#include <cstdint>
+
+#include "math/exp.hpp"
+
 namespace eb::simd {
 
 struct VecAvx2 {
@@ -14,6 +18,61 @@ struct VecAvx2 {
   void store(float* p) const { _mm256_storeu_ps(p, v); }
   static VecAvx2 fma(VecAvx2 a, VecAvx2 b, VecAvx2 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
   static VecAvx2 add(VecAvx2 a, VecAvx2 b) { return {_mm256_add_ps(a.v, b.v)}; }
+  // y[i] = exp_f32(x[i]) (math/exp.hpp, detail::exp_dd with lo = 0) in binary64 lanes, the
+  // same operations in the same order as the scalar routine: n = (x*log2e + S) - S,
+  // r = fma(-n, ln2_hi, x), r = fma(-n, ln2_lo, r), r = r + 0, Horner fma chain of 1/k!,
+  // e = fma(r*r, q, r), y = 1 + e, y * 2^n (exact here: n in [-159, 128]), one rounding to
+  // binary32. Special inputs (NaN, overflow, x < -110) are blended afterwards. Tails use the
+  // scalar routine. x and y may alias.
+  static void exp_array(const float* x, float* y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+      const __m128 xf = _mm_loadu_ps(x + i);
+      const __m128 over = _mm_cmp_ps(xf, _mm_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ);
+      const __m128 under = _mm_cmp_ps(xf, _mm_set1_ps(-110.0f), _CMP_LT_OQ);
+      const __m128 nan = _mm_cmp_ps(xf, xf, _CMP_UNORD_Q);
+      __m256d xd = _mm256_cvtps_pd(xf);
+      xd = _mm256_min_pd(_mm256_max_pd(xd, _mm256_set1_pd(-110.0)), _mm256_set1_pd(89.0));
+      const __m256d shifter = _mm256_set1_pd(0x1.8p52);
+      __m256d nd = _mm256_mul_pd(xd, _mm256_set1_pd(0x1.71547652b82fep+0));
+      nd = _mm256_sub_pd(_mm256_add_pd(nd, shifter), shifter);
+      __m256d r = _mm256_fnmadd_pd(nd, _mm256_set1_pd(0x1.62e42fefa3800p-1), xd);
+      r = _mm256_fnmadd_pd(nd, _mm256_set1_pd(0x1.ef35793c76730p-45), r);
+      r = _mm256_add_pd(r, _mm256_setzero_pd());
+      __m256d q = _mm256_set1_pd(0x1.6124613a86d09p-33);
+      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.1eed8eff8d898p-29));
+      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.ae64567f544e4p-26));
+      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.27e4fb7789f5cp-22));
+      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.71de3a556c734p-19));
+      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.a01a01a01a01ap-16));
+      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.a01a01a01a01ap-13));
+      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.6c16c16c16c17p-10));
+      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.1111111111111p-7));
+      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.5555555555555p-5));
+      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.5555555555555p-3));
+      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.0000000000000p-1));
+      const __m256d e = _mm256_fmadd_pd(_mm256_mul_pd(r, r), q, r);
+      const __m256d yd = _mm256_add_pd(_mm256_set1_pd(1.0), e);
+      const __m256i ni = _mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(nd));
+      const __m256d p2 = _mm256_castsi256_pd(
+          _mm256_slli_epi64(_mm256_add_epi64(ni, _mm256_set1_epi64x(1023)), 52));
+      __m128 out = _mm256_cvtpd_ps(_mm256_mul_pd(yd, p2));
+      out = _mm_blendv_ps(out, _mm_set1_ps(__builtin_huge_valf()), over);
+      out = _mm_blendv_ps(out, _mm_setzero_ps(), under);
+      out = _mm_blendv_ps(out, _mm_castsi128_ps(_mm_set1_epi32(0x7FC00000)), nan);
+      _mm_storeu_ps(y + i, out);
+    }
+    for (; i < n; ++i) y[i] = math::exp_f32(x[i]);
+  }
+  // The L16 tree: acc[0] holds lanes 0..7, acc[1] lanes 8..15; s_j += s_(j+w), w = 8, 4, 2, 1.
+  static float reduce16(const VecAvx2* acc) {
+    const __m256 t8 = _mm256_add_ps(acc[0].v, acc[1].v);           // w = 8
+    const __m128 lo4 = _mm256_castps256_ps128(t8), hi4 = _mm256_extractf128_ps(t8, 1);
+    const __m128 t4 = _mm_add_ps(lo4, hi4);                      // w = 4
+    const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));       // w = 2: lanes 0,1
+    const __m128 t1 = _mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1));   // w = 1
+    return _mm_cvtss_f32(t1);
+  }
   static VecAvx2 mul(VecAvx2 a, VecAvx2 b) { return {_mm256_mul_ps(a.v, b.v)}; }
 };
 

@@ -2,6 +2,9 @@
 // Same small API as vec_avx2.hpp / vec_avx512.hpp; fma is std::fma (one rounding).
 #pragma once
 #include <cmath>
+#include <cstdint>
+
+#include "math/exp.hpp"
 
 namespace eb::simd {
 
@@ -14,6 +17,19 @@ struct VecScalar {
   void store(float* p) const { p[0] = v; }
   static VecScalar fma(VecScalar a, VecScalar b, VecScalar c) { return {std::fma(a.v, b.v, c.v)}; }
   static VecScalar add(VecScalar a, VecScalar b) { return {a.v + b.v}; }
+  // y[i] = exp_f32(x[i]) (math/exp.hpp); x and y may alias. The SIMD types run the same
+  // binary64 algorithm in 8 or 4 lanes and give the same bits (tests/unit/test_math.py).
+  static void exp_array(const float* x, float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = math::exp_f32(x[i]);
+  }
+  // The L16 tree over 16 lanes held in 16 / kLanes vectors: s_j += s_(j+w), w = 8, 4, 2, 1.
+  static float reduce16(const VecScalar* acc) {
+    float s[16];
+    for (int j = 0; j < 16; ++j) s[j] = acc[j].v;
+    for (int w = 8; w >= 1; w /= 2)
+      for (int j = 0; j < w; ++j) s[j] = s[j] + s[j + w];
+    return s[0];
+  }
   static VecScalar mul(VecScalar a, VecScalar b) { return {a.v * b.v}; }
 };
 

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 __all__ = [
+    "FLOAT32_MAX",
+    "FLOAT32_TRUE_MIN",
     "check_array",
     "check_choice",
     "check_finite",
@@ -26,6 +28,7 @@ __all__ = [
     "check_int",
     "check_lengths",
     "check_real",
+    "check_state_buffers",
     "check_tokens",
     "describe_type",
     "format_shape",
@@ -36,6 +39,10 @@ __all__ = [
 _FLOAT32_FORMATS = frozenset({"f", "<f", "=f"})
 if sys.byteorder != "little":  # pragma: no cover - no big-endian CI host exists
     _FLOAT32_FORMATS = frozenset({"<f"})
+
+# The positive finite binary32 range: real options used as float32 must round into it.
+FLOAT32_MAX = float(np.finfo(np.float32).max)                 # 3.4028234663852886e+38
+FLOAT32_TRUE_MIN = float(np.finfo(np.float32).smallest_subnormal)  # 1.401298464324817e-45
 
 # Buffer item formats of the dtypes people most often pass by mistake, for readable messages.
 _FORMAT_NAMES = {
@@ -214,6 +221,13 @@ def check_finite(arr: np.ndarray, name: str, where: str, *, index_base: tuple = 
                      f"got {float(value)!r}")
 
 
+def _fmt_int(v: int) -> str:
+    """Spell an int for a message; a huge one by its size (str() of >4300 digits raises)."""
+    if abs(v) >= 1 << 256:
+        return f"{'-' if v < 0 else ''}an int of {abs(v).bit_length()} bits"
+    return str(v)
+
+
 def _is_int(value: object) -> bool:
     return (isinstance(value, (int, np.integer))
             and not isinstance(value, (bool, np.bool_)))
@@ -262,13 +276,13 @@ def check_int(value: object, name: str, where: str, *, min_value: int | None = N
             rng = f"<= {max_value}"
         else:
             rng = f"in [{min_value}, {max_value}]"
-        raise ValueError(f"{where}: {name} must be {rng}; got {v}")
+        raise ValueError(f"{where}: {name} must be {rng}; got {_fmt_int(v)}")
     return v
 
 
 def check_real(value: object, name: str, where: str, *, gt: float | None = None,
                ge: float | None = None, allow_inf: bool = False,
-               allow_none: bool = False) -> float | None:
+               allow_none: bool = False, float32: bool = False) -> float | None:
     """Check a real option and return it as a Python float.
 
     Parameters
@@ -285,6 +299,12 @@ def check_real(value: object, name: str, where: str, *, gt: float | None = None,
         Whether ``+inf`` is accepted (NaN never is).
     allow_none : bool, default=False
         Whether ``None`` is accepted (and returned).
+    float32 : bool, default=False
+        The value is used in binary32 arithmetic (rounded once to float32, as C++
+        ``static_cast<float>`` does): a finite value must not round to infinity (it must be
+        <= ``FLOAT32_MAX`` = 3.4028234663852886e+38, up to rounding), and with ``gt=0`` it must
+        not round to 0 (it must be >= about ``FLOAT32_TRUE_MIN`` = 1.4e-45). The returned value
+        is still the float64 given (the fingerprint and ``get_params`` keep it).
 
     Returns
     -------
@@ -295,7 +315,9 @@ def check_real(value: object, name: str, where: str, *, gt: float | None = None,
     TypeError
         Not a real number.
     ValueError
-        NaN, infinite (unless allowed) or out of range.
+        NaN, infinite (unless allowed), an int too large for a float, out of range, or (with
+        ``float32``) outside the float32 range; the message names the option, the value and the
+        allowed range.
     """
     if value is None and allow_none:
         return None
@@ -304,13 +326,25 @@ def check_real(value: object, name: str, where: str, *, gt: float | None = None,
         expected = "a real number or None" if allow_none else "a real number"
         raise TypeError(f"{where}: {name} must be {expected}; got {describe_type(value)} "
                         f"{value!r}")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # a Python int beyond binary64
+        raise ValueError(f"{where}: {name} must be finite; got {_fmt_int(int(value))}, too "
+                         f"large for a float (the largest is about 1.8e308)") from None
     if math.isnan(v) or (math.isinf(v) and not (allow_inf and v > 0)):
         raise ValueError(f"{where}: {name} must be finite; got {v!r}")
     if gt is not None and not v > gt:
         raise ValueError(f"{where}: {name} must be > {gt!r}; got {v!r}")
     if ge is not None and not v >= ge:
         raise ValueError(f"{where}: {name} must be >= {ge!r}; got {v!r}")
+    if float32 and math.isfinite(v):
+        with np.errstate(over="ignore"):
+            f = float(np.float32(v))
+        if math.isinf(f) or (gt is not None and gt >= 0.0 and f == 0.0 and v > 0.0):
+            lo = f"{FLOAT32_TRUE_MIN!r}" if gt is not None and gt >= 0.0 else "0"
+            raise ValueError(f"{where}: {name}={v!r} is used as float32 and rounds to {f!r} "
+                             f"there; expected a value in the float32 range [{lo}, "
+                             f"{FLOAT32_MAX!r}]")
     return v
 
 
@@ -381,6 +415,58 @@ def check_choice(value: object, name: str, where: str, choices: Sequence[str], *
         raise ValueError(f"{where}: {name}={value!r} is not supported; accepted values: "
                          f"{listing}{note}")
     return value
+
+
+def check_state_buffers(buffers: Sequence[tuple[str, object, tuple, object]],
+                        where: str) -> None:
+    """Check that a state's buffers are still what the native core may read and write in place.
+
+    A state's arrays may be edited in place (contents), but NumPy also lets a caller reshape an
+    array in place (``a.shape = ...``), retype it (``a.dtype = ...``), make it read-only
+    (``a.flags.writeable = False``) or, through ``object.__setattr__``, swap in another array.
+    Any of these would make the native call fail after it has written part of the state, or read
+    the wrong slots. Every call re-checks the buffers before anything is computed or written.
+
+    Parameters
+    ----------
+    buffers : sequence of (name, array, shape, dtype)
+        ``name`` as the message spells it (``"state.k_cache"``), the array, the exact shape and
+        the exact dtype (``numpy.float32`` or ``numpy.int64``, native byte order) it must have.
+    where : str
+        ``"Class.method"``.
+
+    Raises
+    ------
+    ValueError
+        A buffer is not a NumPy array, or has another dtype or shape, or is not C-contiguous,
+        aligned and writable; or two buffers share memory. The message names the buffer, what
+        was expected and what came.
+    """
+    for name, buf, shape, dtype in buffers:
+        dt = np.dtype(dtype)
+        expected = (f"a writable, C-contiguous {dt.name} array of shape {format_shape(shape)} "
+                    "(its contents may be edited in place; it must not be reshaped, retyped, "
+                    "made read-only or replaced)")
+        if not isinstance(buf, np.ndarray):
+            raise ValueError(f"{where}: {name} must be {expected}; got {describe_type(buf)}")
+        problems = []
+        if buf.dtype != dt or not buf.dtype.isnative:
+            problems.append(f"dtype {buf.dtype.str!r}" if buf.dtype.name == dt.name
+                            else f"dtype {buf.dtype.name}")
+        if buf.shape != tuple(shape):
+            problems.append(f"shape {format_shape(buf.shape)}")
+        if not (buf.flags.c_contiguous and buf.flags.aligned):
+            problems.append("a non-C-contiguous or unaligned layout")
+        if not buf.flags.writeable:
+            problems.append("a read-only array")
+        if problems:
+            raise ValueError(f"{where}: {name} must be {expected}; got {', '.join(problems)}")
+    for i, (name_a, a, _, _) in enumerate(buffers):
+        for name_b, b, _, _ in buffers[i + 1:]:
+            # Both are C-contiguous, so overlapping address ranges means shared bytes.
+            if np.may_share_memory(a, b):
+                raise ValueError(f"{where}: {name_a} and {name_b} share memory; each state "
+                                 "buffer must be its own array")
 
 
 def check_lengths(lengths: object, batch: int, n_tokens: int, where: str) -> np.ndarray:

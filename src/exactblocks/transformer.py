@@ -9,13 +9,14 @@ C++ from the rope parameters), state buffers (``state.py``).
 
 from __future__ import annotations
 
-import math
+import sys
 from collections.abc import Mapping
 
 import numpy as np
 
 from . import _ext
 from ._validation import (
+    _fmt_int,
     check_array,
     check_choice,
     check_finite,
@@ -41,6 +42,12 @@ __all__ = ["TransformerBlockInference"]
 
 _CLS = "TransformerBlockInference"
 _MAX_POSITIONS_LIMIT = 1 << 24  # positions are exact in binary32 below 2^24 (SPEC.md 4.4)
+# Upper bound of the integer options (n_heads, n_kv_heads, head_dim, window, rope_dim). Sizes
+# this large are already far beyond any real layer (and every size must also fit the weights);
+# the bound keeps every integer handed to the C++ core well inside int64. A window >=
+# max_positions behaves like window=0 (causal), so 2^24 loses nothing.
+_MAX_INT_OPTION = 1 << 24
+_MAX_BATCH = 1 << 62  # allocate_state's batch_size; memory is the real limit (MemoryError)
 
 _NORMS = ("rmsnorm", "layernorm", "rmsnorm_offset")
 _MLPS = ("swiglu", "geglu", "geglu_tanh", "gelu", "gelu_tanh")
@@ -130,7 +137,8 @@ def _check_rope_scaling(value, where: str):
                              f"{kind!r})")
         name = f"rope_scaling[{k!r}]"
         if k == "original_max_position_embeddings":
-            norm[k] = check_int(value[k], name, where, min_value=1)
+            norm[k] = check_int(value[k], name, where, min_value=1,
+                                max_value=_MAX_POSITIONS_LIMIT)
         else:
             norm[k] = check_real(value[k], name, where, gt=0.0)
     if kind == "llama3" and not norm["high_freq_factor"] > norm["low_freq_factor"]:
@@ -150,22 +158,27 @@ def _check_rope_scaling(value, where: str):
 def _check_options(raw: dict, where: str) -> dict:
     """Type and range checks of every keyword option that does not need the weights."""
     o = {}
-    o["n_heads"] = check_int(raw["n_heads"], "n_heads", where, min_value=1)
+    big = _MAX_INT_OPTION
+    o["n_heads"] = check_int(raw["n_heads"], "n_heads", where, min_value=1, max_value=big)
     o["n_kv_heads"] = check_int(raw["n_kv_heads"], "n_kv_heads", where, min_value=1,
-                                allow_none=True)
-    o["head_dim"] = check_int(raw["head_dim"], "head_dim", where, min_value=1, allow_none=True)
-    o["window"] = check_int(raw["window"], "window", where, min_value=0)
+                                max_value=big, allow_none=True)
+    o["head_dim"] = check_int(raw["head_dim"], "head_dim", where, min_value=1, max_value=big,
+                              allow_none=True)
+    o["window"] = check_int(raw["window"], "window", where, min_value=0, max_value=big)
     o["rope_theta"] = check_real(raw["rope_theta"], "rope_theta", where, gt=0.0)
     o["rope_dim"] = check_int(raw["rope_dim"], "rope_dim", where, allow_none=True)
+    if o["rope_dim"] is not None and not -big <= o["rope_dim"] <= big:
+        raise ValueError(f"{where}: rope_dim must be an even int in [2, head_dim]; got "
+                         f"{_fmt_int(o['rope_dim'])}")
     o["max_positions"] = check_int(raw["max_positions"], "max_positions", where, min_value=1,
                                    max_value=_MAX_POSITIONS_LIMIT)
     for flag in ("qkv_bias", "o_bias", "norm_bias", "mlp_bias", "qk_norm"):
         o[flag] = check_flag(raw[flag], flag, where)
     o["norm"] = check_choice(raw["norm"], "norm", where, _NORMS)
-    o["norm_eps"] = check_real(raw["norm_eps"], "norm_eps", where, gt=0.0)
+    o["norm_eps"] = check_real(raw["norm_eps"], "norm_eps", where, gt=0.0, float32=True)
     o["mlp"] = check_choice(raw["mlp"], "mlp", where, _MLPS)
     o["attn_softcap"] = check_real(raw["attn_softcap"], "attn_softcap", where, gt=0.0,
-                                   allow_none=True)
+                                   allow_none=True, float32=True)
     o["numeric_profile"] = check_choice(raw["numeric_profile"], "numeric_profile", where,
                                         ("fp32",), allow_none=True)
     o["rope_kind"], o["rope_scaling"] = _check_rope_scaling(raw["rope_scaling"], where)
@@ -266,6 +279,40 @@ def _check_shapes(arrs: dict, o: dict, spell, where: str) -> dict:
     return {"d_model": d, "head_dim": head_dim, "n_kv_heads": n_kv, "intermediate": ur}
 
 
+def _check_rope_table(core_mod, theta: float, rope_params: tuple, rope_dim: int,
+                      max_positions: int, where: str) -> None:
+    """The float32 inverse-frequency table must make every angle of every position finite.
+
+    The table is the one the core will use (``_core.rope_inv_freq``: binary64, scaled, rounded
+    to float32 once, SPEC.md 4.4). Options finite in float64 can still give an entry that
+    overflows to inf (rope_theta=1e-300, a linear factor of 1e-300), underflows to 0, or an angle
+    ``float32(p) * inv_freq`` that overflows for the last position; each would make every call
+    return NaN, so the constructor refuses them.
+    """
+    kind, factor, low, high, omax = rope_params
+    with np.errstate(over="ignore", invalid="ignore"):
+        inv = np.asarray(core_mod.rope_inv_freq(int(rope_dim), float(theta), _ROPE_KIND[kind],
+                                                float(factor), float(low), float(high),
+                                                float(omax)), dtype=np.float32)
+        bad = np.flatnonzero(~(np.isfinite(inv) & (inv > 0)))
+        last = np.float32(max_positions - 1) * np.float32(inv.max()) if inv.size else 0.0
+    what = f"rope_theta={theta!r}"
+    if kind != "default":
+        what += f" with rope_scaling['factor']={factor!r}"
+    what += f" (rope_dim={rope_dim})"
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{where}: {what} gives the float32 RoPE inverse frequency "
+                         f"inv_freq[{i}]={float(inv[i])!r}; every entry of the table "
+                         f"(rope_theta**(-2i/rope_dim), scaled) must be finite and > 0 in float32 "
+                         f"(positive float32 values lie in [1.4e-45, 3.4e38])")
+    if not np.isfinite(last):
+        raise ValueError(f"{where}: {what} gives max(inv_freq)={float(inv.max())!r}, so the "
+                         f"RoPE angle of the last position, float32(max_positions - 1) * "
+                         f"max(inv_freq) = {max_positions - 1} * {float(inv.max())!r}, overflows "
+                         "float32; lower max_positions or use a larger rope_theta / factor")
+
+
 def _options_repr(opts: dict, rope_params: tuple) -> str:
     """Canonical, platform-independent spelling of the resolved options (for the fingerprint)."""
     items = []
@@ -307,7 +354,16 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
     head_dim = sizes["head_dim"]
 
     rope_dim = o["rope_dim"]
-    if rope_dim is None:
+    rs = o["rope_scaling"]
+    prf = None if rs is None else rs.get("partial_rotary_factor")
+    if rope_dim is None and prf is not None:
+        # HF StableLM: rotary_ndims = int(head_dim * partial_rotary_factor), in Python floats.
+        rope_dim = int(head_dim * prf)
+        if rope_dim % 2 or not 2 <= rope_dim <= head_dim:
+            raise ValueError(f"{where}: rope_scaling['partial_rotary_factor']={prf!r} gives "
+                             f"rope_dim=int(head_dim*factor)=int({head_dim}*{prf!r})={rope_dim}, "
+                             f"which must be an even int in [2, head_dim={head_dim}]")
+    elif rope_dim is None:
         if head_dim % 2:
             raise ValueError(f"{where}: head_dim={head_dim} is odd, so RoPE cannot rotate the "
                              "whole head; pass an even rope_dim <= head_dim (rope_dim=None means "
@@ -317,14 +373,12 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
         raise ValueError(f"{where}: rope_dim={rope_dim} must be an even int in [2, "
                          f"head_dim={head_dim}]")
 
-    rs = o["rope_scaling"]
     kind = o["rope_kind"]
     if rs is not None:
         if "rope_theta" in rs and rs["rope_theta"] != o["rope_theta"]:
             raise ValueError(f"{where}: rope_scaling['rope_theta']={rs['rope_theta']!r} differs "
                              f"from rope_theta={o['rope_theta']!r}")
-        if "partial_rotary_factor" in rs:
-            prf = rs["partial_rotary_factor"]
+        if prf is not None:
             if int(head_dim * prf) != rope_dim:
                 raise ValueError(f"{where}: rope_scaling['partial_rotary_factor']={prf!r} gives "
                                  f"rope_dim=int({head_dim}*{prf!r})={int(head_dim * prf)}, but "
@@ -337,6 +391,10 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
     else:
         rope_params = ("llama3", rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"],
                        rs["original_max_position_embeddings"])
+
+    core_mod = _ext.core()
+    _check_rope_table(core_mod, o["rope_theta"], rope_params, rope_dim, o["max_positions"],
+                      where)
 
     if canonical is None:
         weights_c = {n: canonical_copy(a, f"weights[{spell(n)!r}]", where)
@@ -367,7 +425,6 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
         "qkv_bias": o["qkv_bias"], "o_bias": o["o_bias"], "norm_bias": o["norm_bias"],
         "mlp_bias": o["mlp_bias"], "qk_norm": o["qk_norm"],
     }
-    core_mod = _ext.core()
     fp = fingerprint(_CLS, str(core_mod.arithmetic_version()), _options_repr(opts, rope_params),
                      weights_c)
     impl = _Impl()
@@ -419,6 +476,12 @@ def _check_readable(state: TransformerState, start: np.ndarray, lens: np.ndarray
 
 
 def _check_counters(state: TransformerState, where: str) -> np.ndarray:
+    """Re-check the state's buffers, then return a copy of row_tokens, each in [0, max_tokens].
+
+    Called (under the state's lock) before anything is computed or written, by every block call
+    and by the session's ``load_state``.
+    """
+    state._check_buffers(where)
     rt = np.array(state.row_tokens, dtype=np.int64, copy=True)
     for b, n in enumerate(rt.tolist()):
         if not 0 <= n <= state.max_tokens:
@@ -454,24 +517,33 @@ class TransformerBlockInference:
         [biases with mlp_bias]. The key set must be exact. Arrays are copied (editing them later
         has no effect) and never written.
     n_heads : int
-        Query heads (HF ``num_attention_heads``), >= 1.
+        Query heads (HF ``num_attention_heads``), in [1, 2**24].
     n_kv_heads : int or None, default=None
-        K/V heads, dividing n_heads (HF ``num_key_value_heads``); None = k_proj rows / head_dim.
+        K/V heads, dividing n_heads (HF ``num_key_value_heads``), in [1, 2**24]; None = k_proj
+        rows / head_dim.
     head_dim : int or None, default=None
-        Width of a head; None = q_proj rows / n_heads (exact). Free of d_model.
+        Width of a head, in [1, 2**24]; None = q_proj rows / n_heads (exact). Free of d_model.
     window : int, default=0
-        0 = causal attention; W > 0 = sliding window: a query at position p sees keys
-        ``p-W+1 .. p`` (W keys including itself; HF ``sliding_window``).
+        0 = causal attention; W in [1, 2**24] = sliding window: a query at position p sees keys
+        ``p-W+1 .. p`` (W keys including itself; HF ``sliding_window``). A window >=
+        max_positions gives the same outputs as 0.
     rope_theta : float, default=10000.0
-        RoPE base, finite > 0.
+        RoPE base, finite > 0. Together with rope_scaling and max_positions it must give a
+        usable float32 table: every ``inv_freq_i`` (computed in binary64, scaled, rounded to
+        float32) finite and > 0, and ``float32(max_positions - 1) * max(inv_freq)`` finite;
+        otherwise ValueError (e.g. rope_theta=1e-300 or a linear factor of 1e-300).
     rope_scaling : Mapping or None, default=None
         HF ``rope_scaling`` / ``rope_parameters``: ``{'rope_type': 'default'}``,
         ``{'rope_type': 'linear', 'factor': f}`` or ``{'rope_type': 'llama3', 'factor',
         'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings'}`` (legacy key
-        ``'type'`` accepted). Extra keys allowed: ``'rope_theta'`` (must equal rope_theta) and
-        ``'partial_rotary_factor'`` (must give rope_dim).
+        ``'type'`` accepted; original_max_position_embeddings an int in [1, 2**24]). Extra keys
+        allowed: ``'rope_theta'`` (must equal rope_theta) and ``'partial_rotary_factor'``: with
+        rope_dim=None it gives ``rope_dim = int(head_dim * partial_rotary_factor)`` (HF StableLM
+        ``rotary_ndims``), which must be even and in [2, head_dim]; with rope_dim given the two
+        must agree.
     rope_dim : int or None, default=None
-        Rotate the first rope_dim dims of each head (even, in [2, head_dim]); None = head_dim.
+        Rotate the first rope_dim dims of each head (even, in [2, head_dim]); None = derived
+        from ``rope_scaling['partial_rotary_factor']`` when present, else head_dim.
     max_positions : int, default=8192
         Positions p < max_positions can be computed; in [1, 2**24].
     qkv_bias, o_bias : bool, default=False
@@ -479,7 +551,8 @@ class TransformerBlockInference:
     norm : {'rmsnorm', 'layernorm', 'rmsnorm_offset'}, default='rmsnorm'
         ``LlamaRMSNorm``; ``torch.nn.LayerNorm``; ``GemmaRMSNorm`` (scale 1 + w).
     norm_eps : float, default=1e-06
-        Epsilon of every norm of the block, finite > 0.
+        Epsilon of every norm of the block, > 0, used as float32: it must round to a positive
+        finite float32, i.e. lie in about [1.4e-45, 3.4028235e38] (1e-50 or 1e39 are refused).
     norm_bias : bool, default=False
         LayerNorm biases; needs norm='layernorm'.
     mlp : {'swiglu', 'geglu', 'geglu_tanh', 'gelu', 'gelu_tanh'}, default='swiglu'
@@ -490,7 +563,8 @@ class TransformerBlockInference:
     qk_norm : bool, default=False
         Per-head norm of q and k over head_dim before RoPE (Qwen3, Gemma3); not with layernorm.
     attn_softcap : float or None, default=None
-        Scores s -> cap * tanh(s / cap) before the mask (Gemma2), finite > 0.
+        Scores s -> cap * tanh(s / cap) before the mask (Gemma2), > 0, used as float32: it must
+        round to a positive finite float32 (about [1.4e-45, 3.4028235e38]).
     numeric_profile : {None, 'fp32'}, default=None
         float32 weights and arithmetic (the only profile in v1).
 
@@ -748,7 +822,7 @@ class TransformerBlockInference:
         Parameters
         ----------
         batch_size : int
-            Rows, >= 1.
+            Rows, in [1, 2**62] (memory is the practical limit).
         max_tokens : int
             Positions each row may hold, in [1, max_positions].
 
@@ -765,20 +839,33 @@ class TransformerBlockInference:
         TypeError
             A non-int argument.
         ValueError
-            An argument < 1, or max_tokens > max_positions.
+            An argument < 1, batch_size > 2**62, or max_tokens > max_positions.
+        MemoryError
+            The buffers cannot be allocated; the message gives the bytes asked for.
         """
         where = f"{_CLS}.allocate_state"
         impl = self._impl
-        b = check_int(batch_size, "batch_size", where, min_value=1)
-        m = check_int(max_tokens, "max_tokens", where, min_value=1)
+        b = check_int(batch_size, "batch_size", where, min_value=1, max_value=_MAX_BATCH)
+        m = check_int(max_tokens, "max_tokens", where, min_value=1,
+                      max_value=_MAX_POSITIONS_LIMIT)
         if m > impl.opts["max_positions"]:
             raise ValueError(f"{where}: max_tokens={m} exceeds max_positions="
                              f"{impl.opts['max_positions']} of the block (raise max_positions, "
                              "up to 2**24, with set_params or at construction)")
-        return TransformerState._make(
-            _PRIVATE, batch_size=b, n_kv_heads=impl.opts["n_kv_heads"],
-            head_dim=impl.opts["head_dim"], max_tokens=m, window=impl.opts["window"],
-            fingerprint=impl.fingerprint)
+        kv, hd, w = impl.opts["n_kv_heads"], impl.opts["head_dim"], impl.opts["window"]
+        cap = min(w, m) if w > 0 else m
+        nbytes = 2 * b * kv * cap * hd * 4 + 8 * b
+        try:
+            if nbytes > sys.maxsize:
+                raise MemoryError
+            return TransformerState._make(
+                _PRIVATE, batch_size=b, n_kv_heads=kv, head_dim=hd, max_tokens=m, window=w,
+                fingerprint=impl.fingerprint)
+        except MemoryError:
+            raise MemoryError(
+                f"{where}: cannot allocate a state of batch_size={b}, max_tokens={m}: k_cache "
+                f"and v_cache of shape {format_shape((b, kv, cap, hd))} float32 plus row_tokens "
+                f"need {nbytes} bytes ({nbytes / 2**30:.3g} GiB)") from None
 
     def decode_session(self, state: TransformerState):
         """Open an exclusive decode session working in place on ``state``.
@@ -818,7 +905,8 @@ class TransformerBlockInference:
             Any float32 buffer (NumPy array, memoryview, ...); never written. Non-contiguous
             input is copied once (bytes only).
         state : TransformerState or None, default=None
-            None: every row starts at position 0 with an empty cache used for this call only.
+            None: every row starts at position 0 with an empty cache used for this call only
+            (then n_tokens <= max_positions).
             Otherwise a state of this block with ``batch_size == batch``; row b's tokens take
             positions ``row_tokens[b] .. row_tokens[b] + n_b - 1`` and ``row_tokens[b] += n_b``.
         lengths : None, sequence of int or 1-D integer array, default=None
@@ -837,7 +925,9 @@ class TransformerBlockInference:
             Wrong shape of ``x``; NaN/inf in a real position of ``x`` (index and value);
             bad ``lengths`` count or range; a state of another block or batch size, claimed by an
             open session, with ``row_tokens`` outside [0, max_tokens], with non-finite readable
-            slots, or without room (row, held, asked, limit); positions >= max_positions.
+            slots, or without room (row, held, asked, limit); positions >= max_positions (without
+            a state: n_tokens > max_positions, whatever ``lengths``); a state buffer reshaped,
+            retyped, made read-only or replaced in place (checked before anything is written).
         RuntimeError
             The state is in use by another call.
 
@@ -919,10 +1009,12 @@ class TransformerBlockInference:
         max_pos = opts["max_positions"]
 
         if state is None:
-            for b in range(bsz):
-                if lens[b] > max_pos:
-                    raise ValueError(f"{where}: row {b} holds 0 positions and asks for "
-                                     f"{int(lens[b])}; the limit is max_positions={max_pos}")
+            # SPEC.md 4.5: a state-less call needs L <= max_positions, whatever the lengths.
+            if n_tok > max_pos:
+                raise ValueError(f"{where}: x has {n_tok} tokens per row (shape "
+                                 f"{format_shape(xa.shape)}); without a state every row starts "
+                                 f"at position 0, and the limit is max_positions={max_pos} "
+                                 "tokens (raise max_positions, up to 2**24)")
             cap = min(opts["window"], n_tok) if opts["window"] > 0 else n_tok
             shape = (bsz, opts["n_kv_heads"], cap, opts["head_dim"])
             k = np.zeros(shape, np.float32)
@@ -952,7 +1044,8 @@ class TransformerBlockInference:
                         f"the limit is {which}={limit} (create the state with max_tokens >= "
                         f"{held + asked})")
             _check_readable(state, start, lens, where)
-            y = core.forward(xa, lens, start, state.k_cache, state.v_cache)
+            ws = session._workspace if session is not None else None
+            y = core.forward(xa, lens, start, state.k_cache, state.v_cache, ws)
             state.row_tokens[:] = start + lens
         finally:
             state._lock.release()

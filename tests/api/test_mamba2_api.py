@@ -463,7 +463,7 @@ def test_option_wrong_type(weights, opt, value):
 
 
 @pytest.mark.parametrize("opt,value,fragments", [
-    ("n_groups", 0, ["n_groups", ">= 1", "0"]), ("n_groups", -2, ["n_groups", "-2"]),
+    ("n_groups", 0, ["n_groups", "[1, 16777216]", "0"]), ("n_groups", -2, ["n_groups", "-2"]),
     ("norm_eps", 0.0, ["norm_eps", "> 0"]), ("norm_eps", -1e-5, ["norm_eps"]),
     ("norm_eps", float("nan"), ["norm_eps", "nan"]), ("norm_eps", float("inf"), ["norm_eps"]),
     ("dt_limit", (float("nan"), 1.0), ["dt_limit[0]", "nan"]),
@@ -720,6 +720,80 @@ def test_read_only_row_tokens_is_refused_before_any_write(block, x, primed):
     with raises(ValueError, "state.row_tokens", "writable"):
         block.forward(x, primed)
     assert snapshot(primed) == snap
+
+
+M_TAMPERINGS = {
+    "conv_window read-only": (lambda st: setattr(st.conv_window.flags, "writeable", False),
+                              "state.conv_window", "read-only"),
+    "h read-only": (lambda st: setattr(st.h.flags, "writeable", False), "state.h", "read-only"),
+    "h flattened": (lambda st: object.__setattr__(st, "h", st.h.reshape(-1)),
+                    "state.h", f"shape ({2 * DI * NS},)"),
+    "conv_window float64": (
+        lambda st: object.__setattr__(st, "conv_window", st.conv_window.astype(np.float64)),
+        "state.conv_window", "dtype float64"),
+    "row_tokens int32": (
+        lambda st: object.__setattr__(st, "row_tokens", st.row_tokens.astype(np.int32)),
+        "state.row_tokens", "dtype int32"),
+    "h inside conv_window": (   # same bytes: the scan would overwrite the conv window
+        lambda st: object.__setattr__(
+            st, "h", st.conv_window.reshape(-1)[:st.h.size].reshape(st.h.shape)),
+        "state.conv_window and state.h", "share memory"),
+}
+
+
+@pytest.mark.parametrize("case", list(M_TAMPERINGS))
+def test_tampered_state_buffers_refused_before_any_write(block, x, primed, case):
+    """The buffer checks are shared with TransformerState (_validation.check_state_buffers):
+    same message, aliasing included, also in reset(); nothing is written."""
+    tamper, buf, what = M_TAMPERINGS[case]
+    tamper(primed)
+
+    def snap():
+        return tuple(np.asarray(getattr(primed, n)).tobytes()
+                     for n in ("conv_window", "h", "row_tokens"))
+
+    before = snap()
+    for where, call in ((f"{MBI}.forward", lambda: block.forward(x, primed)),
+                        (f"{MBI}.step", lambda: block.step(x[:, 0], primed)),
+                        ("Mamba2State.reset", lambda: primed.reset())):
+        with raises(ValueError, f"{where}: ", buf, what):
+            call()
+        assert snap() == before, f"{where} changed the state"
+
+
+@pytest.mark.parametrize("opts,fragments", [
+    ({"norm_eps": 1e-50}, ["norm_eps=1e-50", "float32", "3.4028234663852886e+38"]),
+    ({"norm_eps": 1e39}, ["norm_eps=1e+39", "float32"]),
+    ({"dt_limit": (0.0, 1e39)}, ["dt_limit[1]=1e+39", "float32", "3.4028234663852886e+38"]),
+    ({"dt_limit": (1e39, float("inf"))}, ["dt_limit[0]=1e+39", "float32"]),
+    ({"dt_limit": (0.0, 10**400)}, ["dt_limit[1]", "too large for a float"]),
+    ({"n_groups": 2**64}, ["n_groups", "[1, 16777216]"]),
+])
+def test_options_outside_float32_or_int_range(weights, opts, fragments):
+    """Finding: options finite in float64 but 0 or inf in float32 (the core's type) were
+    accepted; a huge int reached float() or the binding."""
+    with raises(ValueError, f"{MBI}.__init__: ", *fragments):
+        build(weights, **opts)
+
+
+def test_float32_edge_options_accepted(weights, x):
+    big = float(np.finfo(np.float32).max)
+    for opts in ({"dt_limit": (0.0, float("inf"))}, {"dt_limit": (1e-50, big)},
+                 {"norm_eps": 1e-45}, {"norm_eps": big}):
+        assert np.isfinite(build(weights, **opts).forward(x)).all(), opts
+    # A lo that rounds to 0 in float32 is the same arithmetic as lo = 0: same bits.
+    assert_bitwise_equal(build(weights, dt_limit=(1e-50, 1.0)).forward(x),
+                         build(weights, dt_limit=(0.0, 1.0)).forward(x))
+
+
+def test_allocate_state_too_large_is_memory_error(block):
+    per_row = (CD * K + NH * (DI // NH) * NS) * 4 + 8   # conv_window + h (float32) + row_tokens
+    for b in (10**14, 2**62):
+        with raises(MemoryError, f"{MBI}.allocate_state: ", f"batch_size={b}",
+                    f"{b * per_row} bytes"):
+            block.allocate_state(b)
+    with raises(ValueError, f"{MBI}.allocate_state: ", "batch_size", str(2**62)):
+        block.allocate_state(2**62 + 1)
 
 
 def test_concurrent_use_of_a_state_is_runtime_error(block, x, primed):

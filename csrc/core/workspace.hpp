@@ -1,0 +1,28 @@
+// Workspace: scratch buffers of a block call that grow on demand and are kept between calls.
+// A decode session owns one, so its steps stop allocating once the buffers have reached their
+// size (SPEC 6); a call without a session uses a local one. Buffers are never assumed zeroed:
+// the blocks write every element they later read. One call at a time (the state's lock).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace eb {
+
+class Workspace {
+ public:
+  float* floats(size_t slot, size_t n) { return grow(f_, slot, n); }
+  int64_t* ints(size_t slot, size_t n) { return grow(i_, slot, n); }
+
+ private:
+  template <class T>
+  static T* grow(std::vector<std::vector<T>>& pool, size_t slot, size_t n) {
+    if (pool.size() <= slot) pool.resize(slot + 1);
+    if (pool[slot].size() < n) pool[slot].resize(n);
+    return pool[slot].data();
+  }
+  std::vector<std::vector<float>> f_;
+  std::vector<std::vector<int64_t>> i_;
+};
+
+}  // namespace eb

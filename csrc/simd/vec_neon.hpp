@@ -1,0 +1,95 @@
+// AArch64 Advanced SIMD (NEON) vector of 4 float lanes; same API as vec_scalar.hpp. NEON is
+// architecturally mandatory on AArch64, so no extra -m flag: compiled into the neon kernel
+// translation unit only (CMakeLists.txt, EB_ISA_neon). fma is vfmaq_f32 (FMLA: fused, one
+// rounding, = std::fma per lane); the compiler may not contract anything else
+// (-ffp-contract=off, which GCC for AArch64 needs: its default is to fuse).
+#pragma once
+#include <arm_neon.h>
+
+#include <cstdint>
+
+#include "math/exp.hpp"
+
+namespace eb::simd {
+
+struct VecNeon {
+  static constexpr int kLanes = 4;
+  float32x4_t v;
+  static VecNeon zero() { return {vdupq_n_f32(0.0f)}; }
+  static VecNeon set1(float a) { return {vdupq_n_f32(a)}; }
+  static VecNeon load(const float* p) { return {vld1q_f32(p)}; }
+  void store(float* p) const { vst1q_f32(p, v); }
+  // a * b + c, one rounding (vfmaq_f32(acc, x, y) = acc + x * y).
+  static VecNeon fma(VecNeon a, VecNeon b, VecNeon c) { return {vfmaq_f32(c.v, a.v, b.v)}; }
+  static VecNeon add(VecNeon a, VecNeon b) { return {vaddq_f32(a.v, b.v)}; }
+  static VecNeon mul(VecNeon a, VecNeon b) { return {vmulq_f32(a.v, b.v)}; }
+
+  // y[i] = exp_f32(x[i]) (math/exp.hpp, detail::exp_dd with lo = 0) in two float64x2 halves,
+  // the same operations in the same order as the scalar routine (as vec_avx2.hpp):
+  // n = (x*log2e + S) - S, r = fma(-n, ln2_hi, x), r = fma(-n, ln2_lo, r), r = r + 0, Horner
+  // fma chain of 1/k!, e = fma(r*r, q, r), y = 1 + e, y * 2^n (exact here: n in [-159, 128]),
+  // one rounding to binary32. Special inputs (NaN, overflow, x < -110) are selected afterwards.
+  // Tails use the scalar routine. x and y may alias.
+  static void exp_array(const float* x, float* y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+      const float32x4_t xf = vld1q_f32(x + i);
+      const uint32x4_t over = vcgtq_f32(xf, vdupq_n_f32(0x1.62e42ep6f));  // false for NaN
+      const uint32x4_t under = vcltq_f32(xf, vdupq_n_f32(-110.0f));
+      const uint32x4_t ordered = vceqq_f32(xf, xf);  // false exactly for NaN
+      const float64x2_t lo = exp_core(vcvt_f64_f32(vget_low_f32(xf)));
+      const float64x2_t hi = exp_core(vcvt_high_f64_f32(xf));
+      float32x4_t out = vcvt_high_f32_f64(vcvt_f32_f64(lo), hi);  // round to nearest, once
+      out = vbslq_f32(over, vdupq_n_f32(__builtin_huge_valf()), out);
+      out = vbslq_f32(under, vdupq_n_f32(0.0f), out);
+      out = vbslq_f32(ordered, out, vreinterpretq_f32_u32(vdupq_n_u32(0x7FC00000u)));
+      vst1q_f32(y + i, out);
+    }
+    for (; i < n; ++i) y[i] = math::exp_f32(x[i]);
+  }
+
+  // The L16 tree: acc[0] holds lanes 0..3, acc[1] 4..7, acc[2] 8..11, acc[3] 12..15;
+  // s_j += s_(j+w) for w = 8, 4, 2, 1 (ops/reduce.hpp), each step one vector add of the pairs.
+  static float reduce16(const VecNeon* acc) {
+    const float32x4_t t0 = vaddq_f32(acc[0].v, acc[2].v);  // w = 8: lanes 0..3
+    const float32x4_t t1 = vaddq_f32(acc[1].v, acc[3].v);  // w = 8: lanes 4..7
+    const float32x4_t t4 = vaddq_f32(t0, t1);              // w = 4: lanes 0..3
+    const float32x2_t t2 = vadd_f32(vget_low_f32(t4), vget_high_f32(t4));  // w = 2: lanes 0, 1
+    return vget_lane_f32(t2, 0) + vget_lane_f32(t2, 1);   // w = 1
+  }
+
+ private:
+  // detail::exp_dd(x, 0) for x already clamped below; NaN lanes give garbage, replaced later.
+  static float64x2_t exp_core(float64x2_t xd) {
+    xd = vminq_f64(vmaxq_f64(xd, vdupq_n_f64(-110.0)), vdupq_n_f64(89.0));
+    const float64x2_t shifter = vdupq_n_f64(0x1.8p52);
+    float64x2_t nd = vmulq_f64(xd, vdupq_n_f64(0x1.71547652b82fep+0));
+    nd = vsubq_f64(vaddq_f64(nd, shifter), shifter);
+    // vfmsq_f64(a, b, c) = a - b * c with one rounding = std::fma(-b, c, a).
+    float64x2_t r = vfmsq_f64(xd, nd, vdupq_n_f64(0x1.62e42fefa3800p-1));
+    r = vfmsq_f64(r, nd, vdupq_n_f64(0x1.ef35793c76730p-45));
+    r = vaddq_f64(r, vdupq_n_f64(0.0));
+    // vfmaq_f64(a, b, c) = a + b * c with one rounding = std::fma(b, c, a).
+    float64x2_t q = vdupq_n_f64(0x1.6124613a86d09p-33);
+    q = vfmaq_f64(vdupq_n_f64(0x1.1eed8eff8d898p-29), q, r);
+    q = vfmaq_f64(vdupq_n_f64(0x1.ae64567f544e4p-26), q, r);
+    q = vfmaq_f64(vdupq_n_f64(0x1.27e4fb7789f5cp-22), q, r);
+    q = vfmaq_f64(vdupq_n_f64(0x1.71de3a556c734p-19), q, r);
+    q = vfmaq_f64(vdupq_n_f64(0x1.a01a01a01a01ap-16), q, r);
+    q = vfmaq_f64(vdupq_n_f64(0x1.a01a01a01a01ap-13), q, r);
+    q = vfmaq_f64(vdupq_n_f64(0x1.6c16c16c16c17p-10), q, r);
+    q = vfmaq_f64(vdupq_n_f64(0x1.1111111111111p-7), q, r);
+    q = vfmaq_f64(vdupq_n_f64(0x1.5555555555555p-5), q, r);
+    q = vfmaq_f64(vdupq_n_f64(0x1.5555555555555p-3), q, r);
+    q = vfmaq_f64(vdupq_n_f64(0x1.0000000000000p-1), q, r);
+    const float64x2_t e = vfmaq_f64(r, vmulq_f64(r, r), q);
+    const float64x2_t yd = vaddq_f64(vdupq_n_f64(1.0), e);
+    // 2^n from the exponent field; n is integral and in [-159, 128], so the conversion is exact.
+    const int64x2_t ni = vcvtq_s64_f64(nd);
+    const float64x2_t p2 =
+        vreinterpretq_f64_s64(vshlq_n_s64(vaddq_s64(ni, vdupq_n_s64(1023)), 52));
+    return vmulq_f64(yd, p2);
+  }
+};
+
+}  // namespace eb::simd

@@ -1,0 +1,472 @@
+// Cross-ISA / cross-architecture bit digest, without Python (tests/cross/test_neon_cross.py).
+// Builds small eb::TransformerModel and eb::Mamba2Model instances with deterministic weights
+// (an integer hash of (tensor, index), no RNG), and for every kernel table this build has
+// (eb::available_isas()) runs: ragged batched forwards that carry the KV cache / the conv and
+// SSM state over three calls (prefill, continuation, decode), the L16 dot/sum kernels, a
+// packed GEMM and elementwise sweeps of exp, log1p, tanh, erf, sin, cos, silu, softplus, gelu,
+// gelu_tanh and the vectorised exp. Everything (outputs and final states) is folded into a
+// 64-bit FNV-1a over the raw bytes.
+//
+// Output (stdout): one line per ISA, `<isa> <16 hex digits>`; every line must carry the same
+// digest on every ISA and every architecture (SPEC 3.1). stderr: one `# <isa> <case> <digest>`
+// line per case, to locate a mismatch. Exit status 1 if a self-check fails inside one ISA:
+// the vectorised exp differs from exp_f32, 1 and 2 threads give different bits, or a block
+// output is non-finite, all zero, or written at a padding position.
+//
+// Build (x86-64, see the test for the full command; every kernels_isa.cpp object needs
+// -DEB_ISA_<isa>=1 -DEB_ISA_NAME=isa_<isa> and the ISA's flags, the rest -DEB_HAVE_<ISA>=1):
+//   g++ -std=c++17 -O2 -fopenmp -ffp-contract=off -I csrc tests/cpp/digest_main.cpp
+//       csrc/core/*.cpp csrc/ops/*.cpp csrc/simd/dispatch.cpp <isa objects> -o digest
+// Run: ./digest [--quick]
+#include <cinttypes>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/mamba2_block.hpp"
+#include "core/transformer_block.hpp"
+#include "ops/activations.hpp"
+#include "ops/norm.hpp"
+#include "simd/dispatch.hpp"
+
+namespace {
+
+// ---- hashing ---------------------------------------------------------------------------------
+
+struct Fnv1a {
+  uint64_t h = 0xcbf29ce484222325ull;
+  void bytes(const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) {
+      h ^= b[i];
+      h *= 0x100000001b3ull;
+    }
+  }
+  void floats(const std::vector<float>& v) { bytes(v.data(), v.size() * sizeof(float)); }
+  void f32(float x) { bytes(&x, sizeof x); }
+};
+
+std::string hex(uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64, h);
+  return buf;
+}
+
+// SplitMix64 finaliser: a fixed integer hash, the same on every machine.
+uint64_t mix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [-1, 1) with 24 bits, exact in binary32: u = (k - 2^23) / 2^23.
+float unit(uint64_t tensor, uint64_t i) {
+  const int64_t k = static_cast<int64_t>(mix(tensor * 0x100000001ull + i) >> 40);  // 0 .. 2^24-1
+  return static_cast<float>(k - (int64_t{1} << 23)) * 0x1p-23f;
+}
+
+uint64_t name_id(const std::string& s) {
+  Fnv1a f;
+  f.bytes(s.data(), s.size());
+  return f.h;
+}
+
+// A tensor of n values: offset + scale * unit(name, i) (one rounding per value, no fma).
+std::vector<float> tensor(const std::string& name, int64_t n, float scale, float offset = 0.0f) {
+  std::vector<float> v(static_cast<size_t>(n));
+  const uint64_t id = name_id(name);
+  for (int64_t i = 0; i < n; ++i) v[i] = offset + scale * unit(id, static_cast<uint64_t>(i));
+  return v;
+}
+
+using Weights = std::unordered_map<std::string, std::vector<float>>;
+
+std::unordered_map<std::string, const float*> ptrs(const Weights& w) {
+  std::unordered_map<std::string, const float*> out;
+  for (const auto& kv : w) out[kv.first] = kv.second.data();
+  return out;
+}
+
+float inv_sqrt(int64_t n) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(n))); }
+
+bool g_ok = true;
+
+void fail(const std::string& isa, const std::string& what) {
+  std::fprintf(stderr, "FAIL %s: %s\n", isa.c_str(), what.c_str());
+  g_ok = false;
+}
+
+// Sanity of one call's y (batch, L, d): real tokens finite and not all zero, padding exactly +0.
+void check_y(const std::string& what, const std::vector<float>& y, int64_t B, int64_t L, int64_t d,
+             const int64_t* lengths) {
+  bool any_nonzero = false;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < L; ++t)
+      for (int64_t i = 0; i < d; ++i) {
+        const float v = y[(b * L + t) * d + i];
+        if (t < lengths[b]) {
+          if (!std::isfinite(v)) return fail(eb::get_isa(), what + ": non-finite output");
+          any_nonzero = any_nonzero || v != 0.0f;
+        } else if (v != 0.0f || std::signbit(v)) {
+          return fail(eb::get_isa(), what + ": padding position written");
+        }
+      }
+  if (!any_nonzero) fail(eb::get_isa(), what + ": all outputs zero");
+}
+
+// ---- Transformer ------------------------------------------------------------------------------
+
+struct TfCase {
+  std::string name;
+  eb::TransformerConfig cfg;
+};
+
+std::vector<TfCase> transformer_cases() {
+  std::vector<TfCase> out;
+  {  // Llama/Qwen-like: RMSNorm, SwiGLU, GQA, q/k/v bias, partial RoPE with llama3 scaling.
+    eb::TransformerConfig c;
+    c.d_model = 40; c.n_heads = 4; c.n_kv_heads = 2; c.head_dim = 14; c.intermediate = 56;
+    c.window = 0; c.rope_dim = 10; c.max_positions = 64; c.rope_theta = 10000.0;
+    c.rope_scaling_kind = 2; c.rope_factor = 8.0; c.rope_low_freq_factor = 1.0;
+    c.rope_high_freq_factor = 4.0; c.rope_original_max = 16.0;
+    c.norm_eps = 1e-6f; c.attn_softcap = 0.0f; c.norm = eb::ops::kRmsNorm; c.mlp = eb::ops::kSwiGlu;
+    c.qkv_bias = true;
+    out.push_back({"tf_llama", c});
+  }
+  {  // Gemma-like: (1 + w) RMSNorm, GeGLU(tanh), q/k norm, softcap, sliding window ring cache.
+    eb::TransformerConfig c;
+    c.d_model = 36; c.n_heads = 3; c.n_kv_heads = 1; c.head_dim = 16; c.intermediate = 44;
+    c.window = 5; c.rope_dim = 16; c.max_positions = 64; c.rope_theta = 500.0;
+    c.norm_eps = 1e-6f; c.attn_softcap = 5.0f; c.norm = eb::ops::kRmsNormOffset;
+    c.mlp = eb::ops::kGeGluTanh; c.qk_norm = true;
+    out.push_back({"tf_gemma", c});
+  }
+  {  // GPT-NeoX/Phi-like: LayerNorm with bias, plain GELU MLP with biases, linear RoPE scaling.
+    eb::TransformerConfig c;
+    c.d_model = 33; c.n_heads = 3; c.n_kv_heads = 3; c.head_dim = 11; c.intermediate = 50;
+    c.window = 0; c.rope_dim = 6; c.max_positions = 64; c.rope_theta = 10000.0;
+    c.rope_scaling_kind = 1; c.rope_factor = 2.0;
+    c.norm_eps = 1e-5f; c.norm = eb::ops::kLayerNorm; c.mlp = eb::ops::kGelu;
+    c.qkv_bias = true; c.o_bias = true; c.norm_bias = true; c.mlp_bias = true;
+    out.push_back({"tf_neox", c});
+  }
+  return out;
+}
+
+Weights transformer_weights(const TfCase& tc) {
+  const eb::TransformerConfig& c = tc.cfg;
+  const int64_t d = c.d_model, qw = c.n_heads * c.head_dim, kw = c.n_kv_heads * c.head_dim;
+  const int64_t it = c.intermediate;
+  const std::string p = tc.name + ".";
+  Weights w;
+  const bool offset = c.norm == eb::ops::kRmsNormOffset;  // weights stored as w, used as 1 + w
+  w["input_layernorm.weight"] = tensor(p + "ln1", d, 0.25f, offset ? 0.0f : 1.0f);
+  w["post_attention_layernorm.weight"] = tensor(p + "ln2", d, 0.25f, offset ? 0.0f : 1.0f);
+  if (c.norm_bias) {
+    w["input_layernorm.bias"] = tensor(p + "ln1b", d, 0.1f);
+    w["post_attention_layernorm.bias"] = tensor(p + "ln2b", d, 0.1f);
+  }
+  if (c.qk_norm) {
+    w["q_norm.weight"] = tensor(p + "qn", c.head_dim, 0.25f, offset ? 0.0f : 1.0f);
+    w["k_norm.weight"] = tensor(p + "kn", c.head_dim, 0.25f, offset ? 0.0f : 1.0f);
+  }
+  w["q_proj.weight"] = tensor(p + "q", qw * d, inv_sqrt(d));
+  w["k_proj.weight"] = tensor(p + "k", kw * d, inv_sqrt(d));
+  w["v_proj.weight"] = tensor(p + "v", kw * d, inv_sqrt(d));
+  if (c.qkv_bias) {
+    w["q_proj.bias"] = tensor(p + "qb", qw, 0.1f);
+    w["k_proj.bias"] = tensor(p + "kb", kw, 0.1f);
+    w["v_proj.bias"] = tensor(p + "vb", kw, 0.1f);
+  }
+  w["o_proj.weight"] = tensor(p + "o", d * qw, inv_sqrt(qw));
+  if (c.o_bias) w["o_proj.bias"] = tensor(p + "ob", d, 0.1f);
+  if (eb::ops::mlp_is_gated(c.mlp)) {
+    w["gate_proj.weight"] = tensor(p + "g", it * d, inv_sqrt(d));
+    if (c.mlp_bias) w["gate_proj.bias"] = tensor(p + "gb", it, 0.1f);
+  }
+  w["up_proj.weight"] = tensor(p + "u", it * d, inv_sqrt(d));
+  w["down_proj.weight"] = tensor(p + "dn", d * it, inv_sqrt(it));
+  if (c.mlp_bias) {
+    w["up_proj.bias"] = tensor(p + "ub", it, 0.1f);
+    w["down_proj.bias"] = tensor(p + "db", d, 0.1f);
+  }
+  return w;
+}
+
+// Three calls on a batch of 3 rows: a ragged prefill (one row empty), a ragged continuation,
+// a one-token decode step. Returns the digest of all outputs and the final caches.
+uint64_t run_transformer(const TfCase& tc, const eb::TransformerModel& mdl, int n_threads) {
+  const eb::TransformerConfig& c = tc.cfg;
+  const int64_t B = 3, d = c.d_model;
+  const int64_t cap = c.window > 0 ? c.window : c.max_positions;
+  std::vector<float> kc(static_cast<size_t>(B * c.n_kv_heads * cap * c.head_dim), 0.0f);
+  std::vector<float> vc(kc.size(), 0.0f);
+  const int64_t calls_L[3] = {7, 3, 1};
+  const int64_t calls_len[3][3] = {{7, 4, 0}, {2, 3, 1}, {1, 1, 1}};
+  int64_t start[3] = {0, 0, 0};
+  Fnv1a f;
+  for (int k = 0; k < 3; ++k) {
+    const int64_t L = calls_L[k];
+    const std::vector<float> x = tensor(tc.name + ".x" + std::to_string(k), B * L * d, 1.0f);
+    std::vector<float> y(x.size(), 0.0f);
+    eb::TransformerCall call{};
+    call.x = x.data();
+    call.y = y.data();
+    call.batch = B;
+    call.n_tokens = L;
+    call.lengths = calls_len[k];
+    call.start = start;
+    call.k_cache = kc.data();
+    call.v_cache = vc.data();
+    call.capacity = cap;
+    call.n_threads = n_threads;
+    eb::kernels().transformer_forward(mdl, call);
+    check_y(tc.name, y, B, L, d, calls_len[k]);
+    f.floats(y);
+    for (int b = 0; b < B; ++b) start[b] += calls_len[k][b];
+  }
+  f.floats(kc);
+  f.floats(vc);
+  return f.h;
+}
+
+// ---- Mamba-2 ----------------------------------------------------------------------------------
+
+struct MbCase {
+  std::string name;
+  eb::Mamba2Config cfg;
+};
+
+std::vector<MbCase> mamba2_cases() {
+  std::vector<MbCase> out;
+  {  // d_state 12: not a multiple of 8 or 16, so the vector part and the tail both run.
+    eb::Mamba2Config c;
+    c.d_model = 24; c.d_inner = 32; c.n_heads = 4; c.head_dim = 8; c.d_state = 12;
+    c.n_groups = 2; c.conv_dim = c.d_inner + 2 * c.n_groups * c.d_state; c.conv_kernel = 4;
+    c.norm_eps = 1e-5f; c.dt_min = 0.0f; c.dt_max = std::numeric_limits<float>::infinity();
+    c.conv_bias = true; c.proj_bias = false;
+    out.push_back({"mb_a", c});
+  }
+  {
+    eb::Mamba2Config c;
+    c.d_model = 20; c.d_inner = 40; c.n_heads = 5; c.head_dim = 8; c.d_state = 16;
+    c.n_groups = 1; c.conv_dim = c.d_inner + 2 * c.n_groups * c.d_state; c.conv_kernel = 3;
+    c.norm_eps = 1e-6f; c.dt_min = 0.001f; c.dt_max = 0.1f;
+    c.conv_bias = false; c.proj_bias = true;
+    out.push_back({"mb_b", c});
+  }
+  return out;
+}
+
+Weights mamba2_weights(const MbCase& mc) {
+  const eb::Mamba2Config& c = mc.cfg;
+  const int64_t d = c.d_model, di = c.d_inner, nh = c.n_heads;
+  const int64_t n_in = di + c.conv_dim + nh;
+  const std::string p = mc.name + ".";
+  Weights w;
+  w["block_norm.weight"] = tensor(p + "bn", d, 0.25f, 1.0f);
+  w["in_proj.weight"] = tensor(p + "in", n_in * d, inv_sqrt(d));
+  if (c.proj_bias) w["in_proj.bias"] = tensor(p + "inb", n_in, 0.1f);
+  w["conv1d.weight"] = tensor(p + "cw", c.conv_dim * c.conv_kernel, inv_sqrt(c.conv_kernel));
+  if (c.conv_bias) w["conv1d.bias"] = tensor(p + "cb", c.conv_dim, 0.1f);
+  w["dt_bias"] = tensor(p + "dtb", nh, 1.0f, -2.0f);  // softplus(dt_bias) ~ 0.05 .. 0.3
+  w["D"] = tensor(p + "D", nh, 0.5f, 1.0f);
+  w["A_log"] = tensor(p + "alog", nh, 1.0f, 1.0f);   // A = -exp(0 .. 2)
+  w["norm.weight"] = tensor(p + "gn", di, 0.25f, 1.0f);
+  w["out_proj.weight"] = tensor(p + "out", d * di, inv_sqrt(di));
+  if (c.proj_bias) w["out_proj.bias"] = tensor(p + "outb", d, 0.1f);
+  return w;
+}
+
+uint64_t run_mamba2(const MbCase& mc, const eb::Mamba2Model& mdl, int n_threads) {
+  const eb::Mamba2Config& c = mc.cfg;
+  const int64_t B = 3, d = c.d_model;
+  std::vector<float> conv(static_cast<size_t>(B * c.conv_dim * c.conv_kernel), 0.0f);
+  std::vector<float> h(static_cast<size_t>(B * c.n_heads * c.head_dim * c.d_state), 0.0f);
+  const int64_t calls_L[3] = {6, 3, 1};
+  const int64_t calls_len[3][3] = {{6, 2, 0}, {3, 0, 2}, {1, 1, 1}};
+  Fnv1a f;
+  for (int k = 0; k < 3; ++k) {
+    const int64_t L = calls_L[k];
+    const std::vector<float> x = tensor(mc.name + ".x" + std::to_string(k), B * L * d, 1.0f);
+    std::vector<float> y(x.size(), 0.0f);
+    eb::Mamba2Call call{};
+    call.x = x.data();
+    call.y = y.data();
+    call.batch = B;
+    call.n_tokens = L;
+    call.lengths = calls_len[k];
+    call.conv_window = conv.data();
+    call.h = h.data();
+    call.n_threads = n_threads;
+    eb::kernels().mamba2_forward(mdl, call);
+    check_y(mc.name, y, B, L, d, calls_len[k]);
+    f.floats(y);
+  }
+  f.floats(conv);
+  f.floats(h);
+  return f.h;
+}
+
+// ---- kernels and elementwise sweeps -------------------------------------------------------------
+
+uint64_t run_reductions() {
+  const std::vector<float> a = tensor("red.a", 300, 1.0f), b = tensor("red.b", 300, 1.0f);
+  Fnv1a f;
+  for (int64_t n : {0, 1, 3, 4, 5, 8, 15, 16, 17, 31, 33, 64, 100, 257, 300}) {
+    f.f32(eb::kernels().dot_l16(a.data(), b.data(), n));
+    f.f32(eb::kernels().sum_l16(a.data(), n));
+  }
+  return f.h;
+}
+
+uint64_t run_gemm(int n_threads) {
+  const int64_t m = 5, k = 37, n = 45;
+  const std::vector<float> a = tensor("gemm.a", m * k, 1.0f);
+  const std::vector<float> w = tensor("gemm.w", n * k, inv_sqrt(k));
+  const std::vector<float> bias = tensor("gemm.b", n, 0.1f);
+  const eb::ops::PackedMatrix pm = eb::ops::pack_matrices({w.data()}, {n}, k, {bias.data()});
+  Fnv1a f;
+  for (int64_t rows = 1; rows <= m; ++rows) {
+    std::vector<float> c(static_cast<size_t>(rows * n), 0.0f);
+    eb::kernels().gemm(a.data(), rows, k, pm, c.data(), n, n_threads);
+    f.floats(c);
+  }
+  std::vector<float> y(static_cast<size_t>(m * k));
+  const std::vector<float> nw = tensor("norm.w", k, 0.25f, 1.0f), nb = tensor("norm.b", k, 0.1f);
+  for (int kind : {eb::ops::kRmsNorm, eb::ops::kLayerNorm, eb::ops::kRmsNormOffset}) {
+    eb::kernels().norm_rows(kind, a.data(), m, k, nw.data(),
+                            kind == eb::ops::kLayerNorm ? nb.data() : nullptr, 1e-6f, y.data());
+    f.floats(y);
+  }
+  return f.h;
+}
+
+float from_bits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+// Inputs: a dense linear sweep over [-120, 120], every 2^15-th (quick: 2^18-th) bit pattern
+// (both signs, subnormals, infinities, NaN payloads), hashed bit patterns, and edge values.
+std::vector<float> sweep_inputs(bool quick) {
+  std::vector<float> x;
+  const int64_t n_lin = quick ? 4001 : 40001;
+  for (int64_t i = 0; i < n_lin; ++i)
+    x.push_back(static_cast<float>(-120.0 + 240.0 * static_cast<double>(i) /
+                                            static_cast<double>(n_lin - 1)));
+  const uint32_t step = quick ? (1u << 18) : (1u << 15);
+  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += step)
+    x.push_back(from_bits(static_cast<uint32_t>(u) + 12345u));
+  for (uint64_t i = 0; i < (quick ? 4000u : 40000u); ++i)
+    x.push_back(from_bits(static_cast<uint32_t>(mix(0xE1E7 + i))));
+  const float edges[] = {0.0f, -0.0f, 1.0f, -1.0f, 0x1.62e42ep6f, 0x1.62e430p6f, -0x1.9fe36ap6f,
+                         -103.97f, -110.0f, -110.00001f, 88.0f, 89.0f, 1e-30f, -1e-30f,
+                         0x1p-149f, -0x1p-149f, 3.14159274f, 1e6f, -1e6f, 20.0f, 20.000002f,
+                         std::numeric_limits<float>::infinity(),
+                         -std::numeric_limits<float>::infinity(),
+                         std::numeric_limits<float>::quiet_NaN(), from_bits(0xFFC12345u)};
+  for (float e : edges) x.push_back(e);
+  // Odd total length, so the vector loops of exp_array also end in a scalar tail.
+  if (x.size() % 2 == 0) x.push_back(0.5f);
+  return x;
+}
+
+uint64_t run_elementwise(const std::vector<float>& x, const std::string& isa) {
+  static const char* names[] = {"exp", "log1p", "tanh", "erf", "sin", "cos", "silu",
+                                "softplus", "gelu", "gelu_tanh", "exp_vec"};
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<float> y(x.size()), y_exp(x.size());
+  Fnv1a all;
+  for (int op = eb::kOpExp; op <= eb::kOpExpVec; ++op) {
+    eb::kernels().elementwise(op, x.data(), y.data(), n);
+    Fnv1a f;
+    f.floats(y);
+    std::fprintf(stderr, "# %s ew_%s %s\n", isa.c_str(), names[op], hex(f.h).c_str());
+    all.floats(y);
+    if (op == eb::kOpExp) y_exp = y;
+    if (op == eb::kOpExpVec) {
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t a, b;
+        std::memcpy(&a, &y[i], 4);
+        std::memcpy(&b, &y_exp[i], 4);
+        if (a != b) {
+          char msg[160];
+          uint32_t xb;
+          std::memcpy(&xb, &x[i], 4);
+          std::snprintf(msg, sizeof msg, "exp_vec(0x%08x) = 0x%08x but exp = 0x%08x", xb, a, b);
+          fail(isa, msg);
+          break;
+        }
+      }
+    }
+  }
+  return all.h;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  // Models are built once (construction does not depend on the ISA) and shared by all tables.
+  const std::vector<TfCase> tcs = transformer_cases();
+  const std::vector<MbCase> mcs = mamba2_cases();
+  std::vector<Weights> tw, mw;
+  std::vector<eb::TransformerModel> tms;
+  std::vector<eb::Mamba2Model> mms;
+  for (const TfCase& tc : tcs) {
+    tw.push_back(transformer_weights(tc));
+    tms.emplace_back(tc.cfg, ptrs(tw.back()));
+  }
+  for (const MbCase& mc : mcs) {
+    mw.push_back(mamba2_weights(mc));
+    mms.emplace_back(mc.cfg, ptrs(mw.back()));
+  }
+  const std::vector<float> sweep = sweep_inputs(quick);
+
+  for (const std::string& isa : eb::available_isas()) {
+    eb::set_isa(isa);
+    Fnv1a total;
+    auto record = [&](const std::string& what, uint64_t h) {
+      std::fprintf(stderr, "# %s %s %s\n", isa.c_str(), what.c_str(), hex(h).c_str());
+      total.bytes(&h, sizeof h);
+    };
+    for (size_t i = 0; i < tcs.size(); ++i) {
+      const uint64_t h2 = run_transformer(tcs[i], tms[i], 2);
+      const uint64_t h1 = run_transformer(tcs[i], tms[i], 1);
+      if (h1 != h2) fail(isa, tcs[i].name + ": 1 and 2 threads differ");
+      record(tcs[i].name, h2);
+    }
+    for (size_t i = 0; i < mcs.size(); ++i) {
+      const uint64_t h2 = run_mamba2(mcs[i], mms[i], 2);
+      const uint64_t h1 = run_mamba2(mcs[i], mms[i], 1);
+      if (h1 != h2) fail(isa, mcs[i].name + ": 1 and 2 threads differ");
+      record(mcs[i].name, h2);
+    }
+    record("l16", run_reductions());
+    {
+      const uint64_t h2 = run_gemm(2), h1 = run_gemm(1);
+      if (h1 != h2) fail(isa, "gemm: 1 and 2 threads differ");
+      record("gemm_norm", h2);
+    }
+    record("elementwise", run_elementwise(sweep, isa));
+    std::printf("%s %s\n", isa.c_str(), hex(total.h).c_str());
+    std::fflush(stdout);
+  }
+  return g_ok ? 0 : 1;
+}
