@@ -62,7 +62,7 @@ _ext._register_on_load(_push_threads)
 
 
 def _apply_isa_env(core_module) -> None:
-    """Honour ``EXACTBLOCKS_ISA`` (scalar, avx2, avx512) when the extension loads.
+    """Honour ``EXACTBLOCKS_ISA`` (scalar, avx2, avx512 on x86-64; scalar, neon on AArch64) when the extension loads.
 
     An ISA the CPU or the build lacks is refused: the first use of the extension raises
     ValueError naming the variable, its value and the available paths (nothing silently falls
@@ -162,7 +162,7 @@ def available_isas() -> list[str]:
 
 
 def get_isa() -> str:
-    """Return the SIMD path in use (``'scalar'``, ``'avx2'`` or ``'avx512'``).
+    """Return the SIMD path in use (``'scalar'``, ``'avx2'``, ``'avx512'`` or ``'neon'``).
 
     Returns
     -------
