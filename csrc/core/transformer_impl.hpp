@@ -99,9 +99,14 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   });
   // 5-6. attention per (token, query head); keys before the call come from the cache ring,
   // keys of this call from the fresh K/V (never from a slot this call may overwrite).
-  parallel_for(M * n_h, nt, [&](int64_t b0, int64_t b1, int tid) {
+  // Causal cost grows with the position, so tasks are visited from both ends in turn
+  // (v -> 0, last, 1, last-1, ...): contiguous thread ranges then carry similar work. The
+  // order of tasks never changes a bit: each (token, head) output is computed by one thread.
+  const int64_t n_att = M * n_h;
+  parallel_for(n_att, nt, [&](int64_t b0, int64_t b1, int tid) {
     float* scores = &score_scratch[static_cast<size_t>(tid) * static_cast<size_t>(max_keys)];
-    for (int64_t task = b0; task < b1; ++task) {
+    for (int64_t v = b0; v < b1; ++v) {
+      const int64_t task = (v % 2 == 0) ? v / 2 : n_att - 1 - v / 2;
       const int64_t m = task / n_h, h = task % n_h, g = h / n_rep;
       const int64_t b = tok_row[m], start = call.start[b];
       const int64_t p = start + tok_t[m];
