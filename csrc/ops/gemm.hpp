@@ -13,7 +13,7 @@
 
 namespace eb::ops {
 
-constexpr int kGemmNR = 32;
+constexpr int kGemmNR = 48;
 
 // W (n_out, k_in) row-major (torch [out, in]) packed into ceil(n_out / kGemmNR) panels, each
 // (k_in, kGemmNR) with zero columns past n_out. Bias optional (empty when absent).
@@ -33,31 +33,37 @@ PackedMatrix pack_matrices(const std::vector<const float*>& parts, const std::ve
 void gemm_ref(const float* a, int64_t m, int64_t lda, const float* w, int64_t n_out, int64_t k_in,
               const float* bias, float* c, int64_t ldc);
 
+// A tile covers kCols = kNV vectors of a panel's columns and kMR rows: AVX-512 8 x 48
+// (24 accumulators), AVX2 4 x 24 (12; two tiles per panel), scalar 2 x 48.
 template <class V>
 struct GemmTraits {
-  static constexpr int kMR = V::kLanes >= 16 ? 8 : (V::kLanes >= 8 ? 3 : 2);
+  static constexpr int kNV = V::kLanes >= 8 ? 3 : 48;
+  static constexpr int kCols = kNV * V::kLanes;
+  static constexpr int kMR = V::kLanes >= 16 ? 8 : (V::kLanes >= 8 ? 4 : 2);
 };
 
-// K is cache-blocked: a kGemmKC x kGemmNR slice of the panel (32 KB) stays in L1 while it is
+// K is cache-blocked: a kGemmKC x kGemmNR slice of the panel (48 KB) stays in L1 while it is
 // used for every row block. The blocks of one output run in increasing k and each block
 // continues from the partial sums (stored to c as float and reloaded: exact), so the FMA chain
 // is the same single chain over k = 0..K-1 as without blocking.
-constexpr int64_t kGemmKC = 256;
+constexpr int64_t kGemmKC = 192;
 
-// One MR x kGemmNR tile over k in [k0, k1); writes nr_valid columns of each of the MR rows.
+// One MR x kCols tile over k in [k0, k1) (panel points at the tile's first column; panel rows
+// are kGemmNR floats apart); writes nr_valid (<= kCols) columns of each of the MR rows.
 // first: start from +0.0 (else reload the partial sums from c); last: add the bias and finish.
 template <class V, int MR>
 inline void gemm_tile(const float* a, int64_t lda, const float* panel, int64_t k0, int64_t k1,
                       bool first, bool last, const float* bias, float* c, int64_t ldc,
                       int nr_valid) {
-  constexpr int NV = kGemmNR / V::kLanes;
+  constexpr int NV = GemmTraits<V>::kNV;
+  constexpr int NC = GemmTraits<V>::kCols;
   V acc[MR][NV];
   if (first) {
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NV; ++j) acc[r][j] = V::zero();
   } else {
     for (int r = 0; r < MR; ++r) {
-      float tmp[kGemmNR] = {0};
+      float tmp[NC] = {0};
       for (int j = 0; j < nr_valid; ++j) tmp[j] = c[r * ldc + j];
       for (int j = 0; j < NV; ++j) acc[r][j] = V::load(tmp + j * V::kLanes);
     }
@@ -71,7 +77,7 @@ inline void gemm_tile(const float* a, int64_t lda, const float* panel, int64_t k
     }
   }
   for (int r = 0; r < MR; ++r) {
-    float tmp[kGemmNR];
+    float tmp[NC];
     for (int j = 0; j < NV; ++j) acc[r][j].store(tmp + j * V::kLanes);
     float* c_r = c + r * ldc;
     if (last && bias) {
@@ -101,6 +107,7 @@ template <class V>
 void gemm(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, float* c, int64_t ldc,
           int n_threads) {
   constexpr int MR = GemmTraits<V>::kMR;
+  constexpr int NC = GemmTraits<V>::kCols;
   const int64_t n_mb = (m + MR - 1) / MR;
   const int64_t tasks = w.n_panels * n_mb;
   const int64_t kk = w.k_in;
@@ -117,8 +124,10 @@ void gemm(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, float* 
         for (int64_t t = t0; t < t1; ++t) {
           const int64_t r0 = (t % n_mb) * MR;
           const int rows = static_cast<int>(std::min<int64_t>(MR, m - r0));
-          gemm_rows<V, MR>(rows, a + r0 * lda, lda, panel, k0, k1, k0 == 0, k1 == kk, bias,
-                           c + r0 * ldc + n0, ldc, nr_valid);
+          for (int c0 = 0; c0 < nr_valid; c0 += NC)
+            gemm_rows<V, MR>(rows, a + r0 * lda, lda, panel + c0, k0, k1, k0 == 0, k1 == kk,
+                             bias ? bias + c0 : nullptr, c + r0 * ldc + n0 + c0, ldc,
+                             std::min(NC, nr_valid - c0));
         }
         if (k1 == kk) break;
       }
