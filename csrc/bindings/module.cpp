@@ -154,6 +154,42 @@ NB_MODULE(_core, m) {
     return false;
 #endif
   });
+  // First non-finite element of cache[b, :, a:e, :] (cache (B, KV, cap, hd), C order) as
+  // (g, slot, d), or None: the reading-rule check of a Transformer call (SPEC 5) without the
+  // temporaries of numpy.isfinite; reads only, so it runs before any state write.
+  m.def("first_nonfinite_slots", [](nb::ndarray<const float, nb::ndim<4>, nb::c_contig, nb::device::cpu> cache,
+                                    int64_t b, int64_t a, int64_t e) -> nb::object {
+    const int64_t kv = static_cast<int64_t>(cache.shape(1)), cap = static_cast<int64_t>(cache.shape(2));
+    const int64_t hd = static_cast<int64_t>(cache.shape(3));
+    EB_CHECK(b >= 0 && b < static_cast<int64_t>(cache.shape(0)) && 0 <= a && a <= e && e <= cap,
+             "first_nonfinite_slots: range");
+    int64_t found = -1;
+    {
+      nb::gil_scoped_release release;
+      for (int64_t g = 0; g < kv && found < 0; ++g) {
+        const float* p = cache.data() + ((b * kv + g) * cap + a) * hd;
+        const int64_t n = (e - a) * hd;
+        uint32_t bad = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          uint32_t u;
+          std::memcpy(&u, p + i, 4);
+          bad |= static_cast<uint32_t>((u & 0x7F800000u) == 0x7F800000u);
+        }
+        if (bad) {
+          for (int64_t i = 0; i < n; ++i) {
+            uint32_t u;
+            std::memcpy(&u, p + i, 4);
+            if ((u & 0x7F800000u) == 0x7F800000u) { found = g * n + i; break; }
+          }
+          if (found >= 0) found = g * (e - a) * hd + (found - g * n);
+        }
+      }
+    }
+    if (found < 0) return nb::none();
+    const int64_t per_g = (e - a) * hd;
+    const int64_t g = found / per_g, rem = found % per_g;
+    return nb::make_tuple(g, a + rem / hd, rem % hd);
+  });
   m.def("exp_f64", [](double x) { return math::exp_f64(x); });
   m.def("log_f64", [](double x) { return math::log_f64(x); });
   m.def("rope_inv_freq", [](int64_t rope_dim, double theta, int kind, double factor, double low,

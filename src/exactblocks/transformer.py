@@ -449,6 +449,7 @@ def _check_readable(state: TransformerState, start: np.ndarray, lens: np.ndarray
                     where: str) -> None:
     """SPEC.md 5 reading rule: slots of positions j0 .. q0-1 of every advancing row are finite."""
     w, cap = state.window, state.capacity
+    core = _ext.core()
     for b in range(state.batch_size):
         q0 = int(start[b])
         if lens[b] == 0 or q0 == 0:
@@ -462,17 +463,14 @@ def _check_readable(state: TransformerState, start: np.ndarray, lens: np.ndarray
         for buf_name in ("k_cache", "v_cache"):
             buf = getattr(state, buf_name)
             for a, e in spans:
-                sub = buf[b, :, a:e, :]
-                finite = np.isfinite(sub)
-                if finite.all():
+                hit = core.first_nonfinite_slots(buf, b, a, e)
+                if hit is None:
                     continue
-                g, i, dd = (int(v) for v in np.unravel_index(
-                    int(np.flatnonzero(~finite.ravel())[0]), sub.shape))
-                slot = a + i
+                g, slot, dd = (int(v) for v in hit)
                 pos = j0 + ((slot - s0) % cap)
                 raise ValueError(
                     f"{where}: state.{buf_name}[{b}, {g}, {slot}, {dd}] (row {b}, position "
-                    f"{pos}, read by this call) must be finite; got {float(sub[g, i, dd])!r}")
+                    f"{pos}, read by this call) must be finite; got {float(buf[b, g, slot, dd])!r}")
 
 
 def _check_counters(state: TransformerState, where: str) -> np.ndarray:
