@@ -34,6 +34,10 @@ Mamba2Model::Mamba2Model(const Mamba2Config& c,
   w_in = ops::pack_matrices({need(w, "in_proj.weight")}, {n_in}, c.d_model,
                             {maybe(w, "in_proj.bias")});
   conv_w = copy(need(w, "conv1d.weight"), c.conv_dim * c.conv_kernel);
+  conv_w_t.resize(conv_w.size());
+  for (int64_t ch = 0; ch < c.conv_dim; ++ch)
+    for (int64_t k = 0; k < c.conv_kernel; ++k)
+      conv_w_t[k * c.conv_dim + ch] = conv_w[ch * c.conv_kernel + k];
   if (const float* b = maybe(w, "conv1d.bias")) conv_b = copy(b, c.conv_dim);
   dt_bias = copy(need(w, "dt_bias"), c.n_heads);
   d = copy(need(w, "D"), c.n_heads);

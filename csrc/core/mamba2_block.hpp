@@ -24,6 +24,7 @@ struct Mamba2Model {
   std::vector<float> block_norm_w;     // (d_model,)
   ops::PackedMatrix w_in;              // in_proj (d_inner + conv_dim + n_heads, d_model)
   std::vector<float> conv_w, conv_b;   // (conv_dim, conv_kernel), (conv_dim,) or empty
+  std::vector<float> conv_w_t;         // (conv_kernel, conv_dim): conv_w transposed for the kernel
   std::vector<float> dt_bias, a, d;    // (n_heads,) each; a = -exp(A_log) with the own exp
   std::vector<float> gated_norm_w;     // (d_inner,)
   ops::PackedMatrix w_out;             // out_proj (d_model, d_inner)

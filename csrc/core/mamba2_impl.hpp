@@ -43,10 +43,8 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
   float* o = ws.floats(4, sz(M, di));
   float* y = ws.floats(5, sz(M, d));
   // Per-thread scratch, allocated before the first state write (SPEC 2.5).
-  int64_t max_len = 0;
-  for (int64_t b = 0; b < B; ++b) max_len = std::max(max_len, call.lengths[b]);
   const int n_slots = std::max(nt, 1);
-  float* seq_scratch = ws.floats(6, sz(n_slots, K + max_len));
+  float* seq_scratch = ws.floats(6, sz(n_slots, 2 * K * 256));
   float* dtb_scratch = ws.floats(7, sz(n_slots, ns));
   float* gate_scratch = ws.floats(8, sz(n_slots, di));
   for (int64_t b = 0; b < B; ++b)
@@ -61,22 +59,53 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
   });
   ops::gemm<V>(hn, M, d, mdl.w_in, zx, n_in, nt);
 
-  // 3. causal depthwise conv + SiLU, per (row, channel), rolling the row's conv window.
+  // 3. causal depthwise conv, per (row, block of kConvBlock channels), token after token and
+  // vectorised across channels: c[ch] = SEQ_k fma(w[ch,k], u_(t-K+1+k)[ch]) (+ bias), the
+  // order of ops::conv1d_tap_sum. u before the call comes from the row's conv window
+  // (column K + idx holds u_idx for idx < 0), which is then rolled to the last K inputs.
+  constexpr int64_t kConvBlock = 256;
+  const int64_t n_cb = (cd + kConvBlock - 1) / kConvBlock;
   const float* conv_b = mdl.conv_b.empty() ? nullptr : mdl.conv_b.data();
-  parallel_for(B * cd, nt, [&](int64_t b0, int64_t b1, int tid) {
-    float* seq = &seq_scratch[static_cast<size_t>(tid * (K + max_len))];
+  const float* wt = mdl.conv_w_t.data();  // (K, conv_dim)
+  parallel_for(B * n_cb, nt, [&](int64_t b0, int64_t b1, int tid) {
+    float* tw = &seq_scratch[static_cast<size_t>(tid * 2 * K * kConvBlock)];  // (K, block)
+    float* tw_new = tw + K * kConvBlock;
     for (int64_t task = b0; task < b1; ++task) {
-      const int64_t b = task / cd, ch = task % cd, n = call.lengths[b];
+      const int64_t b = task / n_cb, c0 = (task % n_cb) * kConvBlock, n = call.lengths[b];
+      const int64_t nc = std::min(kConvBlock, cd - c0);
       if (n == 0) continue;
-      float* win = call.conv_window + (b * cd + ch) * K;
-      std::memcpy(seq, win, sizeof(float) * K);  // seq = [window (K) | u_0 .. u_(n-1)]
-      for (int64_t t = 0; t < n; ++t) seq[K + t] = zx[(row_off[b] + t) * n_in + di + ch];
-      for (int64_t t = 0; t < n; ++t) {
-        const float cv = ops::conv1d_tap_sum(seq + t + 1, mdl.conv_w.data() + ch * K, K,
-                                             conv_b ? conv_b + ch : nullptr);
-        act[(row_off[b] + t) * cd + ch] = math::silu_f32(cv);
+      float* win = call.conv_window + (b * cd + c0) * K;  // (nc, K) of this block
+      for (int64_t ch = 0; ch < nc; ++ch)
+        for (int64_t j = 0; j < K; ++j) tw[j * kConvBlock + ch] = win[ch * K + j];
+      const auto input = [&](int64_t idx) -> const float* {  // u_idx of this block's channels
+        return idx < 0 ? tw + (K + idx) * kConvBlock : &zx[(row_off[b] + idx) * n_in + di + c0];
+      };
+      for (int64_t t = 0; t < n; ++t)
+        ops::conv1d_token<V>(wt + c0, cd, nc, K, conv_b ? conv_b + c0 : nullptr,
+                             [&](int64_t k) { return input(t - K + 1 + k); },
+                             &act[(row_off[b] + t) * cd + c0]);
+      // new window column j = u_(n-K+j)
+      for (int64_t j = 0; j < K; ++j) {
+        const float* src = input(n - K + j);
+        for (int64_t ch = 0; ch < nc; ++ch) tw_new[j * kConvBlock + ch] = src[ch];
       }
-      for (int64_t k = 0; k < K; ++k) win[k] = math::canon_nan(seq[n + k]);
+      for (int64_t ch = 0; ch < nc; ++ch)
+        for (int64_t j = 0; j < K; ++j)
+          win[ch * K + j] = math::canon_nan(tw_new[j * kConvBlock + ch]);
+    }
+  });
+
+  // a = silu(c) = c / (1 + exp(-c)), the same ops as math::silu_f32 with the vectorised exp.
+  parallel_for(M, nt, [&](int64_t b0, int64_t b1, int tid) {
+    float* e = &gate_scratch[static_cast<size_t>(tid * di)];
+    for (int64_t m = b0; m < b1; ++m) {
+      float* a_row = &act[m * cd];
+      for (int64_t c0 = 0; c0 < cd; c0 += di) {  // in pieces of the scratch's size
+        const int64_t len = std::min(di, cd - c0);
+        for (int64_t i = 0; i < len; ++i) e[i] = -a_row[c0 + i];
+        V::exp_array(e, e, len);
+        for (int64_t i = 0; i < len; ++i) a_row[c0 + i] = a_row[c0 + i] / (1.0f + e[i]);
+      }
     }
   });
 

@@ -29,8 +29,17 @@ inline void ssm_scan_step(float* h, int64_t head_dim, int64_t d_state, float dt,
       V::fma(V::load(hp + n), da_v, term).store(hp + n);
     }
     for (int64_t n = n_vec; n < d_state; ++n) hp[n] = std::fma(hp[n], da, dtb[n] * xp);
-    y[p] = dot_l16<V>(hp, cv, d_state) + xp * dd;
   }
+  // y[p] = L16_n(h[p,n] * C[n]) + x[p] * D, four rows at a time (independent chains).
+  int64_t p = 0;
+  for (; p + 4 <= head_dim; p += 4) {
+    const float* rows[4] = {h + p * d_state, h + (p + 1) * d_state, h + (p + 2) * d_state,
+                            h + (p + 3) * d_state};
+    float s4[4];
+    dot_l16_x4<V>(cv, rows, d_state, s4);
+    for (int r = 0; r < 4; ++r) y[p + r] = s4[r] + x[p + r] * dd;
+  }
+  for (; p < head_dim; ++p) y[p] = dot_l16<V>(h + p * d_state, cv, d_state) + x[p] * dd;
 }
 
 }  // namespace eb::ops

@@ -30,6 +30,24 @@ DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
 DEFAULT_MAX_NEW_TOKENS = 48
 
 
+def pack_head(head_weight: np.ndarray):
+    """Pack the output head once into exactblocks' GEMM layout (for :func:`final_logits`).
+
+    Parameters
+    ----------
+    head_weight : ndarray of shape (vocab_size, d_model), dtype float32
+        ``lm_head.weight`` (SmolLM2: the tied embedding).
+
+    Returns
+    -------
+    exactblocks._core.PackedLinear
+        Its ``forward(x (n, d_model)) -> (n, vocab_size)`` runs the blocks' own GEMM/GEMV, so
+        the head is bandwidth-bound and leaves no BLAS threads spinning between decode steps.
+    """
+    from exactblocks import _ext
+    return _ext.core().PackedLinear(np.ascontiguousarray(head_weight, dtype=np.float32))
+
+
 def final_logits(hidden: np.ndarray, norm_weight: np.ndarray, head_weight, eps: float) -> np.ndarray:
     """Final RMSNorm and output head of a Llama model, in NumPy float32 (not a block).
 
@@ -139,7 +157,6 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
     must reproduce all of them bit for bit (``view(np.uint32)`` equality), as SPEC.md 3.1 promises.
     """
     import exactblocks
-    from exactblocks import _ext
     from exactblocks.loaders.gguf import build_blocks, load_gguf_llama, open_gguf
     from exactblocks.tokenizer import GGUFTokenizer
 
@@ -191,7 +208,7 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
     stop = {i for i in (tokenizer.eos_token_id,) if i is not None}
     stop |= {i for i in tokenizer.special_token_ids if tokenizer.id_to_token(i) == "<|endoftext|>"}
 
-    head_w = _ext.core().PackedLinear(np.ascontiguousarray(head_w, dtype=np.float32))
+    head_w = pack_head(head_w)
     n_threads = exactblocks.get_num_threads()
     name = os.path.basename(config["path"])
     name = name[:-5] if name.endswith(".gguf") else name

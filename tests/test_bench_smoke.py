@@ -1,0 +1,142 @@
+"""``python -m exactblocks.bench --quick`` runs end to end (tiny shapes; no timing asserts).
+
+Runs the benchmark in-process (torch is imported once) and checks what it produced: every
+layer workload and case was checked and timed for exactblocks, the PyTorch peers were timed
+when torch imports, the NumPy ceiling ran in a subprocess without ``OPENBLAS_CORETYPE``, the
+report holds the markdown table, and a failed peer check stops that peer from being timed and
+makes the exit status 1.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+LAYERS = ("smollm2-layer", "llama1b-layer", "mamba2-layer")
+CASES = ("prefill_b1", "prefill_ragged", "decode_b1", "decode_b8")
+HAS_TORCH = (importlib.util.find_spec("torch") is not None
+             and importlib.util.find_spec("transformers") is not None)
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """The bench module, with exactblocks' extension loaded (skipped locally if not built)."""
+    import exactblocks
+    from exactblocks import bench as mod
+
+    try:
+        exactblocks.arithmetic_version()
+    except ImportError as exc:  # pragma: no cover - local convenience only
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"exactblocks' compiled extension is not importable: {exc}")
+    return mod
+
+
+@pytest.fixture(scope="module")
+def quick_run(bench, tmp_path_factory):
+    """One ``--quick`` run of the three layer workloads, with OPENBLAS_CORETYPE set."""
+    out = tmp_path_factory.mktemp("bench")
+    before = os.environ.get("OPENBLAS_CORETYPE")
+    os.environ["OPENBLAS_CORETYPE"] = "Haswell"
+    try:
+        rc = bench.main(["--quick", "--quiet", "--workloads", ",".join(LAYERS),
+                         "--out-dir", str(out)])
+    finally:
+        if before is None:
+            os.environ.pop("OPENBLAS_CORETYPE", None)
+        else:
+            os.environ["OPENBLAS_CORETYPE"] = before
+    data = json.loads((out / "bench.json").read_text())
+    return rc, data, out
+
+
+def test_quick_run_checks_then_times_every_case(quick_run):
+    rc, data, _ = quick_run
+    assert rc == 0 and data["ok"] is True
+    assert data["meta"]["quick"] is True
+    rows = {(r["name"], r["case"]): r for r in data["rows"]}
+    assert set(rows) == {(w, c) for w in LAYERS for c in CASES}
+    for (w, c), r in rows.items():
+        eb = r["peers"]["exactblocks"]
+        assert isinstance(eb, dict), (w, c, eb)
+        assert eb["seconds"] > 0 and len(eb["samples"]) >= 2
+        assert eb["tokens"] == {"prefill_b1": 32, "prefill_ragged": 40, "decode_b1": 1,
+                                "decode_b8": 8}[c]
+        assert eb["tokens_per_s"] == pytest.approx(eb["tokens"] / eb["seconds"])
+    # exactblocks' own bitwise checks: four per workload, all passed
+    own = [c for c in data["checks"] if c["peer"] == "exactblocks"]
+    assert sorted((c["workload"], c["case"]) for c in own) == sorted(
+        (w, c) for w in LAYERS for c in CASES)
+    assert all(c["ok"] and "bitwise" in c["what"] for c in own)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed")
+def test_quick_run_times_the_pytorch_peers(quick_run):
+    _, data, _ = quick_run
+    for r in data["rows"]:
+        peers = ("torch_eager", "torch_sdpa") if r["name"] != "mamba2-layer" else ("torch_eager",)
+        for p in peers:
+            assert isinstance(r["peers"][p], dict), (r["name"], r["case"], p, r["peers"][p])
+            assert r["speed_vs"][p] == pytest.approx(
+                r["peers"][p]["seconds"] / r["peers"]["exactblocks"]["seconds"])
+        if r["name"] == "mamba2-layer":
+            assert r["peers"]["torch_sdpa"] is None
+    torch_checks = [c for c in data["checks"] if c["peer"].startswith("torch")]
+    assert len(torch_checks) == 4 * (2 + 2 + 1)
+    assert all(c["ok"] for c in torch_checks)
+
+
+def test_numpy_ceiling_runs_without_openblas_coretype(quick_run):
+    _, data, _ = quick_run
+    ceiling = data["numpy_ceiling"]
+    assert ceiling["unset"] == {"OPENBLAS_CORETYPE": "Haswell"}
+    assert ceiling["env"]["OPENBLAS_CORETYPE"] is None  # as the subprocess saw it
+    assert ceiling["env"]["OPENBLAS_NUM_THREADS"] == str(data["meta"]["threads"])
+    assert ceiling["read_bandwidth_gbs"] > 0 and ceiling["blas"]
+    assert set(ceiling["groups"]) == {f"{w}/{c}" for w in LAYERS for c in CASES}
+    for r in data["rows"]:
+        g = ceiling["groups"][f"{r['name']}/{r['case']}"]
+        assert g["m"] == r["peers"]["exactblocks"]["tokens"] and g["gflops"] > 0
+        assert r["pct_of_numpy"] == pytest.approx(
+            100 * g["seconds"] / r["peers"]["exactblocks"]["seconds"])
+
+
+def test_report_files(quick_run):
+    _, data, out = quick_run
+    md = (out / "bench.md").read_text()
+    assert ("| workload | case | exactblocks ms/call | exactblocks ms/token | exactblocks tok/s |"
+            in md)
+    assert md.count("\n| ") >= 1 + 12  # header + 12 layer rows (and the targets table)
+    for key in ("command", "cpu", "isa", "threads", "versions"):
+        assert data["meta"][key], key
+    assert data["meta"]["command"].startswith("python -m exactblocks.bench --quick")
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert not (out / "bench.png").exists()
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed")
+def test_failed_check_is_not_timed(bench, tmp_path, monkeypatch):
+    """With a zero tolerance the torch peers fail their check: not timed, exit status 1."""
+    monkeypatch.setattr(bench, "ROW_RTOL", 0.0)
+    rc = bench.main(["--quick", "--quiet", "--workloads", "smollm2-layer", "--out-dir",
+                     str(tmp_path), "--repeats", "1"])
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert rc == 1 and data["ok"] is False
+    for r in data["rows"]:
+        assert isinstance(r["peers"]["exactblocks"], dict)  # bitwise checks still pass
+        assert r["peers"]["torch_eager"] == "check failed"
+        assert r["peers"]["torch_sdpa"] == "check failed"
+    assert "FAILED smollm2-layer prefill_b1 torch_eager" in (tmp_path / "bench.md").read_text()
+
+
+def test_unknown_workload_is_a_usage_error(bench, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--workloads", "gpt5-layer"])
+    assert exc.value.code == 2
+    assert "unknown workload" in capsys.readouterr().err
