@@ -62,7 +62,7 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   // Per-thread scratch, allocated up front: nothing allocates inside a parallel region.
   const int n_slots = std::max(nt, 1);
   float* rope_scratch = ws.floats(8, sz(n_slots, 2 * (half + 1)));
-  float* score_scratch = ws.floats(9, sz(n_slots, max_keys));
+  float* score_scratch = ws.floats(9, sz(n_slots, 4 * max_keys));
   for (int64_t m = 0; m < M; ++m)
     std::memcpy(&xs[m * d], call.x + (tok_row[m] * L + tok_t[m]) * d, sizeof(float) * d);
 
@@ -102,12 +102,13 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   // Causal cost grows with the position, so tasks are visited from both ends in turn
   // (v -> 0, last, 1, last-1, ...): contiguous thread ranges then carry similar work. The
   // order of tasks never changes a bit: each (token, head) output is computed by one thread.
-  const int64_t n_att = M * n_h;
+  // A task is one (token, KV head): its n_rep query heads run together, up to 4 at a time.
+  const int64_t n_att = M * n_kv;
   parallel_for(n_att, nt, [&](int64_t b0, int64_t b1, int tid) {
-    float* scores = &score_scratch[static_cast<size_t>(tid) * static_cast<size_t>(max_keys)];
+    float* scores = &score_scratch[static_cast<size_t>(tid) * 4 * static_cast<size_t>(max_keys)];
     for (int64_t v = b0; v < b1; ++v) {
       const int64_t task = (v % 2 == 0) ? v / 2 : n_att - 1 - v / 2;
-      const int64_t m = task / n_h, h = task % n_h, g = h / n_rep;
+      const int64_t m = task / n_kv, g = task % n_kv;
       const int64_t b = tok_row[m], start = call.start[b];
       const int64_t p = start + tok_t[m];
       const int64_t j0 = c.window > 0 ? std::max<int64_t>(0, p - c.window + 1) : 0;
@@ -120,8 +121,21 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
       auto val_at = [&](int64_t j) -> const float* {
         return j < start ? vc + (j % cap) * hd : fresh + (j - start) * n_qkv + qw + kw + g * hd;
       };
-      ops::attention_row<V>(&qkv[m * n_qkv + h * hd], hd, j0, p, key_at, val_at, mdl.attn_scale,
-                            c.attn_softcap, scores, &att[m * qw + h * hd]);
+      for (int64_t h0 = g * n_rep; h0 < (g + 1) * n_rep; h0 += 4) {
+        const int r_n = static_cast<int>(std::min<int64_t>(4, (g + 1) * n_rep - h0));
+        const float* qs[4];
+        float* os[4];
+        for (int r = 0; r < r_n; ++r) {
+          qs[r] = &qkv[m * n_qkv + (h0 + r) * hd];
+          os[r] = &att[m * qw + (h0 + r) * hd];
+        }
+        switch (r_n) {
+          case 1: ops::attention_heads<V, 1>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os); break;
+          case 2: ops::attention_heads<V, 2>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os); break;
+          case 3: ops::attention_heads<V, 3>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os); break;
+          default: ops::attention_heads<V, 4>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os); break;
+        }
+      }
     }
   });
   // 7. x1 = x + (Wo o (+ bo))

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "math/exp.hpp"
@@ -60,6 +61,85 @@ inline void attention_row(const float* q, int64_t head_dim, int64_t j0, int64_t 
     for (int64_t i = 0; i < n; ++i) s = std::fma(scores[i], val_at(j0 + i)[d], s);
     o[d] = s;
   }
+}
+
+// The same arithmetic for R query heads that share one KV head (GQA, R <= 4): every key and
+// value vector is loaded once for the R heads, and the R independent chains hide the FMA
+// latency. Each head's scores and output follow attention_row's order exactly (same bits).
+// q[r], o[r]: the heads' query and output (head_dim); scores: R rows of `stride` floats.
+template <class V, int R, class KeyAt, class ValAt>
+inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0, int64_t p,
+                            KeyAt key_at, ValAt val_at, float scale, float softcap,
+                            float* scores, int64_t stride, float* const* o) {
+  constexpr int NV = kReduceLanes / V::kLanes;
+  const int64_t n = p - j0 + 1;
+  const int64_t full = head_dim - head_dim % kReduceLanes;
+  float qt[R][kReduceLanes];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < kReduceLanes; ++j) qt[r][j] = 0.0f;
+    if (full < head_dim)
+      std::memcpy(qt[r], q[r] + full, sizeof(float) * static_cast<size_t>(head_dim - full));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float* k = key_at(j0 + i);
+    V acc[R][NV];
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < NV; ++j) acc[r][j] = V::zero();
+    for (int64_t c = 0; c < full; c += kReduceLanes)
+      for (int j = 0; j < NV; ++j) {
+        const V kv = V::load(k + c + j * V::kLanes);
+        for (int r = 0; r < R; ++r)
+          acc[r][j] = V::fma(V::load(q[r] + c + j * V::kLanes), kv, acc[r][j]);
+      }
+    if (full < head_dim) {
+      float kt[kReduceLanes] = {0};
+      std::memcpy(kt, k + full, sizeof(float) * static_cast<size_t>(head_dim - full));
+      for (int j = 0; j < NV; ++j) {
+        const V kv = V::load(kt + j * V::kLanes);
+        for (int r = 0; r < R; ++r) acc[r][j] = V::fma(V::load(qt[r] + j * V::kLanes), kv, acc[r][j]);
+      }
+    }
+    for (int r = 0; r < R; ++r) scores[r * stride + i] = V::reduce16(acc[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    float* sc = scores + r * stride;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < n; ++i) {
+      float s = sc[i] * scale;
+      if (softcap > 0.0f) s = math::tanh_f32(s / softcap) * softcap;
+      sc[i] = s;
+      m = s > m ? s : m;
+    }
+    for (int64_t i = 0; i < n; ++i) sc[i] = sc[i] - m;
+    V::exp_array(sc, sc, n);
+    const float z = sum_l16<V>(sc, n);
+    for (int64_t i = 0; i < n; ++i) sc[i] = sc[i] / z;
+  }
+  constexpr int kChunk = R == 1 ? 8 : 24 / R;
+  const int64_t hd_vec = head_dim - head_dim % V::kLanes;
+  for (int64_t d0 = 0; d0 < hd_vec; d0 += kChunk * V::kLanes) {
+    const int nv = static_cast<int>(std::min<int64_t>(kChunk, (hd_vec - d0) / V::kLanes));
+    V acc[R][kChunk];
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < kChunk; ++j) acc[r][j] = V::zero();
+    for (int64_t i = 0; i < n; ++i) {
+      const float* v = val_at(j0 + i) + d0;
+      V p_i[R];
+      for (int r = 0; r < R; ++r) p_i[r] = V::set1(scores[r * stride + i]);
+      for (int j = 0; j < nv; ++j) {
+        const V vv = V::load(v + j * V::kLanes);
+        for (int r = 0; r < R; ++r) acc[r][j] = V::fma(p_i[r], vv, acc[r][j]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < nv; ++j) acc[r][j].store(o[r] + d0 + j * V::kLanes);
+  }
+  for (int64_t d = hd_vec; d < head_dim; ++d)
+    for (int r = 0; r < R; ++r) {
+      float s = 0.0f;
+      for (int64_t i = 0; i < n; ++i) s = std::fma(scores[r * stride + i], val_at(j0 + i)[d], s);
+      o[r][d] = s;
+    }
 }
 
 }  // namespace eb::ops
