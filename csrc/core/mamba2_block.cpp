@@ -3,21 +3,11 @@
 #include "core/mamba2_block.hpp"
 
 #include "core/check.hpp"
+#include "core/weight_map.hpp"
 #include "math/exp.hpp"
 
 namespace eb {
 namespace {
-
-const float* need(const std::unordered_map<std::string, const float*>& w, const std::string& k) {
-  auto it = w.find(k);
-  EB_CHECK(it != w.end(), "missing weight " + k);
-  return it->second;
-}
-
-const float* maybe(const std::unordered_map<std::string, const float*>& w, const std::string& k) {
-  auto it = w.find(k);
-  return it == w.end() ? nullptr : it->second;
-}
 
 std::vector<float> copy(const float* p, int64_t n) { return std::vector<float>(p, p + n); }
 
@@ -30,23 +20,23 @@ Mamba2Model::Mamba2Model(const Mamba2Config& c,
            "bad n_groups");
   EB_CHECK(c.conv_dim == c.d_inner + 2 * c.n_groups * c.d_state, "bad conv_dim");
   const int64_t n_in = c.d_inner + c.conv_dim + c.n_heads;
-  block_norm_w = copy(need(w, "block_norm.weight"), c.d_model);
-  w_in = ops::pack_matrices({need(w, "in_proj.weight")}, {n_in}, c.d_model,
-                            {maybe(w, "in_proj.bias")});
-  conv_w = copy(need(w, "conv1d.weight"), c.conv_dim * c.conv_kernel);
+  block_norm_w = copy(need_weight(w, "block_norm.weight"), c.d_model);
+  w_in = ops::pack_matrices({need_weight(w, "in_proj.weight")}, {n_in}, c.d_model,
+                            {maybe_weight(w, "in_proj.bias")});
+  conv_w = copy(need_weight(w, "conv1d.weight"), c.conv_dim * c.conv_kernel);
   conv_w_t.resize(conv_w.size());
   for (int64_t ch = 0; ch < c.conv_dim; ++ch)
     for (int64_t k = 0; k < c.conv_kernel; ++k)
       conv_w_t[k * c.conv_dim + ch] = conv_w[ch * c.conv_kernel + k];
-  if (const float* b = maybe(w, "conv1d.bias")) conv_b = copy(b, c.conv_dim);
-  dt_bias = copy(need(w, "dt_bias"), c.n_heads);
-  d = copy(need(w, "D"), c.n_heads);
-  const float* a_log = need(w, "A_log");
+  if (const float* b = maybe_weight(w, "conv1d.bias")) conv_b = copy(b, c.conv_dim);
+  dt_bias = copy(need_weight(w, "dt_bias"), c.n_heads);
+  d = copy(need_weight(w, "D"), c.n_heads);
+  const float* a_log = need_weight(w, "A_log");
   a.resize(static_cast<size_t>(c.n_heads));
   for (int64_t i = 0; i < c.n_heads; ++i) a[i] = -math::exp_f32(a_log[i]);
-  gated_norm_w = copy(need(w, "norm.weight"), c.d_inner);
-  w_out = ops::pack_matrices({need(w, "out_proj.weight")}, {c.d_model}, c.d_inner,
-                             {maybe(w, "out_proj.bias")});
+  gated_norm_w = copy(need_weight(w, "norm.weight"), c.d_inner);
+  w_out = ops::pack_matrices({need_weight(w, "out_proj.weight")}, {c.d_model}, c.d_inner,
+                             {maybe_weight(w, "out_proj.bias")});
 }
 
 }  // namespace eb

@@ -61,7 +61,7 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
 
   // 3. causal depthwise conv, per (row, block of kConvBlock channels), token after token and
   // vectorised across channels: c[ch] = SEQ_k fma(w[ch,k], u_(t-K+1+k)[ch]) (+ bias), the
-  // order of ops::conv1d_tap_sum. u before the call comes from the row's conv window
+  // order of ops::conv1d_token. u before the call comes from the row's conv window
   // (column K + idx holds u_idx for idx < 0), which is then rolled to the last K inputs.
   constexpr int64_t kConvBlock = 256;
   const int64_t n_cb = (cd + kConvBlock - 1) / kConvBlock;

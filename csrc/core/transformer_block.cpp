@@ -5,22 +5,12 @@
 #include <cmath>
 
 #include "core/check.hpp"
+#include "core/weight_map.hpp"
 #include "ops/norm.hpp"
 #include "ops/rope.hpp"
 
 namespace eb {
 namespace {
-
-const float* need(const std::unordered_map<std::string, const float*>& w, const std::string& k) {
-  auto it = w.find(k);
-  EB_CHECK(it != w.end(), "missing weight " + k);
-  return it->second;
-}
-
-const float* maybe(const std::unordered_map<std::string, const float*>& w, const std::string& k) {
-  auto it = w.find(k);
-  return it == w.end() ? nullptr : it->second;
-}
 
 std::vector<float> norm_weight(const float* w, int64_t n, int kind) {
   std::vector<float> out(w, w + n);
@@ -43,30 +33,30 @@ TransformerModel::TransformerModel(const TransformerConfig& c,
   ops::rope_inv_freq(c.rope_dim, c.rope_theta, c.rope_scaling_kind, c.rope_factor,
                      c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_max,
                      inv_freq.data());
-  norm_in_w = norm_weight(need(w, "input_layernorm.weight"), d, c.norm);
-  norm_post_w = norm_weight(need(w, "post_attention_layernorm.weight"), d, c.norm);
+  norm_in_w = norm_weight(need_weight(w, "input_layernorm.weight"), d, c.norm);
+  norm_post_w = norm_weight(need_weight(w, "post_attention_layernorm.weight"), d, c.norm);
   if (c.norm_bias) {
-    const float* b1 = need(w, "input_layernorm.bias");
-    const float* b2 = need(w, "post_attention_layernorm.bias");
+    const float* b1 = need_weight(w, "input_layernorm.bias");
+    const float* b2 = need_weight(w, "post_attention_layernorm.bias");
     norm_in_b.assign(b1, b1 + d);
     norm_post_b.assign(b2, b2 + d);
   }
   if (c.qk_norm) {
-    q_norm_w = norm_weight(need(w, "q_norm.weight"), c.head_dim, c.norm);
-    k_norm_w = norm_weight(need(w, "k_norm.weight"), c.head_dim, c.norm);
+    q_norm_w = norm_weight(need_weight(w, "q_norm.weight"), c.head_dim, c.norm);
+    k_norm_w = norm_weight(need_weight(w, "k_norm.weight"), c.head_dim, c.norm);
   }
   w_qkv = ops::pack_matrices(
-      {need(w, "q_proj.weight"), need(w, "k_proj.weight"), need(w, "v_proj.weight")},
+      {need_weight(w, "q_proj.weight"), need_weight(w, "k_proj.weight"), need_weight(w, "v_proj.weight")},
       {qw, kw, kw}, d,
-      {maybe(w, "q_proj.bias"), maybe(w, "k_proj.bias"), maybe(w, "v_proj.bias")});
-  w_o = ops::pack_matrices({need(w, "o_proj.weight")}, {d}, qw, {maybe(w, "o_proj.bias")});
+      {maybe_weight(w, "q_proj.bias"), maybe_weight(w, "k_proj.bias"), maybe_weight(w, "v_proj.bias")});
+  w_o = ops::pack_matrices({need_weight(w, "o_proj.weight")}, {d}, qw, {maybe_weight(w, "o_proj.bias")});
   if (ops::mlp_is_gated_kind(c.mlp)) {
-    w_gu = ops::pack_matrices({need(w, "gate_proj.weight"), need(w, "up_proj.weight")}, {it, it},
-                              d, {maybe(w, "gate_proj.bias"), maybe(w, "up_proj.bias")});
+    w_gu = ops::pack_matrices({need_weight(w, "gate_proj.weight"), need_weight(w, "up_proj.weight")}, {it, it},
+                              d, {maybe_weight(w, "gate_proj.bias"), maybe_weight(w, "up_proj.bias")});
   } else {
-    w_gu = ops::pack_matrices({need(w, "up_proj.weight")}, {it}, d, {maybe(w, "up_proj.bias")});
+    w_gu = ops::pack_matrices({need_weight(w, "up_proj.weight")}, {it}, d, {maybe_weight(w, "up_proj.bias")});
   }
-  w_down = ops::pack_matrices({need(w, "down_proj.weight")}, {d}, it, {maybe(w, "down_proj.bias")});
+  w_down = ops::pack_matrices({need_weight(w, "down_proj.weight")}, {d}, it, {maybe_weight(w, "down_proj.bias")});
 }
 
 }  // namespace eb

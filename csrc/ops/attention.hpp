@@ -19,53 +19,10 @@
 
 namespace eb::ops {
 
-template <class V, class KeyAt, class ValAt>
-inline void attention_row(const float* q, int64_t head_dim, int64_t j0, int64_t p, KeyAt key_at,
-                          ValAt val_at, float scale, float softcap, float* scores, float* o) {
-  const int64_t n = p - j0 + 1;
-  int64_t i4 = 0;
-  for (; i4 + 4 <= n; i4 += 4) {
-    const float* k4[4] = {key_at(j0 + i4), key_at(j0 + i4 + 1), key_at(j0 + i4 + 2),
-                          key_at(j0 + i4 + 3)};
-    dot_l16_x4<V>(q, k4, head_dim, scores + i4);
-  }
-  for (; i4 < n; ++i4) scores[i4] = dot_l16<V>(q, key_at(j0 + i4), head_dim);
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) {
-    float s = scores[i] * scale;
-    if (softcap > 0.0f) s = math::tanh_f32(s / softcap) * softcap;
-    scores[i] = s;
-    m = s > m ? s : m;
-  }
-  for (int64_t i = 0; i < n; ++i) scores[i] = scores[i] - m;
-  V::exp_array(scores, scores, n);  // = math::exp_f32 per element, vectorised
-  const float z = sum_l16<V>(scores, n);
-  for (int64_t i = 0; i < n; ++i) scores[i] = scores[i] / z;
-  // o = SEQ over keys, per element: chunks of up to kChunk vectors stay in registers while
-  // every key is visited in order; the remainder (head_dim % kLanes) runs scalar fma.
-  constexpr int kChunk = 8;
-  const int64_t hd_vec = head_dim - head_dim % V::kLanes;
-  for (int64_t d0 = 0; d0 < hd_vec; d0 += kChunk * V::kLanes) {
-    const int nv = static_cast<int>(std::min<int64_t>(kChunk, (hd_vec - d0) / V::kLanes));
-    V acc[kChunk];
-    for (int j = 0; j < kChunk; ++j) acc[j] = V::zero();
-    for (int64_t i = 0; i < n; ++i) {
-      const float* v = val_at(j0 + i) + d0;
-      const V p_i = V::set1(scores[i]);
-      for (int j = 0; j < nv; ++j) acc[j] = V::fma(p_i, V::load(v + j * V::kLanes), acc[j]);
-    }
-    for (int j = 0; j < nv; ++j) acc[j].store(o + d0 + j * V::kLanes);
-  }
-  for (int64_t d = hd_vec; d < head_dim; ++d) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; ++i) s = std::fma(scores[i], val_at(j0 + i)[d], s);
-    o[d] = s;
-  }
-}
-
-// The same arithmetic for R query heads that share one KV head (GQA, R <= 4): every key and
-// value vector is loaded once for the R heads, and the R independent chains hide the FMA
-// latency. Each head's scores and output follow attention_row's order exactly (same bits).
+// R query heads that share one KV head (GQA, R <= 4) run together: every key and value vector
+// is loaded once for the R heads, and the R independent chains hide the FMA latency. Each
+// head's arithmetic is exactly the order above, whatever R is (so any grouping, any ISA and
+// any thread split give the same bits; the twin is <VecScalar, 1>).
 // q[r], o[r]: the heads' query and output (head_dim); scores: R rows of `stride` floats.
 template <class V, int R, class KeyAt, class ValAt>
 inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0, int64_t p,

@@ -1,22 +1,16 @@
-// Causal depthwise conv1d, one channel, one output (SPEC 7.3 step 3):
+// Causal depthwise conv1d, per channel (SPEC 7.3 step 3):
 //   c = SEQ_k=0..K-1 (w[k] * u[k]) (+ bias), u oldest first (u[K-1] is the current token).
 // Prefill and decode call this same function on the same window, so they agree bitwise.
-// Source: HF Mamba2Mixer conv1d (groups = conv_dim, padding K-1). conv1d_tap_sum is the scalar
-// reference twin of conv1d_token (tests: every ISA == scalar, bitwise).
+// Source: HF Mamba2Mixer conv1d (groups = conv_dim, padding K-1). Reference twin:
+// conv1d_token<VecScalar> (tests: every ISA == scalar, bitwise).
 #pragma once
 #include <cmath>
 #include <cstdint>
 
 namespace eb::ops {
 
-inline float conv1d_tap_sum(const float* u, const float* w, int64_t k_taps, const float* bias) {
-  float s = 0.0f;
-  for (int64_t k = 0; k < k_taps; ++k) s = std::fma(w[k], u[k], s);
-  return bias ? s + *bias : s;
-}
-
 // One token of the conv for nc consecutive channels, vectorised across channels with the same
-// per-channel order as conv1d_tap_sum: c[ch] = SEQ_k fma(w[k][ch], u_k[ch]) (+ bias[ch]).
+// per-channel order for every ISA: c[ch] = SEQ_k fma(w[k][ch], u_k[ch]) (+ bias[ch]).
 // wt: (K, ld) tap-major weights starting at the block's first channel; tap(k) -> u_k for the
 // block's channels (k = 0 is the oldest input, K-1 the current token). out: nc floats.
 template <class V, class Tap>

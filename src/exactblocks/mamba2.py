@@ -16,6 +16,7 @@ import sys
 import numpy as np
 
 from . import _ext
+from ._block import BlockCommon
 from ._validation import (
     check_array,
     check_finite,
@@ -272,7 +273,7 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
 # the block
 # --------------------------------------------------------------------------------------------
 
-class Mamba2BlockInference:
+class Mamba2BlockInference(BlockCommon):
     """One Mamba-2 block (RMSNorm, Mamba-2 mixer, residual), bit-exact float32 on the CPU.
 
     Computes HF ``Mamba2Block.forward`` (transformers 5.x: ``norm``, ``mixer``, residual) in its
@@ -500,42 +501,6 @@ class Mamba2BlockInference:
         raw.update(st["options"])
         object.__setattr__(self, "_impl", _build(raw, where, canonical=weights))
 
-    # -- extension queries --------------------------------------------------------------------
-    def numeric_mode_used(self) -> str:
-        """Return the numeric mode of the compiled extension.
-
-        Returns
-        -------
-        str
-            ``'identical'`` (read from ``exactblocks._core``, not a Python constant).
-        """
-        return str(_ext.core().numeric_mode())
-
-    def vendor_used(self) -> str:
-        """Return the compute vendor of the compiled extension.
-
-        Returns
-        -------
-        str
-            ``'cpu'`` (read from ``exactblocks._core``).
-        """
-        return str(_ext.core().vendor())
-
-    def backward(self, *args, **kwargs):
-        """Not available: exactblocks is forward only.
-
-        Parameters
-        ----------
-        *args, **kwargs
-            Ignored.
-
-        Raises
-        ------
-        NotImplementedError
-            Always.
-        """
-        raise NotImplementedError(f"{_CLS}.backward: exactblocks is forward only (inference); "
-                                  "there are no gradients")
 
     # -- states -------------------------------------------------------------------------------
     def allocate_state(self, batch_size: int, *extra) -> Mamba2State:

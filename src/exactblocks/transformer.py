@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import _ext
+from ._block import BlockCommon
 from ._validation import (
     _fmt_int,
     check_array,
@@ -492,7 +493,7 @@ def _check_counters(state: TransformerState, where: str) -> np.ndarray:
 # the block
 # --------------------------------------------------------------------------------------------
 
-class TransformerBlockInference:
+class TransformerBlockInference(BlockCommon):
     """One pre-norm decoder block (attention + MLP), bit-exact float32 inference on the CPU.
 
     Computes HF ``LlamaDecoderLayer.forward`` (transformers 5.x) and its Mistral, Qwen2, Qwen3,
@@ -776,42 +777,6 @@ class TransformerBlockInference:
         object.__setattr__(self, "_impl", _build(raw, f"{_CLS}.__setstate__",
                                                  canonical=weights))
 
-    # -- extension queries --------------------------------------------------------------------
-    def numeric_mode_used(self) -> str:
-        """Return the numeric mode of the compiled extension.
-
-        Returns
-        -------
-        str
-            ``'identical'`` (read from ``exactblocks._core``, not a Python constant).
-        """
-        return str(_ext.core().numeric_mode())
-
-    def vendor_used(self) -> str:
-        """Return the compute vendor of the compiled extension.
-
-        Returns
-        -------
-        str
-            ``'cpu'`` (read from ``exactblocks._core``).
-        """
-        return str(_ext.core().vendor())
-
-    def backward(self, *args, **kwargs):
-        """Not available: exactblocks is forward only.
-
-        Parameters
-        ----------
-        *args, **kwargs
-            Ignored.
-
-        Raises
-        ------
-        NotImplementedError
-            Always.
-        """
-        raise NotImplementedError(f"{_CLS}.backward: exactblocks is forward only (inference); "
-                                  "there are no gradients")
 
     # -- states and sessions ------------------------------------------------------------------
     def allocate_state(self, batch_size: int, max_tokens: int) -> TransformerState:
