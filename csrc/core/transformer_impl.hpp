@@ -115,11 +115,13 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
       const float* kc = call.k_cache + (b * n_kv + g) * cap * hd;
       const float* vc = call.v_cache + (b * n_kv + g) * cap * hd;
       const float* fresh = &qkv[row_off[b] * n_qkv];
+      // slot = j % cap; without a window j < cap always, so the division is skipped
       auto key_at = [&](int64_t j) -> const float* {
-        return j < start ? kc + (j % cap) * hd : fresh + (j - start) * n_qkv + qw + g * hd;
+        return j < start ? kc + (j < cap ? j : j % cap) * hd : fresh + (j - start) * n_qkv + qw + g * hd;
       };
       auto val_at = [&](int64_t j) -> const float* {
-        return j < start ? vc + (j % cap) * hd : fresh + (j - start) * n_qkv + qw + kw + g * hd;
+        return j < start ? vc + (j < cap ? j : j % cap) * hd
+                         : fresh + (j - start) * n_qkv + qw + kw + g * hd;
       };
       for (int64_t h0 = g * n_rep; h0 < (g + 1) * n_rep; h0 += 4) {
         const int r_n = static_cast<int>(std::min<int64_t>(4, (g + 1) * n_rep - h0));
