@@ -69,7 +69,7 @@ inline void gemm_tile(const float* a, int64_t lda, const float* panel, int64_t k
     }
   }
   for (int64_t k = k0; k < k1; ++k) {
-    if constexpr (MR <= 2) {  // GEMV-like tiles stream the panel from memory: fetch ahead
+    {  // fetch the panel ahead: decode streams it from memory (harmless when it is cached)
       for (int j = 0; j < NC * 4; j += 64)
         __builtin_prefetch(reinterpret_cast<const char*>(panel + (k + 16) * kGemmNR) + j);
     }
