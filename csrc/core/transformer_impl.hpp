@@ -99,6 +99,49 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   });
   // 5-6. attention per (token, query head); keys before the call come from the cache ring,
   // keys of this call from the fresh K/V (never from a slot this call may overwrite).
+  // Rows with many tokens in this call (prefill) get their keys in transposed blocks of
+  // kLanes positions, shared by all the row's queries (ops::attention_scores_kt: same bits,
+  // no per-key horizontal reduction). Positions below the first query's window are zeros
+  // (never read by a query); positions past the call are zeros too.
+  constexpr int64_t kL = V::kLanes;
+  constexpr int64_t kKtMinTokens = 16;
+  int64_t* kt_base = ws.ints(3, static_cast<size_t>(B));
+  int64_t* kt_off = ws.ints(4, static_cast<size_t>(B + 1));
+  kt_off[0] = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = call.lengths[b], st = call.start[b];
+    int64_t blocks = 0;
+    kt_base[b] = 0;
+    if (len >= kKtMinTokens) {
+      const int64_t first_j0 = c.window > 0 ? std::max<int64_t>(0, st - c.window + 1) : 0;
+      kt_base[b] = first_j0 / kL * kL;
+      blocks = (st + len - kt_base[b] + kL - 1) / kL;
+    }
+    kt_off[b + 1] = kt_off[b] + blocks * n_kv * hd * kL;
+  }
+  float* kt_all = ws.floats(10, static_cast<size_t>(std::max<int64_t>(kt_off[B], 1)));
+  parallel_for(B * n_kv, nt, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t task = b0; task < b1; ++task) {
+      const int64_t b = task / n_kv, g = task % n_kv;
+      const int64_t blocks_hd = (kt_off[b + 1] - kt_off[b]) / n_kv;
+      if (blocks_hd == 0) continue;
+      const int64_t st = call.start[b], len = call.lengths[b], base = kt_base[b];
+      const int64_t first_j0 = c.window > 0 ? std::max<int64_t>(0, st - c.window + 1) : 0;
+      float* kt = kt_all + kt_off[b] + g * blocks_hd;
+      const float* kc = call.k_cache + (b * n_kv + g) * cap * hd;
+      const float* fresh = &qkv[row_off[b] * n_qkv] + qw + g * hd;
+      const int64_t n_pos = blocks_hd / hd;
+      for (int64_t i = 0; i < n_pos; ++i) {
+        const int64_t j = base + i;
+        float* dst = kt + (i / kL) * hd * kL + (i % kL);
+        const float* src = nullptr;
+        if (j >= first_j0 && j < st) src = kc + (j < cap ? j : j % cap) * hd;
+        else if (j >= st && j < st + len) src = fresh + (j - st) * n_qkv;
+        for (int64_t dd = 0; dd < hd; ++dd) dst[dd * kL] = src ? src[dd] : 0.0f;
+      }
+    }
+  });
+
   // Causal cost grows with the position, so tasks are visited from both ends in turn
   // (v -> 0, last, 1, last-1, ...): contiguous thread ranges then carry similar work. The
   // order of tasks never changes a bit: each (token, head) output is computed by one thread.
@@ -123,6 +166,8 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
         return j < start ? vc + (j < cap ? j : j % cap) * hd
                          : fresh + (j - start) * n_qkv + qw + kw + g * hd;
       };
+      const int64_t kt_len = (kt_off[b + 1] - kt_off[b]) / n_kv;
+      const float* kt = kt_len ? kt_all + kt_off[b] + g * kt_len : nullptr;
       for (int64_t h0 = g * n_rep; h0 < (g + 1) * n_rep; h0 += 4) {
         const int r_n = static_cast<int>(std::min<int64_t>(4, (g + 1) * n_rep - h0));
         const float* qs[4];
@@ -132,10 +177,10 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
           os[r] = &att[m * qw + (h0 + r) * hd];
         }
         switch (r_n) {
-          case 1: ops::attention_heads<V, 1>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os); break;
-          case 2: ops::attention_heads<V, 2>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os); break;
-          case 3: ops::attention_heads<V, 3>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os); break;
-          default: ops::attention_heads<V, 4>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os); break;
+          case 1: ops::attention_heads<V, 1>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os, kt, kt_base[b]); break;
+          case 2: ops::attention_heads<V, 2>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os, kt, kt_base[b]); break;
+          case 3: ops::attention_heads<V, 3>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os, kt, kt_base[b]); break;
+          default: ops::attention_heads<V, 4>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os, kt, kt_base[b]); break;
         }
       }
     }
