@@ -312,3 +312,30 @@ def test_hypothesis_shapes(data):
         assert np.all(bits(yr[b, n:]) == 0)
         if n:
             assert_bitwise_equal(yr[b, :n], blk.forward(x[b:b + 1, :n])[0], "ragged row")
+
+
+@pytest.mark.parametrize("name", ["default", "gqa_window", "odd_head_dim", "softcap", "gemma_like"])
+def test_long_prefill_paths_agree_on_every_isa(name):
+    """Rows with >= 16 tokens in a call score their keys from transposed key blocks, shorter
+    calls key by key (csrc/ops/attention.hpp): both paths, on every ISA, give the same bits."""
+    core = _ext.core()
+    blk = make_block(name)
+    rng = np.random.default_rng(12)
+    x = inputs(rng, 2, 41, blk.d_model)
+    saved = core.get_isa()
+    outs = {}
+    try:
+        for isa in core.available_isas():
+            core.set_isa(isa)
+            st = blk.allocate_state(2, 48)
+            y = np.concatenate([blk.forward(x[:, :30], st, lengths=[30, 20])[:, :20],
+                                blk.forward(x[:, 20:41], st, lengths=[0, 21])[:, :0]], axis=1)
+            outs[isa] = (blk.forward(x), y, st.k_cache.copy())
+            st2 = blk.allocate_state(2, 48)
+            steps = np.concatenate([blk.step(x[:, t], st2) for t in range(41)], axis=1)
+            assert_bitwise_equal(outs[isa][0], steps, f"{name} {isa}: long forward vs steps")
+    finally:
+        core.set_isa(saved)
+    for isa in outs:
+        for a, b, what in zip(outs["scalar"], outs[isa], ("forward", "ragged", "cache")):
+            assert_bitwise_equal(a, b, f"{name}: {isa} vs scalar ({what})")
