@@ -39,6 +39,21 @@ using OutArr = nb::ndarray<nb::numpy, float>;
 
 static int g_threads = 1;
 
+// Calls without a session's workspace reuse one per OS thread, so repeated prefills do not
+// pay page faults for fresh scratch; more than kRetainBytes is given back after the call.
+// (A block serves concurrent calls: each thread has its own workspace.)
+static constexpr size_t kRetainBytes = size_t{64} << 20;
+
+static Workspace* call_workspace(Workspace* ws) {
+  if (ws) return ws;
+  thread_local Workspace tl_ws;
+  return &tl_ws;
+}
+
+static void trim_workspace(Workspace* given, Workspace* used) {
+  if (given == nullptr && used->bytes() > kRetainBytes) used->release();
+}
+
 static OutArr new_array(std::initializer_list<size_t> shape) {
   size_t n = 1;
   for (size_t s : shape) n *= s;
@@ -309,10 +324,12 @@ NB_MODULE(_core, m) {
                    "lengths/start out of range");
         OutArr y = new_array({static_cast<size_t>(B), static_cast<size_t>(L), static_cast<size_t>(c.d_model)});
         TransformerCall call{x.data(), y.data(), B, L, lengths.data(), start.data(),
-                             k_cache.data(), v_cache.data(), cap, g_threads, ws};
+                             k_cache.data(), v_cache.data(), cap, g_threads,
+                             call_workspace(ws)};
         {
           nb::gil_scoped_release release;
           kernels().transformer_forward(mdl, call);
+          trim_workspace(ws, call.ws);
         }
         return y;
       }, nb::arg("x"), nb::arg("lengths"), nb::arg("start"), nb::arg("k_cache"),
@@ -344,10 +361,12 @@ NB_MODULE(_core, m) {
         for (int64_t b = 0; b < B; ++b)
           EB_CHECK(lengths.data()[b] >= 0 && lengths.data()[b] <= L, "lengths out of range");
         OutArr y = new_array({static_cast<size_t>(B), static_cast<size_t>(L), static_cast<size_t>(c.d_model)});
-        Mamba2Call call{x.data(), y.data(), B, L, lengths.data(), conv_window.data(), h.data(), g_threads, ws};
+        Mamba2Call call{x.data(), y.data(), B, L, lengths.data(), conv_window.data(), h.data(), g_threads,
+                        call_workspace(ws)};
         {
           nb::gil_scoped_release release;
           kernels().mamba2_forward(mdl, call);
+          trim_workspace(ws, call.ws);
         }
         return y;
       }, nb::arg("x"), nb::arg("lengths"), nb::arg("conv_window"), nb::arg("h"),

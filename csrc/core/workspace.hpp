@@ -14,6 +14,19 @@ class Workspace {
   float* floats(size_t slot, size_t n) { return grow(f_, slot, n); }
   int64_t* ints(size_t slot, size_t n) { return grow(i_, slot, n); }
 
+  size_t bytes() const {
+    size_t n = 0;
+    for (const auto& v : f_) n += v.capacity() * sizeof(float);
+    for (const auto& v : i_) n += v.capacity() * sizeof(int64_t);
+    return n;
+  }
+  void release() {
+    f_.clear();
+    f_.shrink_to_fit();
+    i_.clear();
+    i_.shrink_to_fit();
+  }
+
  private:
   template <class T>
   static T* grow(std::vector<std::vector<T>>& pool, size_t slot, size_t n) {
