@@ -442,13 +442,16 @@ def check_state_buffers(buffers: Sequence[tuple[str, object, tuple, object]],
         aligned and writable; or two buffers share memory. The message names the buffer, what
         was expected and what came.
     """
+    def expected(dt, shape) -> str:  # built only for an error: this runs on every decode step
+        return (f"a writable, C-contiguous {dt.name} array of shape {format_shape(shape)} "
+                "(its contents may be edited in place; it must not be reshaped, retyped, "
+                "made read-only or replaced)")
+
     for name, buf, shape, dtype in buffers:
         dt = np.dtype(dtype)
-        expected = (f"a writable, C-contiguous {dt.name} array of shape {format_shape(shape)} "
-                    "(its contents may be edited in place; it must not be reshaped, retyped, "
-                    "made read-only or replaced)")
         if not isinstance(buf, np.ndarray):
-            raise ValueError(f"{where}: {name} must be {expected}; got {describe_type(buf)}")
+            raise ValueError(f"{where}: {name} must be {expected(dt, shape)}; got "
+                             f"{describe_type(buf)}")
         problems = []
         if buf.dtype != dt or not buf.dtype.isnative:
             problems.append(f"dtype {buf.dtype.str!r}" if buf.dtype.name == dt.name
@@ -460,7 +463,8 @@ def check_state_buffers(buffers: Sequence[tuple[str, object, tuple, object]],
         if not buf.flags.writeable:
             problems.append("a read-only array")
         if problems:
-            raise ValueError(f"{where}: {name} must be {expected}; got {', '.join(problems)}")
+            raise ValueError(f"{where}: {name} must be {expected(dt, shape)}; got "
+                             f"{', '.join(problems)}")
     for i, (name_a, a, _, _) in enumerate(buffers):
         for name_b, b, _, _ in buffers[i + 1:]:
             # Both are C-contiguous, so overlapping address ranges means shared bytes.
