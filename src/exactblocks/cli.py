@@ -257,6 +257,11 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
     text = tokenizer.decode(generated)
     out.write(text[len(printed):] + "\n")
 
+    load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    n_cpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if load1 > 0.5 * n_cpu + n_threads:
+        print(f"note: load average {load1:.1f} on {n_cpu} CPUs while this ran: other work shared "
+              "the cores, so the speeds below are lower than on an idle machine", file=out)
     print(f"prefill: {n_prompt} tokens in {t_prefill:.3f} s = {n_prompt / t_prefill:.1f} tokens/s",
           file=out)
     if n_steps:

@@ -1002,10 +1002,17 @@ class TransformerBlockInference(BlockCommon):
                 limit = min(state.max_tokens, max_pos)
                 if held + asked > limit:
                     which = ("max_tokens" if state.max_tokens <= max_pos else "max_positions")
+                    if held + asked <= max_pos:
+                        hint = f"create the state with max_tokens >= {held + asked}"
+                    elif held + asked <= _MAX_POSITIONS_LIMIT:
+                        hint = (f"build the block with max_positions >= {held + asked} and the "
+                                f"state with max_tokens >= {held + asked}")
+                    else:
+                        hint = (f"positions stop at {_MAX_POSITIONS_LIMIT} (2^24); start a new "
+                                "sequence or roll back row_tokens")
                     raise ValueError(
                         f"{where}: row {b} holds {held} positions and this call adds {asked}; "
-                        f"the limit is {which}={limit} (create the state with max_tokens >= "
-                        f"{held + asked})")
+                        f"the limit is {which}={limit} ({hint})")
             _check_readable(state, start, lens, where)
             ws = session._workspace if session is not None else None
             y = core.forward(xa, lens, start, state.k_cache, state.v_cache, ws)

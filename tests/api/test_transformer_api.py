@@ -1473,3 +1473,21 @@ def test_partial_rotary_factor_derives_rope_dim(weights, x):
     # set_params re-derives it (rope_dim stays None in the options given).
     blk = build(weights, rope_scaling={"rope_type": "default", "partial_rotary_factor": 0.5})
     assert blk.set_params(rope_scaling=None).rope_dim == hd
+
+
+def test_position_limit_hint_never_asks_for_the_impossible(weights):
+    """At max_positions = 2^24 the error must not ask for max_tokens beyond 2^24."""
+    from exactblocks import TransformerBlockInference
+    blk = TransformerBlockInference(weights, n_heads=SIZES["n_heads"], window=4,
+                                    max_positions=2 ** 24)
+    st = blk.allocate_state(1, 2 ** 24)
+    st.row_tokens[:] = 2 ** 24
+    before = (st.k_cache.copy(), st.v_cache.copy(), st.row_tokens.copy())
+    x = np.zeros((1, SIZES["d_model"]), np.float32)
+    with pytest.raises(ValueError) as err:
+        blk.step(x, st)
+    msg = str(err.value)
+    assert msg.startswith("TransformerBlockInference.step: ") and "2^24" in msg
+    assert "16777217" not in msg.split("(")[-1]
+    for a, b in zip(before, (st.k_cache, st.v_cache, st.row_tokens)):
+        assert np.array_equal(a, b)
