@@ -1,0 +1,21 @@
+"""The Examples sections of the public modules' docstrings run as written (numpydoc
+Examples are doctests; STYLE 4)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["exactblocks.transformer", "exactblocks.mamba2", "exactblocks.state",
+           "exactblocks.mamba2_state", "exactblocks.session", "exactblocks.runtime",
+           "exactblocks._validation", "exactblocks.weights", "exactblocks.loaders.gguf",
+           "exactblocks.tokenizer", "exactblocks.cli", "exactblocks.bench"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    mod = importlib.import_module(name)
+    res = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert res.failed == 0, f"{name}: {res.failed} of {res.attempted} doctest examples failed"
