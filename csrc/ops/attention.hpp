@@ -94,7 +94,21 @@ inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0,
   for (int r = 0; r < R; ++r) {
     float* sc = scores + r * stride;
     float m = -std::numeric_limits<float>::infinity();
-    for (int64_t i = 0; i < n; ++i) {
+    int64_t i0 = 0;
+    if (softcap <= 0.0f) {  // s = score * scale, vectorised; the max is exact in any order (only the sign of a zero
+      // maximum may depend on the lane count, and exp(s - m) is the same for m = +0 or -0)
+      const V sv = V::set1(scale);
+      V mv = V::set1(-std::numeric_limits<float>::infinity());
+      for (; i0 + V::kLanes <= n; i0 += V::kLanes) {
+        const V s = V::mul(V::load(sc + i0), sv);
+        s.store(sc + i0);
+        mv = V::max(s, mv);
+      }
+      float lanes[V::kLanes];
+      mv.store(lanes);
+      for (int l = 0; l < V::kLanes; ++l) m = lanes[l] > m ? lanes[l] : m;
+    }
+    for (int64_t i = i0; i < n; ++i) {
       float s = sc[i] * scale;
       if (softcap > 0.0f) s = math::tanh_f32(s / softcap) * softcap;
       sc[i] = s;

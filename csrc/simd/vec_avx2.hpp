@@ -73,6 +73,8 @@ struct VecAvx2 {
     const __m128 t1 = _mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1));   // w = 1
     return _mm_cvtss_f32(t1);
   }
+  // max(a, b) keeping b when either is NaN (maxps returns its second operand then).
+  static VecAvx2 max(VecAvx2 a, VecAvx2 b) { return {_mm256_max_ps(a.v, b.v)}; }
   static VecAvx2 mul(VecAvx2 a, VecAvx2 b) { return {_mm256_mul_ps(a.v, b.v)}; }
 };
 

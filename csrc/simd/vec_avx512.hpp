@@ -75,6 +75,8 @@ struct VecAvx512 {
     const __m128 t1 = _mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1));   // w = 1
     return _mm_cvtss_f32(t1);
   }
+  // max(a, b) keeping b when either is NaN (maxps returns its second operand then).
+  static VecAvx512 max(VecAvx512 a, VecAvx512 b) { return {_mm512_max_ps(a.v, b.v)}; }
   static VecAvx512 mul(VecAvx512 a, VecAvx512 b) { return {_mm512_mul_ps(a.v, b.v)}; }
 };
 

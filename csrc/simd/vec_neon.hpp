@@ -22,6 +22,9 @@ struct VecNeon {
   // a * b + c, one rounding (vfmaq_f32(acc, x, y) = acc + x * y).
   static VecNeon fma(VecNeon a, VecNeon b, VecNeon c) { return {vfmaq_f32(c.v, a.v, b.v)}; }
   static VecNeon add(VecNeon a, VecNeon b) { return {vaddq_f32(a.v, b.v)}; }
+  // max(a, b) keeping b when a is NaN (and a when only b is): IEEE maxNum; b is never NaN
+  // where the kernels use it, so this equals the x86 and scalar versions.
+  static VecNeon max(VecNeon a, VecNeon b) { return {vmaxnmq_f32(a.v, b.v)}; }
   static VecNeon mul(VecNeon a, VecNeon b) { return {vmulq_f32(a.v, b.v)}; }
 
   // y[i] = exp_f32(x[i]) (math/exp.hpp, detail::exp_dd with lo = 0) in two float64x2 halves,

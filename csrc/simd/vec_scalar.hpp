@@ -30,6 +30,8 @@ struct VecScalar {
       for (int j = 0; j < w; ++j) s[j] = s[j] + s[j + w];
     return s[0];
   }
+  // max(a, b) that keeps b when a is NaN (a > b ? a : b); exact, so order-free.
+  static VecScalar max(VecScalar a, VecScalar b) { return {a.v > b.v ? a.v : b.v}; }
   static VecScalar mul(VecScalar a, VecScalar b) { return {a.v * b.v}; }
 };
 
