@@ -95,8 +95,9 @@ inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0,
     float* sc = scores + r * stride;
     float m = -std::numeric_limits<float>::infinity();
     int64_t i0 = 0;
-    if (softcap <= 0.0f) {  // s = score * scale, vectorised; the max is exact in any order (only the sign of a zero
-      // maximum may depend on the lane count, and exp(s - m) is the same for m = +0 or -0)
+    // s = score * scale, vectorised; the max is exact in any order (only the sign of a zero
+    // maximum may depend on the lane count, and exp(s - m) is the same for m = +0 or -0)
+    if (softcap <= 0.0f) {
       const V sv = V::set1(scale);
       V mv = V::set1(-std::numeric_limits<float>::infinity());
       for (; i0 + V::kLanes <= n; i0 += V::kLanes) {
