@@ -120,6 +120,8 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
     kt_off[b + 1] = kt_off[b] + blocks * n_kv * hd * kL;
   }
   float* kt_all = ws.floats(10, static_cast<size_t>(std::max<int64_t>(kt_off[B], 1)));
+  // ... and their values packed contiguously per (row, KV head): (positions, head_dim)
+  float* vp_all = ws.floats(11, static_cast<size_t>(std::max<int64_t>(kt_off[B], 1)));
   parallel_for(B * n_kv, nt, [&](int64_t b0, int64_t b1, int) {
     for (int64_t task = b0; task < b1; ++task) {
       const int64_t b = task / n_kv, g = task % n_kv;
@@ -129,15 +131,25 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
       const int64_t first_j0 = c.window > 0 ? std::max<int64_t>(0, st - c.window + 1) : 0;
       float* kt = kt_all + kt_off[b] + g * blocks_hd;
       const float* kc = call.k_cache + (b * n_kv + g) * cap * hd;
+      const float* vc = call.v_cache + (b * n_kv + g) * cap * hd;
       const float* fresh = &qkv[row_off[b] * n_qkv] + qw + g * hd;
+      float* vp = vp_all + kt_off[b] + g * blocks_hd;
       const int64_t n_pos = blocks_hd / hd;
       for (int64_t i = 0; i < n_pos; ++i) {
         const int64_t j = base + i;
         float* dst = kt + (i / kL) * hd * kL + (i % kL);
         const float* src = nullptr;
-        if (j >= first_j0 && j < st) src = kc + (j < cap ? j : j % cap) * hd;
-        else if (j >= st && j < st + len) src = fresh + (j - st) * n_qkv;
+        const float* vsrc = nullptr;
+        if (j >= first_j0 && j < st) {
+          src = kc + (j < cap ? j : j % cap) * hd;
+          vsrc = vc + (j < cap ? j : j % cap) * hd;
+        } else if (j >= st && j < st + len) {
+          src = fresh + (j - st) * n_qkv;
+          vsrc = src + kw;
+        }
         for (int64_t dd = 0; dd < hd; ++dd) dst[dd * kL] = src ? src[dd] : 0.0f;
+        if (vsrc) std::memcpy(vp + i * hd, vsrc, sizeof(float) * hd);
+        else std::memset(vp + i * hd, 0, sizeof(float) * hd);
       }
     }
   });
@@ -162,12 +174,15 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
       auto key_at = [&](int64_t j) -> const float* {
         return j < start ? kc + (j < cap ? j : j % cap) * hd : fresh + (j - start) * n_qkv + qw + g * hd;
       };
+      const int64_t kt_len = (kt_off[b + 1] - kt_off[b]) / n_kv;
+      const float* kt = kt_len ? kt_all + kt_off[b] + g * kt_len : nullptr;
+      const float* vp = kt_len ? vp_all + kt_off[b] + g * kt_len : nullptr;
+      const int64_t vbase = kt_base[b];
       auto val_at = [&](int64_t j) -> const float* {
+        if (vp) return vp + (j - vbase) * hd;  // the same values, packed (prefill rows)
         return j < start ? vc + (j < cap ? j : j % cap) * hd
                          : fresh + (j - start) * n_qkv + qw + kw + g * hd;
       };
-      const int64_t kt_len = (kt_off[b + 1] - kt_off[b]) / n_kv;
-      const float* kt = kt_len ? kt_all + kt_off[b] + g * kt_len : nullptr;
       for (int64_t h0 = g * n_rep; h0 < (g + 1) * n_rep; h0 += 4) {
         const int r_n = static_cast<int>(std::min<int64_t>(4, (g + 1) * n_rep - h0));
         const float* qs[4];
