@@ -62,7 +62,10 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   // Per-thread scratch, allocated up front: nothing allocates inside a parallel region.
   const int n_slots = std::max(nt, 1);
   float* rope_scratch = ws.floats(8, sz(n_slots, 2 * (half + 1)));
-  float* score_scratch = ws.floats(9, sz(n_slots, 4 * max_keys));
+  constexpr int kQBlock = 8;  // queries of one prefill row that share a pass over the keys
+  static_assert(kQBlock * 32 <= 256, "qs/os arrays below");
+  const int64_t score_rows = std::max<int64_t>(4, kQBlock * n_rep);
+  float* score_scratch = ws.floats(9, sz(n_slots, score_rows * max_keys));
   for (int64_t m = 0; m < M; ++m)
     std::memcpy(&xs[m * d], call.x + (tok_row[m] * L + tok_t[m]) * d, sizeof(float) * d);
 
@@ -158,14 +161,53 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   // (v -> 0, last, 1, last-1, ...): contiguous thread ranges then carry similar work. The
   // order of tasks never changes a bit: each (token, head) output is computed by one thread.
   // A task is one (token, KV head): its n_rep query heads run together, up to 4 at a time.
-  const int64_t n_att = M * n_kv;
+  // Tasks: (first token, count, KV head). Prefill rows (with transposed keys) go in blocks of
+  // kQBlock consecutive tokens, other rows token by token.
+  int64_t n_att = 0;
+  for (int64_t b = 0; b < B; ++b)
+    n_att += (kt_off[b + 1] > kt_off[b] ? (call.lengths[b] + kQBlock - 1) / kQBlock
+                                        : call.lengths[b]) * n_kv;
+  int64_t* att_tasks = ws.ints(5, static_cast<size_t>(3 * std::max<int64_t>(n_att, 1)));
+  {
+    int64_t k = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t len = call.lengths[b];
+      const int64_t step_t = kt_off[b + 1] > kt_off[b] ? kQBlock : 1;
+      for (int64_t t0 = 0; t0 < len; t0 += step_t)
+        for (int64_t g = 0; g < n_kv; ++g, ++k) {
+          att_tasks[3 * k] = row_off[b] + t0;
+          att_tasks[3 * k + 1] = std::min(step_t, len - t0);
+          att_tasks[3 * k + 2] = g;
+        }
+    }
+  }
   parallel_for(n_att, nt, [&](int64_t b0, int64_t b1, int tid) {
-    float* scores = &score_scratch[static_cast<size_t>(tid) * 4 * static_cast<size_t>(max_keys)];
+    float* scores = &score_scratch[static_cast<size_t>(tid) * static_cast<size_t>(score_rows * max_keys)];
     for (int64_t v = b0; v < b1; ++v) {
       const int64_t task = (v % 2 == 0) ? v / 2 : n_att - 1 - v / 2;
-      const int64_t m = task / n_kv, g = task % n_kv;
+      const int64_t m = att_tasks[3 * task], nq = att_tasks[3 * task + 1];
+      const int64_t g = att_tasks[3 * task + 2];
       const int64_t b = tok_row[m], start = call.start[b];
       const int64_t p = start + tok_t[m];
+      const int64_t kt_len = (kt_off[b + 1] - kt_off[b]) / n_kv;
+      if (kt_len) {  // a block of prefill queries: every head of this KV head together
+        const float* kt = kt_all + kt_off[b] + g * kt_len;
+        const float* vp = vp_all + kt_off[b] + g * kt_len;
+        const float* qs[256];  // kQBlock queries x up to 32 heads
+        float* os[256];
+        for (int64_t h0 = g * n_rep; h0 < (g + 1) * n_rep; h0 += 32) {
+          const int r_n = static_cast<int>(std::min<int64_t>(32, (g + 1) * n_rep - h0));
+          for (int qi = 0; qi < nq; ++qi)
+            for (int r = 0; r < r_n; ++r) {
+              qs[qi * r_n + r] = &qkv[(m + qi) * n_qkv + (h0 + r) * hd];
+              os[qi * r_n + r] = &att[(m + qi) * qw + (h0 + r) * hd];
+            }
+          ops::attention_prefill_block<V>(qs, static_cast<int>(nq), r_n, hd, c.window, p, kt, vp,
+                                          kt_base[b], mdl.attn_scale, c.attn_softcap, scores,
+                                          max_keys, os);
+        }
+        continue;
+      }
       const int64_t j0 = c.window > 0 ? std::max<int64_t>(0, p - c.window + 1) : 0;
       const float* kc = call.k_cache + (b * n_kv + g) * cap * hd;
       const float* vc = call.v_cache + (b * n_kv + g) * cap * hd;
@@ -174,12 +216,7 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
       auto key_at = [&](int64_t j) -> const float* {
         return j < start ? kc + (j < cap ? j : j % cap) * hd : fresh + (j - start) * n_qkv + qw + g * hd;
       };
-      const int64_t kt_len = (kt_off[b + 1] - kt_off[b]) / n_kv;
-      const float* kt = kt_len ? kt_all + kt_off[b] + g * kt_len : nullptr;
-      const float* vp = kt_len ? vp_all + kt_off[b] + g * kt_len : nullptr;
-      const int64_t vbase = kt_base[b];
       auto val_at = [&](int64_t j) -> const float* {
-        if (vp) return vp + (j - vbase) * hd;  // the same values, packed (prefill rows)
         return j < start ? vc + (j < cap ? j : j % cap) * hd
                          : fresh + (j - start) * n_qkv + qw + kw + g * hd;
       };
@@ -192,10 +229,10 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
           os[r] = &att[m * qw + (h0 + r) * hd];
         }
         switch (r_n) {
-          case 1: ops::attention_heads<V, 1>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os, kt, kt_base[b]); break;
-          case 2: ops::attention_heads<V, 2>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os, kt, kt_base[b]); break;
-          case 3: ops::attention_heads<V, 3>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os, kt, kt_base[b]); break;
-          default: ops::attention_heads<V, 4>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os, kt, kt_base[b]); break;
+          case 1: ops::attention_heads<V, 1>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os); break;
+          case 2: ops::attention_heads<V, 2>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os); break;
+          case 3: ops::attention_heads<V, 3>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os); break;
+          default: ops::attention_heads<V, 4>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os); break;
         }
       }
     }

@@ -147,4 +147,114 @@ inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0,
     }
 }
 
+// Q consecutive queries (positions p0 .. p0+Q-1) of one row and the R query heads of one KV
+// head, keys in transposed blocks (kt) and values packed per position (vp), both starting at
+// position `base` (prefill). Each (query, head) gets exactly attention_heads' operations in
+// the same order; only the loop nest differs: a key block or value chunk is reused from L1 by
+// all Q*R pairs instead of being streamed from L2 once per pair. Outputs accumulate over value
+// chunks through o (float store and reload: exact), as the GEMM's K blocks do.
+// q[i], o[i] for i = qi*R + r; scores: Q*R rows of `stride` floats.
+template <class V>
+inline void attention_prefill_block(const float* const* q, int Q, int R, int64_t head_dim,
+                                    int64_t window, int64_t p0, const float* kt,
+                                    const float* vp, int64_t base, float scale, float softcap,
+                                    float* scores, int64_t stride, float* const* o) {
+  constexpr int kL = V::kLanes;
+  const auto j0_of = [&](int qi) -> int64_t {
+    return window > 0 ? std::max<int64_t>(0, p0 + qi - window + 1) : 0;
+  };
+  const int64_t p_last = p0 + Q - 1;
+  // 1. raw scores, key block by key block
+  for (int64_t jb = base + (j0_of(0) - base) / kL * kL; jb <= p_last; jb += kL) {
+    const float* blk = kt + (jb - base) / kL * head_dim * kL;
+    for (int qi = 0; qi < Q; ++qi) {
+      const int64_t j0 = j0_of(qi), p = p0 + qi;
+      if (jb + kL - 1 < j0 || jb > p) continue;
+      const int64_t lo = std::max(jb, j0), hi = std::min(jb + kL - 1, p);
+      for (int r = 0; r < R; ++r) {
+        const float* qq = q[qi * R + r];
+        V acc[kReduceLanes];
+        for (int j = 0; j < kReduceLanes; ++j) acc[j] = V::zero();
+        int64_t d = 0;
+        for (; d + kReduceLanes <= head_dim; d += kReduceLanes)
+          for (int j = 0; j < kReduceLanes; ++j)
+            acc[j] = V::fma(V::set1(qq[d + j]), V::load(blk + (d + j) * kL), acc[j]);
+        for (int j = 0; d + j < head_dim; ++j)
+          acc[j] = V::fma(V::set1(qq[d + j]), V::load(blk + (d + j) * kL), acc[j]);
+        for (int w = kReduceLanes / 2; w >= 1; w /= 2)
+          for (int j = 0; j < w; ++j) acc[j] = V::add(acc[j], acc[j + w]);
+        float tmp[kL];
+        acc[0].store(tmp);
+        float* sc = scores + (qi * R + r) * stride;
+        for (int64_t j = lo; j <= hi; ++j) sc[j - j0] = tmp[j - jb];
+      }
+    }
+  }
+  // 2. softmax of every (query, head) row: attention_heads' steps
+  for (int qi = 0; qi < Q; ++qi) {
+    const int64_t n = p0 + qi - j0_of(qi) + 1;
+    for (int r = 0; r < R; ++r) {
+      float* sc = scores + (qi * R + r) * stride;
+      float m = -std::numeric_limits<float>::infinity();
+      int64_t i0 = 0;
+      if (softcap <= 0.0f) {
+        const V sv = V::set1(scale);
+        V mv = V::set1(-std::numeric_limits<float>::infinity());
+        for (; i0 + kL <= n; i0 += kL) {
+          const V s = V::mul(V::load(sc + i0), sv);
+          s.store(sc + i0);
+          mv = V::max(s, mv);
+        }
+        float lanes[kL];
+        mv.store(lanes);
+        for (int l = 0; l < kL; ++l) m = lanes[l] > m ? lanes[l] : m;
+      }
+      for (int64_t i = i0; i < n; ++i) {
+        float s = sc[i] * scale;
+        if (softcap > 0.0f) s = math::tanh_f32(s / softcap) * softcap;
+        sc[i] = s;
+        m = s > m ? s : m;
+      }
+      for (int64_t i = 0; i < n; ++i) sc[i] = sc[i] - m;
+      V::exp_array(sc, sc, n);
+      const float z = sum_l16<V>(sc, n);
+      for (int64_t i = 0; i < n; ++i) sc[i] = sc[i] / z;
+    }
+  }
+  // 3. o = SEQ over keys, value chunk by value chunk (kVChunk positions stay in L1)
+  constexpr int64_t kVChunk = 64;
+  constexpr int kAcc = 8;
+  const int64_t hd_vec = head_dim - head_dim % kL;
+  for (int64_t c0 = j0_of(0); c0 <= p_last; c0 += kVChunk) {
+    const int64_t c1 = std::min(c0 + kVChunk - 1, p_last);
+    for (int qi = 0; qi < Q; ++qi) {
+      const int64_t j0 = j0_of(qi), p = p0 + qi;
+      const int64_t lo = std::max(c0, j0), hi = std::min(c1, p);
+      if (lo > hi) continue;
+      const bool first = lo == j0;
+      for (int r = 0; r < R; ++r) {
+        const float* sc = scores + (qi * R + r) * stride;
+        float* oo = o[qi * R + r];
+        for (int64_t d0 = 0; d0 < hd_vec; d0 += kAcc * kL) {
+          const int nv = static_cast<int>(std::min<int64_t>(kAcc, (hd_vec - d0) / kL));
+          V acc[kAcc];
+          for (int j = 0; j < nv; ++j)
+            acc[j] = first ? V::zero() : V::load(oo + d0 + j * kL);
+          for (int64_t jj = lo; jj <= hi; ++jj) {
+            const float* v = vp + (jj - base) * head_dim + d0;
+            const V pj = V::set1(sc[jj - j0]);
+            for (int j = 0; j < nv; ++j) acc[j] = V::fma(pj, V::load(v + j * kL), acc[j]);
+          }
+          for (int j = 0; j < nv; ++j) acc[j].store(oo + d0 + j * kL);
+        }
+        for (int64_t d = hd_vec; d < head_dim; ++d) {
+          float s = first ? 0.0f : oo[d];
+          for (int64_t jj = lo; jj <= hi; ++jj) s = std::fma(sc[jj - j0], vp[(jj - base) * head_dim + d], s);
+          oo[d] = s;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace eb::ops
