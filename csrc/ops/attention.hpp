@@ -19,6 +19,38 @@
 
 namespace eb::ops {
 
+// In place over n raw scores: s = score * scale [softcap: s = tanh(s / cap) * cap], m = max s,
+// e = exp(s - m), Z = L16(e), p = e / Z (SPEC 4.3 step 6). The scaling and the max are
+// vectorised; the max is exact in any order (only the sign of a zero maximum may depend on
+// the lane count, and exp(s - m) is the same for m = +0 or -0).
+template <class V>
+inline void softmax_scores(float* sc, int64_t n, float scale, float softcap) {
+  float m = -std::numeric_limits<float>::infinity();
+  int64_t i0 = 0;
+  if (softcap <= 0.0f) {
+    const V sv = V::set1(scale);
+    V mv = V::set1(-std::numeric_limits<float>::infinity());
+    for (; i0 + V::kLanes <= n; i0 += V::kLanes) {
+      const V s = V::mul(V::load(sc + i0), sv);
+      s.store(sc + i0);
+      mv = V::max(s, mv);
+    }
+    float lanes[V::kLanes];
+    mv.store(lanes);
+    for (int l = 0; l < V::kLanes; ++l) m = lanes[l] > m ? lanes[l] : m;
+  }
+  for (int64_t i = i0; i < n; ++i) {
+    float s = sc[i] * scale;
+    if (softcap > 0.0f) s = math::tanh_f32(s / softcap) * softcap;
+    sc[i] = s;
+    m = s > m ? s : m;
+  }
+  for (int64_t i = 0; i < n; ++i) sc[i] = sc[i] - m;
+  V::exp_array(sc, sc, n);  // = math::exp_f32 per element, vectorised
+  const float z = sum_l16<V>(sc, n);
+  for (int64_t i = 0; i < n; ++i) sc[i] = sc[i] / z;
+}
+
 // Raw scores L16(q . k_j) for j = j0..p from keys stored in transposed blocks of kLanes
 // positions: kt[blk][d][lane] = k_(base + blk*kLanes + lane)[d]. Lane structure of L16 is
 // kept per key: acc[i mod 16] (a vector over kLanes keys) takes the terms i = j, j+16, ... in
@@ -91,35 +123,7 @@ inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0,
       for (int r = 0; r < R; ++r) scores[r * stride + i] = V::reduce16(acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    float* sc = scores + r * stride;
-    float m = -std::numeric_limits<float>::infinity();
-    int64_t i0 = 0;
-    // s = score * scale, vectorised; the max is exact in any order (only the sign of a zero
-    // maximum may depend on the lane count, and exp(s - m) is the same for m = +0 or -0)
-    if (softcap <= 0.0f) {
-      const V sv = V::set1(scale);
-      V mv = V::set1(-std::numeric_limits<float>::infinity());
-      for (; i0 + V::kLanes <= n; i0 += V::kLanes) {
-        const V s = V::mul(V::load(sc + i0), sv);
-        s.store(sc + i0);
-        mv = V::max(s, mv);
-      }
-      float lanes[V::kLanes];
-      mv.store(lanes);
-      for (int l = 0; l < V::kLanes; ++l) m = lanes[l] > m ? lanes[l] : m;
-    }
-    for (int64_t i = i0; i < n; ++i) {
-      float s = sc[i] * scale;
-      if (softcap > 0.0f) s = math::tanh_f32(s / softcap) * softcap;
-      sc[i] = s;
-      m = s > m ? s : m;
-    }
-    for (int64_t i = 0; i < n; ++i) sc[i] = sc[i] - m;
-    V::exp_array(sc, sc, n);
-    const float z = sum_l16<V>(sc, n);
-    for (int64_t i = 0; i < n; ++i) sc[i] = sc[i] / z;
-  }
+  for (int r = 0; r < R; ++r) softmax_scores<V>(scores + r * stride, n, scale, softcap);
   constexpr int kChunk = R == 1 ? 8 : 24 / R;
   const int64_t hd_vec = head_dim - head_dim % V::kLanes;
   for (int64_t d0 = 0; d0 < hd_vec; d0 += kChunk * V::kLanes) {
@@ -190,37 +194,10 @@ inline void attention_prefill_block(const float* const* q, int Q, int R, int64_t
       }
     }
   }
-  // 2. softmax of every (query, head) row: attention_heads' steps
-  for (int qi = 0; qi < Q; ++qi) {
-    const int64_t n = p0 + qi - j0_of(qi) + 1;
-    for (int r = 0; r < R; ++r) {
-      float* sc = scores + (qi * R + r) * stride;
-      float m = -std::numeric_limits<float>::infinity();
-      int64_t i0 = 0;
-      if (softcap <= 0.0f) {
-        const V sv = V::set1(scale);
-        V mv = V::set1(-std::numeric_limits<float>::infinity());
-        for (; i0 + kL <= n; i0 += kL) {
-          const V s = V::mul(V::load(sc + i0), sv);
-          s.store(sc + i0);
-          mv = V::max(s, mv);
-        }
-        float lanes[kL];
-        mv.store(lanes);
-        for (int l = 0; l < kL; ++l) m = lanes[l] > m ? lanes[l] : m;
-      }
-      for (int64_t i = i0; i < n; ++i) {
-        float s = sc[i] * scale;
-        if (softcap > 0.0f) s = math::tanh_f32(s / softcap) * softcap;
-        sc[i] = s;
-        m = s > m ? s : m;
-      }
-      for (int64_t i = 0; i < n; ++i) sc[i] = sc[i] - m;
-      V::exp_array(sc, sc, n);
-      const float z = sum_l16<V>(sc, n);
-      for (int64_t i = 0; i < n; ++i) sc[i] = sc[i] / z;
-    }
-  }
+  // 2. softmax of every (query, head) row
+  for (int qi = 0; qi < Q; ++qi)
+    for (int r = 0; r < R; ++r)
+      softmax_scores<V>(scores + (qi * R + r) * stride, p0 + qi - j0_of(qi) + 1, scale, softcap);
   // 3. o = SEQ over keys, value chunk by value chunk (kVChunk positions stay in L1)
   constexpr int64_t kVChunk = 64;
   constexpr int kAcc = 8;
