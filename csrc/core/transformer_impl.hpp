@@ -103,7 +103,7 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   // 5-6. attention per (token, query head); keys before the call come from the cache ring,
   // keys of this call from the fresh K/V (never from a slot this call may overwrite).
   // Rows with many tokens in this call (prefill) get their keys in transposed blocks of
-  // kLanes positions, shared by all the row's queries (ops::attention_scores_kt: same bits,
+  // kLanes positions, shared by all the row's queries (ops::attention_prefill_block: same bits,
   // no per-key horizontal reduction). Positions below the first query's window are zeros
   // (never read by a query); positions past the call are zeros too.
   constexpr int64_t kL = V::kLanes;

@@ -51,34 +51,6 @@ inline void softmax_scores(float* sc, int64_t n, float scale, float softcap) {
   for (int64_t i = 0; i < n; ++i) sc[i] = sc[i] / z;
 }
 
-// Raw scores L16(q . k_j) for j = j0..p from keys stored in transposed blocks of kLanes
-// positions: kt[blk][d][lane] = k_(base + blk*kLanes + lane)[d]. Lane structure of L16 is
-// kept per key: acc[i mod 16] (a vector over kLanes keys) takes the terms i = j, j+16, ... in
-// increasing i, then the same w = 8, 4, 2, 1 tree, so each score has exactly dot_l16's bits.
-// Worth it when many queries share the keys (prefill): no horizontal reduction per key.
-template <class V>
-inline void attention_scores_kt(const float* q, int64_t head_dim, const float* kt, int64_t base,
-                                int64_t j0, int64_t p, float* scores) {
-  constexpr int kL = V::kLanes;
-  for (int64_t jb = base + (j0 - base) / kL * kL; jb <= p; jb += kL) {
-    const float* blk = kt + (jb - base) / kL * head_dim * kL;
-    V acc[kReduceLanes];
-    for (int j = 0; j < kReduceLanes; ++j) acc[j] = V::zero();
-    int64_t d = 0;
-    for (; d + kReduceLanes <= head_dim; d += kReduceLanes)  // constant lane indices: registers
-      for (int j = 0; j < kReduceLanes; ++j)
-        acc[j] = V::fma(V::set1(q[d + j]), V::load(blk + (d + j) * kL), acc[j]);
-    for (int j = 0; d + j < head_dim; ++j)
-      acc[j] = V::fma(V::set1(q[d + j]), V::load(blk + (d + j) * kL), acc[j]);
-    for (int w = kReduceLanes / 2; w >= 1; w /= 2)
-      for (int j = 0; j < w; ++j) acc[j] = V::add(acc[j], acc[j + w]);
-    float tmp[kL];
-    acc[0].store(tmp);
-    const int64_t lo = std::max(jb, j0), hi = std::min(jb + kL - 1, p);
-    for (int64_t j = lo; j <= hi; ++j) scores[j - j0] = tmp[j - jb];
-  }
-}
-
 // R query heads that share one KV head (GQA, R <= 4) run together: every key and value vector
 // is loaded once for the R heads, and the R independent chains hide the FMA latency. Each
 // head's arithmetic is exactly the order above, whatever R is (so any grouping, any ISA and
@@ -87,8 +59,7 @@ inline void attention_scores_kt(const float* q, int64_t head_dim, const float* k
 template <class V, int R, class KeyAt, class ValAt>
 inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0, int64_t p,
                             KeyAt key_at, ValAt val_at, float scale, float softcap,
-                            float* scores, int64_t stride, float* const* o,
-                            const float* kt = nullptr, int64_t kt_base = 0) {
+                            float* scores, int64_t stride, float* const* o) {
   constexpr int NV = kReduceLanes / V::kLanes;
   const int64_t n = p - j0 + 1;
   const int64_t full = head_dim - head_dim % kReduceLanes;
@@ -98,30 +69,26 @@ inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0,
     if (full < head_dim)
       std::memcpy(qt[r], q[r] + full, sizeof(float) * static_cast<size_t>(head_dim - full));
   }
-  if (kt) {  // keys in transposed blocks (prefill): same bits, no per-key reduction
-    for (int r = 0; r < R; ++r) attention_scores_kt<V>(q[r], head_dim, kt, kt_base, j0, p, scores + r * stride);
-  } else {
-    for (int64_t i = 0; i < n; ++i) {
-      const float* k = key_at(j0 + i);
-      V acc[R][NV];
-      for (int r = 0; r < R; ++r)
-        for (int j = 0; j < NV; ++j) acc[r][j] = V::zero();
-      for (int64_t c = 0; c < full; c += kReduceLanes)
-        for (int j = 0; j < NV; ++j) {
-          const V kv = V::load(k + c + j * V::kLanes);
-          for (int r = 0; r < R; ++r)
-            acc[r][j] = V::fma(V::load(q[r] + c + j * V::kLanes), kv, acc[r][j]);
-        }
-      if (full < head_dim) {
-        float kt[kReduceLanes] = {0};
-        std::memcpy(kt, k + full, sizeof(float) * static_cast<size_t>(head_dim - full));
-        for (int j = 0; j < NV; ++j) {
-          const V kv = V::load(kt + j * V::kLanes);
-          for (int r = 0; r < R; ++r) acc[r][j] = V::fma(V::load(qt[r] + j * V::kLanes), kv, acc[r][j]);
-        }
+  for (int64_t i = 0; i < n; ++i) {
+    const float* k = key_at(j0 + i);
+    V acc[R][NV];
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < NV; ++j) acc[r][j] = V::zero();
+    for (int64_t c = 0; c < full; c += kReduceLanes)
+      for (int j = 0; j < NV; ++j) {
+        const V kv = V::load(k + c + j * V::kLanes);
+        for (int r = 0; r < R; ++r)
+          acc[r][j] = V::fma(V::load(q[r] + c + j * V::kLanes), kv, acc[r][j]);
       }
-      for (int r = 0; r < R; ++r) scores[r * stride + i] = V::reduce16(acc[r]);
+    if (full < head_dim) {
+      float kt[kReduceLanes] = {0};
+      std::memcpy(kt, k + full, sizeof(float) * static_cast<size_t>(head_dim - full));
+      for (int j = 0; j < NV; ++j) {
+        const V kv = V::load(kt + j * V::kLanes);
+        for (int r = 0; r < R; ++r) acc[r][j] = V::fma(V::load(qt[r] + j * V::kLanes), kv, acc[r][j]);
+      }
     }
+    for (int r = 0; r < R; ++r) scores[r * stride + i] = V::reduce16(acc[r]);
   }
   for (int r = 0; r < R; ++r) softmax_scores<V>(scores + r * stride, n, scale, softcap);
   constexpr int kChunk = R == 1 ? 8 : 24 / R;
@@ -153,7 +120,10 @@ inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0,
 
 // Q consecutive queries (positions p0 .. p0+Q-1) of one row and the R query heads of one KV
 // head, keys in transposed blocks (kt) and values packed per position (vp), both starting at
-// position `base` (prefill). Each (query, head) gets exactly attention_heads' operations in
+// position `base` (prefill). kt[blk][d][lane] = k_(base + blk*kLanes + lane)[d]: the L16
+// lane structure is kept per key (acc[i mod 16] is a vector over kLanes keys taking the terms
+// i = j, j+16, ... in increasing i, then the same w = 8, 4, 2, 1 tree), so each score has
+// exactly dot_l16's bits without a horizontal reduction per key. Each (query, head) gets exactly attention_heads' operations in
 // the same order; only the loop nest differs: a key block or value chunk is reused from L1 by
 // all Q*R pairs instead of being streamed from L2 once per pair. Outputs accumulate over value
 // chunks through o (float store and reload: exact), as the GEMM's K blocks do.
