@@ -1,8 +1,18 @@
-"""Members shared by both block classes (SPEC.md 2.8): extension queries and ``backward``."""
+"""Members shared by both block classes (SPEC.md 2.8): read-only attributes, ``set_params``,
+pickling, extension queries and ``backward``.
+
+A subclass sets ``_defaults`` (keyword option -> default) and ``_build`` (a staticmethod
+``(raw_options, where, weights=None, canonical=None) -> impl`` that validates everything and
+returns the immutable implementation object stored as ``self._impl``, which has ``raw`` (the
+options as given) and ``weights`` (canonical read-only copies)).
+"""
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import _ext
+from ._validation import check_finite
 
 __all__ = ["BlockCommon"]
 
@@ -11,6 +21,79 @@ class BlockCommon:
     """Mixin of TransformerBlockInference and Mamba2BlockInference (no state of its own)."""
 
     __slots__ = ()
+    _defaults: dict = {}
+
+    @staticmethod
+    def _build(raw: dict, where: str, weights=None, canonical=None):  # pragma: no cover
+        raise NotImplementedError
+
+    # -- read-only attributes ---------------------------------------------------------------
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__}: attribute {name!r} is read-only; build a "
+                             f"new block or use set_params({name}=...) for an option")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"{type(self).__name__}: attribute {name!r} cannot be deleted")
+
+    # -- sklearn-style parameters -------------------------------------------------------------
+    def set_params(self, **params):
+        """Change keyword options, re-running every constructor check against the weights.
+
+        Parameters
+        ----------
+        **params
+            Keyword options of the constructor. Options not given keep the value they were
+            given (an option left to None, such as ``head_dim``, is derived again).
+
+        Returns
+        -------
+        self
+            The same block, now with the new configuration.
+
+        Raises
+        ------
+        ValueError
+            A key is ``weights`` or not a keyword option; or any constructor check fails.
+        TypeError
+            An option of the wrong type.
+
+        Notes
+        -----
+        Atomic: a new configuration (with its own compiled core) is built first and swapped in
+        as a whole, so on any error nothing changes, and concurrent calls see wholly the old or
+        wholly the new configuration. If the options change, the fingerprint changes and states
+        of the old configuration are refused.
+        """
+        where = f"{type(self).__name__}.set_params"
+        for k in params:
+            if k == "weights":
+                raise ValueError(f"{where}: 'weights' cannot be set; build a new block for new "
+                                 "weights")
+            if k not in self._defaults:
+                raise ValueError(f"{where}: {k!r} is not a keyword option; accepted: "
+                                 f"{list(self._defaults)}")
+        impl = self._impl
+        raw = dict(impl.raw)
+        raw.update(params)
+        object.__setattr__(self, "_impl", self._build(raw, where, canonical=impl.weights))
+        return self
+
+    # -- pickling and copying -----------------------------------------------------------------
+    def __getstate__(self) -> dict:
+        impl = self._impl
+        return {"format": 1, "options": dict(impl.raw), "weights": dict(impl.weights)}
+
+    def __setstate__(self, st: dict) -> None:
+        where = f"{type(self).__name__}.__setstate__"
+        weights = {}
+        for n, a in st["weights"].items():
+            a = np.array(a, dtype=np.float32, order="C", copy=True)
+            check_finite(a, f"weights[{n!r}]", where, flat=True)
+            a.flags.writeable = False
+            weights[n] = a
+        raw = dict(self._defaults)
+        raw.update(st["options"])  # every constructor check runs again on unpickling
+        object.__setattr__(self, "_impl", self._build(raw, where, canonical=weights))
 
     def numeric_mode_used(self) -> str:
         """Return the numeric mode of the compiled extension.

@@ -379,18 +379,14 @@ class Mamba2BlockInference(BlockCommon):
     True
     """
 
+    _defaults = _DEFAULTS
+    _build = staticmethod(_build)
+
     def __init__(self, weights, *, dt_limit=(0.0, math.inf), n_groups=1, norm_eps=1e-05):
         raw = {"dt_limit": dt_limit, "n_groups": n_groups, "norm_eps": norm_eps}
         object.__setattr__(self, "_impl", _build(raw, f"{_CLS}.__init__", weights=weights))
 
     # -- read-only attributes -------------------------------------------------------------------
-    def __setattr__(self, name, value):
-        raise AttributeError(f"{_CLS}: attribute {name!r} is read-only; build a new block or use "
-                             f"set_params({name}=...) for an option")
-
-    def __delattr__(self, name):
-        raise AttributeError(f"{_CLS}: attribute {name!r} cannot be deleted")
-
     d_model = property(lambda self: self._impl.sizes["d_model"],
                        doc="int: Residual width, the length of block_norm.weight.")
     d_inner = property(lambda self: self._impl.sizes["d_inner"],
@@ -434,47 +430,6 @@ class Mamba2BlockInference(BlockCommon):
         """
         return dict(self._impl.opts)
 
-    def set_params(self, **params) -> Mamba2BlockInference:
-        """Change keyword options, re-running every constructor check against the weights.
-
-        Parameters
-        ----------
-        **params
-            Keyword options of the constructor (``dt_limit``, ``n_groups``, ``norm_eps``).
-
-        Returns
-        -------
-        Mamba2BlockInference
-            ``self``.
-
-        Raises
-        ------
-        ValueError
-            A key is ``weights`` or not a keyword option; or any constructor check fails (for
-            example an ``n_groups`` that does not fit the weight shapes).
-        TypeError
-            An option of the wrong type.
-
-        Notes
-        -----
-        Atomic: a new configuration (with its own compiled core) is built first and swapped in
-        as a whole, so on any error nothing changes, and concurrent calls see wholly the old or
-        wholly the new configuration. If the options change, the fingerprint changes and states
-        of the old configuration are refused.
-        """
-        where = f"{_CLS}.set_params"
-        for k in params:
-            if k == "weights":
-                raise ValueError(f"{where}: 'weights' cannot be set; build a new block for new "
-                                 "weights")
-            if k not in _DEFAULTS:
-                raise ValueError(f"{where}: {k!r} is not a keyword option; accepted: "
-                                 f"{list(_OPTION_NAMES)}")
-        impl = self._impl
-        raw = dict(impl.raw)
-        raw.update(params)
-        object.__setattr__(self, "_impl", _build(raw, where, canonical=impl.weights))
-        return self
 
     # -- identity, copying --------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -485,21 +440,6 @@ class Mamba2BlockInference(BlockCommon):
             + [f"{k}={o[k]!r}" for k in _OPTION_NAMES])
         return f"{_CLS}({inner})"
 
-    def __getstate__(self) -> dict:
-        impl = self._impl
-        return {"format": 1, "options": dict(impl.raw), "weights": dict(impl.weights)}
-
-    def __setstate__(self, st: dict) -> None:
-        where = f"{_CLS}.__setstate__"
-        weights = {}
-        for n, a in st["weights"].items():
-            a = np.array(a, dtype=np.float32, order="C", copy=True)
-            check_finite(a, f"weights[{n!r}]", where, flat=True)
-            a.flags.writeable = False
-            weights[n] = a
-        raw = dict(_DEFAULTS)
-        raw.update(st["options"])
-        object.__setattr__(self, "_impl", _build(raw, where, canonical=weights))
 
 
     # -- states -------------------------------------------------------------------------------

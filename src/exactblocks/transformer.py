@@ -631,6 +631,9 @@ class TransformerBlockInference(BlockCommon):
     True
     """
 
+    _defaults = _DEFAULTS
+    _build = staticmethod(_build)
+
     def __init__(self, weights, *, n_heads, n_kv_heads=None, head_dim=None, window=0,
                  rope_theta=10000.0, rope_scaling=None, rope_dim=None, max_positions=8192,
                  qkv_bias=False, o_bias=False, norm="rmsnorm", norm_eps=1e-06, norm_bias=False,
@@ -647,13 +650,6 @@ class TransformerBlockInference(BlockCommon):
         object.__setattr__(self, "_impl", _build(raw, f"{_CLS}.__init__", weights=weights))
 
     # -- read-only attributes -------------------------------------------------------------------
-    def __setattr__(self, name, value):
-        raise AttributeError(f"{_CLS}: attribute {name!r} is read-only; build a new block or use "
-                             f"set_params({name}=...) for an option")
-
-    def __delattr__(self, name):
-        raise AttributeError(f"{_CLS}: attribute {name!r} cannot be deleted")
-
     d_model = property(lambda self: self._impl.d_model,
                        doc="int: Residual width, the length of input_layernorm.weight.")
     intermediate = property(lambda self: self._impl.intermediate,
@@ -711,47 +707,6 @@ class TransformerBlockInference(BlockCommon):
             opts["rope_scaling"] = dict(opts["rope_scaling"])
         return opts
 
-    def set_params(self, **params) -> TransformerBlockInference:
-        """Change keyword options, re-running every constructor check against the weights.
-
-        Parameters
-        ----------
-        **params
-            Keyword options of the constructor. Options not given keep the value they were
-            given (an option left to None, such as ``head_dim``, is derived again).
-
-        Returns
-        -------
-        TransformerBlockInference
-            ``self``.
-
-        Raises
-        ------
-        ValueError
-            A key is ``weights`` or not a keyword option; or any constructor check fails.
-        TypeError
-            An option of the wrong type.
-
-        Notes
-        -----
-        Atomic: a new configuration (with its own compiled core) is built first and swapped in
-        as a whole, so on any error nothing changes, and concurrent calls see wholly the old or
-        wholly the new configuration. If the options change, the fingerprint changes and states
-        of the old configuration are refused.
-        """
-        where = f"{_CLS}.set_params"
-        for k in params:
-            if k == "weights":
-                raise ValueError(f"{where}: 'weights' cannot be set; build a new block for new "
-                                 "weights")
-            if k not in _DEFAULTS:
-                raise ValueError(f"{where}: {k!r} is not a keyword option; accepted: "
-                                 f"{list(_OPTION_NAMES)}")
-        impl = self._impl
-        raw = dict(impl.raw)
-        raw.update(params)
-        object.__setattr__(self, "_impl", _build(raw, where, canonical=impl.weights))
-        return self
 
     # -- identity, copying --------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -761,21 +716,6 @@ class TransformerBlockInference(BlockCommon):
             + [f"{k}={o[k]!r}" for k in _OPTION_NAMES])
         return f"{_CLS}({inner})"
 
-    def __getstate__(self) -> dict:
-        impl = self._impl
-        return {"format": 1, "options": dict(impl.raw), "weights": dict(impl.weights)}
-
-    def __setstate__(self, st: dict) -> None:
-        weights = {}
-        for n, a in st["weights"].items():
-            a = np.array(a, dtype=np.float32, order="C", copy=True)
-            check_finite(a, f"weights[{n!r}]", f"{_CLS}.__setstate__", flat=True)
-            a.flags.writeable = False
-            weights[n] = a
-        raw = dict(_DEFAULTS)
-        raw.update(st["options"])
-        object.__setattr__(self, "_impl", _build(raw, f"{_CLS}.__setstate__",
-                                                 canonical=weights))
 
 
     # -- states and sessions ------------------------------------------------------------------
