@@ -200,6 +200,27 @@ NB_MODULE(_core, m) {
     const int64_t g = found / per_g, rem = found % per_g;
     return nb::make_tuple(g, a + rem / hd, rem % hd);
   });
+  // Flat index of the first non-finite element of a C-contiguous float32 array, or -1 (the
+  // Python layer's finiteness checks of x, weights and states; read only, GIL released).
+  m.def("first_nonfinite", [](nb::ndarray<const float, nb::c_contig, nb::device::cpu> a) -> int64_t {
+    typedef uint32_t __attribute__((may_alias)) u32_alias;
+    const u32_alias* u = reinterpret_cast<const u32_alias*>(a.data());
+    const int64_t n = static_cast<int64_t>(a.size());
+    int64_t found = -1;
+    {
+      nb::gil_scoped_release release;
+      constexpr int64_t kChunk = 4096;
+      for (int64_t c0 = 0; c0 < n && found < 0; c0 += kChunk) {
+        const int64_t c1 = std::min(n, c0 + kChunk);
+        uint32_t bad = 0;
+        for (int64_t i = c0; i < c1; ++i) bad |= (u[i] & 0x7F800000u) + 0x00800000u;
+        if (bad & 0x80000000u)
+          for (int64_t i = c0; i < c1; ++i)
+            if ((u[i] & 0x7F800000u) == 0x7F800000u) { found = i; break; }
+      }
+    }
+    return found;
+  });
   m.def("exp_f64", [](double x) { return math::exp_f64(x); });
   m.def("log_f64", [](double x) { return math::log_f64(x); });
   m.def("rope_inv_freq", [](int64_t rope_dim, double theta, int kind, double factor, double low,

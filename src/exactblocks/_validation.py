@@ -208,10 +208,18 @@ def check_finite(arr: np.ndarray, name: str, where: str, *, index_base: tuple = 
     ValueError
         An element is NaN or infinite; the message gives the index and the value.
     """
-    finite = np.isfinite(arr)
-    if finite.all():
-        return
-    k = int(np.flatnonzero(~finite.ravel())[0])
+    from . import _ext
+    if (_ext.is_loaded() and arr.dtype == np.float32 and arr.flags.c_contiguous
+            and arr.flags.aligned
+            and arr.dtype.isnative):
+        k = int(_ext.core().first_nonfinite(arr))  # one pass, no temporaries (every call)
+        if k < 0:
+            return
+    else:
+        finite = np.isfinite(arr)
+        if finite.all():
+            return
+        k = int(np.flatnonzero(~finite.ravel())[0])
     value = arr.reshape(-1)[k]
     if flat:
         raise ValueError(f"{where}: {name} must be finite; element at flat index {k} is "
