@@ -124,3 +124,32 @@ def assert_bitwise_equal(a, b, what: str = "arrays") -> None:
             f"{what}: {diff.size} elements differ; first at {tuple(int(i) for i in idx)}: "
             f"{a.ravel()[k]!r} (0x{int(ua.ravel()[k]):08x}) vs {b.ravel()[k]!r} "
             f"(0x{int(ub.ravel()[k]):08x})")
+
+
+def make_mamba2_weights(seed, *, d=24, di=48, nh=6, ns=5, ng=2, k=4, conv_bias=True,
+                 proj_bias=False):
+    """Random float32 Mamba-2 weights (short names), seeded; HF-like scales: A in [-16, -1],
+    dt in [1e-3, 0.1]. Sizes: d_model d, d_inner di, nh heads, d_state ns, ng groups, conv k."""
+    rng = np.random.default_rng(seed)
+    cd = di + 2 * ng * ns
+
+    def r(*shape, s=0.2):
+        return (s * rng.standard_normal(shape)).astype(np.float32)
+
+    dt = np.exp(rng.uniform(np.log(1e-3), np.log(0.1), nh))
+    w = {
+        "block_norm.weight": (1 + r(d, s=0.1)).astype(np.float32),
+        "in_proj.weight": r(di + cd + nh, d, s=d ** -0.5),
+        "conv1d.weight": r(cd, 1, k, s=0.5),
+        "dt_bias": (dt + np.log(-np.expm1(-dt))).astype(np.float32),
+        "A_log": np.log(rng.uniform(1, 16, nh)).astype(np.float32),
+        "D": (1 + r(nh, s=0.1)).astype(np.float32),
+        "norm.weight": (1 + r(di, s=0.1)).astype(np.float32),
+        "out_proj.weight": r(d, di, s=di ** -0.5),
+    }
+    if conv_bias:
+        w["conv1d.bias"] = r(cd)
+    if proj_bias:
+        w["in_proj.bias"] = r(di + cd + nh)
+        w["out_proj.bias"] = r(d)
+    return w

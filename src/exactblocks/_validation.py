@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from . import _ext
+
 __all__ = [
     "FLOAT32_MAX",
     "FLOAT32_TRUE_MIN",
@@ -208,7 +210,6 @@ def check_finite(arr: np.ndarray, name: str, where: str, *, index_base: tuple = 
     ValueError
         An element is NaN or infinite; the message gives the index and the value.
     """
-    from . import _ext
     if (_ext.is_loaded() and arr.dtype == np.float32 and arr.flags.c_contiguous
             and arr.flags.aligned
             and arr.dtype.isnative):

@@ -25,6 +25,7 @@ from ._validation import (
     check_int,
     check_lengths,
     check_real,
+    check_tokens,
     describe_type,
     format_shape,
 )
@@ -881,22 +882,8 @@ class TransformerBlockInference(BlockCommon):
     def _call(self, x, state, lengths, where: str, *, step: bool, session) -> np.ndarray:
         impl = self._impl  # one snapshot: set_params swaps configurations atomically
         d = impl.d_model
-        xa = check_array(x, "x", where)
-        got = format_shape(xa.shape)
-        if step:
-            if xa.ndim == 2:
-                xa = xa.reshape(xa.shape[0], 1, xa.shape[1])
-            elif xa.ndim != 3 or xa.shape[1] != 1:
-                raise ValueError(f"{where}: x has shape {got}; expected (batch, d_model) = "
-                                 f"(batch, {d}) or (batch, 1, d_model)")
-        elif xa.ndim != 3:
-            raise ValueError(f"{where}: x has shape {got}; expected 3-D (batch, n_tokens, "
-                             f"d_model) = (batch, n_tokens, {d})")
-        bsz, n_tok, dx = xa.shape
-        if dx != d or bsz < 1 or n_tok < 1:
-            expected = (f"(batch, d_model) = (>=1, {d}) or (batch, 1, d_model)" if step else
-                        f"(batch, n_tokens, d_model) = (>=1, >=1, {d})")
-            raise ValueError(f"{where}: x has shape {got}; expected {expected}")
+        xa = check_tokens(x, d, where, step=step)
+        bsz, n_tok, _ = xa.shape
         if state is None and step:
             raise TypeError(f"{where}: state is required (got None); allocate one with "
                             "allocate_state(batch_size, max_tokens)")

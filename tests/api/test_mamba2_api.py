@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_bitwise_equal
+from helpers import assert_bitwise_equal, make_mamba2_weights
 
 import exactblocks
 from exactblocks import Mamba2BlockInference, Mamba2State, TransformerState
@@ -41,30 +41,9 @@ HF_NAMES = {
 
 def make_weights(seed=0, *, d=D, di=DI, nh=NH, ns=NS, ng=NG, k=K, conv_bias=True,
                  proj_bias=False):
-    """Random Mamba-2 weights (short names), HF-like scales: A in [-16, -1], dt in [1e-3, 0.1]."""
-    rng = np.random.default_rng(seed)
-    cd = di + 2 * ng * ns
-
-    def r(*shape, s=0.2):
-        return (s * rng.standard_normal(shape)).astype(np.float32)
-
-    dt = np.exp(rng.uniform(np.log(1e-3), np.log(0.1), nh))
-    w = {
-        "block_norm.weight": (1 + r(d, s=0.1)).astype(np.float32),
-        "in_proj.weight": r(di + cd + nh, d, s=d ** -0.5),
-        "conv1d.weight": r(cd, 1, k, s=0.5),
-        "dt_bias": (dt + np.log(-np.expm1(-dt))).astype(np.float32),
-        "A_log": np.log(rng.uniform(1, 16, nh)).astype(np.float32),
-        "D": (1 + r(nh, s=0.1)).astype(np.float32),
-        "norm.weight": (1 + r(di, s=0.1)).astype(np.float32),
-        "out_proj.weight": r(d, di, s=di ** -0.5),
-    }
-    if conv_bias:
-        w["conv1d.bias"] = r(cd)
-    if proj_bias:
-        w["in_proj.bias"] = r(di + cd + nh)
-        w["out_proj.bias"] = r(d)
-    return w
+    """Random Mamba-2 weights (short names) at this file's sizes (tests/helpers.py)."""
+    return make_mamba2_weights(seed, d=d, di=di, nh=nh, ns=ns, ng=ng, k=k, conv_bias=conv_bias,
+                               proj_bias=proj_bias)
 
 
 def to_hf(w):

@@ -22,6 +22,7 @@ import textwrap
 import numpy as np
 import pytest
 from helpers import assert_bitwise_equal
+from helpers import make_mamba2_weights as make_weights
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,34 +30,6 @@ import exactblocks as eb
 from exactblocks import _ext
 
 U = 2.0 ** -24  # unit roundoff of binary32
-
-
-def make_weights(seed, *, d=24, di=48, nh=6, ns=5, ng=2, k=4, conv_bias=True,
-                 proj_bias=False):
-    """Random Mamba-2 weights (short names), HF-like scales: A in [-16, -1], dt in [1e-3, 0.1]."""
-    rng = np.random.default_rng(seed)
-    cd = di + 2 * ng * ns
-
-    def r(*shape, s=0.2):
-        return (s * rng.standard_normal(shape)).astype(np.float32)
-
-    dt = np.exp(rng.uniform(np.log(1e-3), np.log(0.1), nh))
-    w = {
-        "block_norm.weight": (1 + r(d, s=0.1)).astype(np.float32),
-        "in_proj.weight": r(di + cd + nh, d, s=d ** -0.5),
-        "conv1d.weight": r(cd, 1, k, s=0.5),
-        "dt_bias": (dt + np.log(-np.expm1(-dt))).astype(np.float32),
-        "A_log": np.log(rng.uniform(1, 16, nh)).astype(np.float32),
-        "D": (1 + r(nh, s=0.1)).astype(np.float32),
-        "norm.weight": (1 + r(di, s=0.1)).astype(np.float32),
-        "out_proj.weight": r(d, di, s=di ** -0.5),
-    }
-    if conv_bias:
-        w["conv1d.bias"] = r(cd)
-    if proj_bias:
-        w["in_proj.bias"] = r(di + cd + nh)
-        w["out_proj.bias"] = r(d)
-    return w
 
 
 CONFIGS = {
@@ -235,7 +208,7 @@ _SUBPROCESS = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     sys.path.insert(0, {inv!r})
     import exactblocks as eb
-    from test_mamba2_invariance import make_weights
+    from helpers import make_mamba2_weights as make_weights
     blk = eb.Mamba2BlockInference(make_weights(11), n_groups=2)
     x = (np.random.default_rng(12).standard_normal((4, 9, 24))).astype(np.float32)
     s = blk.allocate_state(4)
