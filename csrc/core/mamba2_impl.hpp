@@ -45,7 +45,7 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
   // Per-thread scratch, allocated before the first state write (SPEC 2.5).
   const int n_slots = std::max(nt, 1);
   float* seq_scratch = ws.floats(6, sz(n_slots, 2 * K * 256));
-  float* dtb_scratch = ws.floats(7, sz(n_slots, ns));
+  float* dtb_scratch = ws.floats(7, sz(n_slots, ops::ssm_scan_scratch_floats(ns)));
   float* gate_scratch = ws.floats(8, sz(n_slots, di));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < call.lengths[b]; ++t)
@@ -109,21 +109,34 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
     }
   });
 
-  // 4-6. dt, then the SSM recurrence per (row, head), token after token.
+  // 4-6. dt, then the SSM recurrence per (row, head), token after token, in runs of
+  // kScanChunk tokens that keep h in registers (ops::ssm_scan_tokens, same bits as one
+  // ssm_scan_step per token).
   const int64_t heads_per_group = nh / ng;
+  const int64_t scan_floats = ops::ssm_scan_scratch_floats(ns);
   parallel_for(B * nh, nt, [&](int64_t b0, int64_t b1, int tid) {
-    float* dtb = &dtb_scratch[static_cast<size_t>(tid * ns)];
+    float* scratch = &dtb_scratch[static_cast<size_t>(tid * scan_floats)];
+    float dts[ops::kScanChunk];
+    const float* xp[ops::kScanChunk];
+    const float* bp[ops::kScanChunk];
+    const float* cp[ops::kScanChunk];
+    float* yp[ops::kScanChunk];
     for (int64_t task = b0; task < b1; ++task) {
       const int64_t b = task / nh, hh = task % nh, g = hh / heads_per_group;
       float* hs = call.h + (b * nh + hh) * hd * ns;
-      for (int64_t t = 0; t < call.lengths[b]; ++t) {
-        const int64_t m = row_off[b] + t;
-        const float* a_row = &act[m * cd];
-        float dt = math::softplus_f32(zx[m * n_in + di + cd + hh] + mdl.dt_bias[hh]);
-        dt = std::min(std::max(dt, c.dt_min), c.dt_max);
-        ops::ssm_scan_step<V>(hs, hd, ns, dt, mdl.a[hh], mdl.d[hh], a_row + hh * hd,
-                              a_row + di + g * ns, a_row + di + ng * ns + g * ns, dtb,
-                              &o[m * di + hh * hd]);
+      for (int64_t t0 = 0; t0 < call.lengths[b]; t0 += ops::kScanChunk) {
+        const int64_t n = std::min(ops::kScanChunk, call.lengths[b] - t0);
+        for (int64_t t = 0; t < n; ++t) {
+          const int64_t m = row_off[b] + t0 + t;
+          const float* a_row = &act[m * cd];
+          float dt = math::softplus_f32(zx[m * n_in + di + cd + hh] + mdl.dt_bias[hh]);
+          dts[t] = std::min(std::max(dt, c.dt_min), c.dt_max);
+          xp[t] = a_row + hh * hd;
+          bp[t] = a_row + di + g * ns;
+          cp[t] = a_row + di + ng * ns + g * ns;
+          yp[t] = &o[m * di + hh * hd];
+        }
+        ops::ssm_scan_tokens<V>(hs, hd, ns, n, dts, mdl.a[hh], mdl.d[hh], xp, bp, cp, yp, scratch);
       }
       if (call.lengths[b] > 0)  // SPEC 3.5: NaN written into a state is the canonical quiet NaN
         for (int64_t i = 0; i < hd * ns; ++i) hs[i] = math::canon_nan(hs[i]);

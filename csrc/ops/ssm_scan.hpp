@@ -5,6 +5,7 @@
 // so every ISA gives the same bits). Source: HF Mamba2Mixer recurrent update; SSD
 // arXiv:2405.21060. dtb: scratch of d_state floats. Reference twin: <VecScalar>.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -40,6 +41,141 @@ inline void ssm_scan_step(float* h, int64_t head_dim, int64_t d_state, float dt,
     for (int r = 0; r < 4; ++r) y[p + r] = s4[r] + x[p + r] * dd;
   }
   for (; p < head_dim; ++p) y[p] = dot_l16<V>(h + p * d_state, cv, d_state) + x[p] * dd;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The same recurrence over a run of T tokens of one head, with each row of h held in registers
+// across the tokens (no load/store of h per token). Per (token, row) it does exactly the
+// operations of ssm_scan_step, in the same order: dtb[n] = dt * B[n]; h = fma(h, da, dtb * x);
+// the L16 dot from +0.0 with fma(C, h, acc) per lane; y = reduce16 + x * D. So it has
+// ssm_scan_step's bits for every input (a test pins this for every ISA).
+// Used when d_state is a multiple of 16 and at most 16 * kScanMaxGroups.
+
+constexpr int64_t kScanChunk = 32;      // tokens per register pass
+constexpr int64_t kScanMaxGroups = 8;   // d_state <= 128 takes the register path
+
+// Scratch floats ssm_scan_tokens needs for d_state = ns.
+inline int64_t ssm_scan_scratch_floats(int64_t ns) {
+  return kScanChunk * (ns + 1) + kScanChunk * 4 * kReduceLanes;
+}
+
+namespace detail {
+
+template <class V, int NJ>
+constexpr int scan_rows() {  // rows per register pass: about half the vector registers for h
+  constexpr int per_row = NJ * (kReduceLanes / V::kLanes);
+  constexpr int budget = V::kLanes >= 16 ? 16 : 8;
+  return per_row >= budget ? 1 : (budget / per_row >= 4 ? 4 : budget / per_row);
+}
+
+// Rows p0..p0+R of h over tokens 0..T: h stays in registers; the L16 lane accumulators of
+// y[t][p0+r] go to acc (T x R x 16 floats).
+template <class V, int NJ, int R>
+inline void scan_rows_chunk(float* h, int64_t ns, int64_t p0, int64_t T, const float* da,
+                            const float* dtb, const float* const* x, const float* const* cv,
+                            float* acc) {
+  constexpr int NV = kReduceLanes / V::kLanes, NVEC = NJ * NV;
+  V hr[R][NVEC];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NVEC; ++j) hr[r][j] = V::load(h + (p0 + r) * ns + j * V::kLanes);
+  for (int64_t t = 0; t < T; ++t) {
+    const V dav = V::set1(da[t]);
+    const float* db = dtb + t * ns;
+    const float* c = cv[t];
+    V xp[R], a[R][NV];
+    for (int r = 0; r < R; ++r) {
+      xp[r] = V::set1(x[t][p0 + r]);
+      for (int k = 0; k < NV; ++k) a[r][k] = V::zero();
+    }
+    for (int j = 0; j < NVEC; ++j) {
+      const V b = V::load(db + j * V::kLanes), cc = V::load(c + j * V::kLanes);
+      for (int r = 0; r < R; ++r) {
+        hr[r][j] = V::fma(hr[r][j], dav, V::mul(b, xp[r]));
+        a[r][j % NV] = V::fma(cc, hr[r][j], a[r][j % NV]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int k = 0; k < NV; ++k) a[r][k].store(acc + (t * R + r) * kReduceLanes + k * V::kLanes);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NVEC; ++j) hr[r][j].store(h + (p0 + r) * ns + j * V::kLanes);
+}
+
+template <class V, int NJ>
+inline void scan_chunk(float* h, int64_t hd, int64_t ns, int64_t T, const float* da,
+                       const float* dtb, float dd, const float* const* x,
+                       const float* const* cv, float* const* y, float* acc) {
+  constexpr int R = scan_rows<V, NJ>();
+  constexpr int NV = kReduceLanes / V::kLanes;
+  int64_t p = 0;
+  const auto finish = [&](int64_t p0, int rows) {  // y[t][p0 + r] from the lane sums
+    const int64_t n_acc = T * rows;
+    int64_t i = 0, t = 0, r = 0;  // accumulator i belongs to token t, row r
+    float s16[kReduceLanes];
+    for (; i + kReduceLanes <= n_acc; i += kReduceLanes) {
+      V::reduce16_x16(acc + i * kReduceLanes, s16);
+      for (int64_t k = 0; k < kReduceLanes; ++k) {
+        y[t][p0 + r] = s16[k] + x[t][p0 + r] * dd;
+        if (++r == rows) r = 0, ++t;
+      }
+    }
+    for (; i < n_acc; ++i) {
+      V lanes[NV];
+      for (int k = 0; k < NV; ++k) lanes[k] = V::load(acc + i * kReduceLanes + k * V::kLanes);
+      y[t][p0 + r] = V::reduce16(lanes) + x[t][p0 + r] * dd;
+      if (++r == rows) r = 0, ++t;
+    }
+  };
+  for (; p + R <= hd; p += R) {
+    scan_rows_chunk<V, NJ, R>(h, ns, p, T, da, dtb, x, cv, acc);
+    finish(p, R);
+  }
+  for (; p < hd; ++p) {
+    scan_rows_chunk<V, NJ, 1>(h, ns, p, T, da, dtb, x, cv, acc);
+    finish(p, 1);
+  }
+}
+
+}  // namespace detail
+
+// T tokens of one head: token t has dt[t] (after softplus and clamp), x[t] (head_dim), B[t]
+// and C[t] (d_state) and writes y[t] (head_dim). h as in ssm_scan_step. scratch holds
+// ssm_scan_scratch_floats(ns) floats. Bits equal T calls of ssm_scan_step.
+template <class V>
+inline void ssm_scan_tokens(float* h, int64_t hd, int64_t ns, int64_t T, const float* dt, float a,
+                            float dd, const float* const* x, const float* const* bv,
+                            const float* const* cv, float* const* y, float* scratch) {
+  const int64_t groups = ns / kReduceLanes;
+  if (ns % kReduceLanes != 0 || groups < 1 || groups > kScanMaxGroups) {
+    for (int64_t t = 0; t < T; ++t)
+      ssm_scan_step<V>(h, hd, ns, dt[t], a, dd, x[t], bv[t], cv[t], scratch, y[t]);
+    return;
+  }
+  float* da = scratch;
+  float* dtb = da + kScanChunk;
+  float* acc = dtb + kScanChunk * ns;
+  for (int64_t t0 = 0; t0 < T; t0 += kScanChunk) {
+    const int64_t n = std::min(kScanChunk, T - t0);
+    for (int64_t t = 0; t < n; ++t) {
+      da[t] = math::exp_f32(dt[t0 + t] * a);
+      const V dtv = V::set1(dt[t0 + t]);
+      for (int64_t i = 0; i < ns; i += V::kLanes)
+        V::mul(dtv, V::load(bv[t0 + t] + i)).store(dtb + t * ns + i);
+    }
+    const float* const* xs = x + t0;
+    const float* const* cs = cv + t0;
+    float* const* ys = y + t0;
+    switch (groups) {
+      case 1: detail::scan_chunk<V, 1>(h, hd, ns, n, da, dtb, dd, xs, cs, ys, acc); break;
+      case 2: detail::scan_chunk<V, 2>(h, hd, ns, n, da, dtb, dd, xs, cs, ys, acc); break;
+      case 3: detail::scan_chunk<V, 3>(h, hd, ns, n, da, dtb, dd, xs, cs, ys, acc); break;
+      case 4: detail::scan_chunk<V, 4>(h, hd, ns, n, da, dtb, dd, xs, cs, ys, acc); break;
+      case 5: detail::scan_chunk<V, 5>(h, hd, ns, n, da, dtb, dd, xs, cs, ys, acc); break;
+      case 6: detail::scan_chunk<V, 6>(h, hd, ns, n, da, dtb, dd, xs, cs, ys, acc); break;
+      case 7: detail::scan_chunk<V, 7>(h, hd, ns, n, da, dtb, dd, xs, cs, ys, acc); break;
+      default: detail::scan_chunk<V, 8>(h, hd, ns, n, da, dtb, dd, xs, cs, ys, acc); break;
+    }
+  }
 }
 
 }  // namespace eb::ops

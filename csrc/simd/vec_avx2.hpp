@@ -65,6 +65,15 @@ struct VecAvx2 {
     for (; i < n; ++i) y[i] = math::exp_f32(x[i]);
   }
   // The L16 tree: acc[0] holds lanes 0..7, acc[1] lanes 8..15; s_j += s_(j+w), w = 8, 4, 2, 1.
+  // out[i] = reduce16 of the 16 lanes at acc + 16 * i, for i = 0..15.
+  static void reduce16_x16(const float* acc, float* out) {
+    constexpr int nv = 16 / kLanes;
+    for (int i = 0; i < 16; ++i) {
+      VecAvx2 lanes[nv];
+      for (int k = 0; k < nv; ++k) lanes[k] = load(acc + 16 * i + k * kLanes);
+      out[i] = reduce16(lanes);
+    }
+  }
   static float reduce16(const VecAvx2* acc) {
     const __m256 t8 = _mm256_add_ps(acc[0].v, acc[1].v);           // w = 8
     const __m128 lo4 = _mm256_castps256_ps128(t8), hi4 = _mm256_extractf128_ps(t8, 1);

@@ -65,6 +65,27 @@ struct VecAvx512 {
     }
     for (; i < n; ++i) y[i] = math::exp_f32(x[i]);
   }
+  // out[i] = reduce16 of the 16 lanes at acc + 16 * i, for i = 0..15: the same L16 tree
+  // (s_j += s_(j+w), w = 8, 4, 2, 1), run for 16 accumulators at once by pairing them across
+  // registers with shuffles; each lane add is one of reduce16's adds, so the bits are equal.
+  static void reduce16_x16(const float* acc, float* out) {
+    __m512 a[16], b[8], c[4], d[2];
+    for (int i = 0; i < 16; ++i) a[i] = _mm512_loadu_ps(acc + 16 * i);
+    for (int k = 0; k < 8; ++k)  // w = 8: b[k] = [a_k 0..7 | a_(k+8) 0..7]
+      b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[k], a[k + 8], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm512_shuffle_f32x4(a[k], a[k + 8], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int k = 0; k < 4; ++k)  // w = 4: quarters hold a_k, a_(k+8), a_(k+4), a_(k+12)
+      c[k] = _mm512_add_ps(_mm512_shuffle_f32x4(b[k], b[k + 4], _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm512_shuffle_f32x4(b[k], b[k + 4], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int k = 0; k < 2; ++k)  // w = 2
+      d[k] = _mm512_add_ps(_mm512_shuffle_ps(c[k], c[k + 2], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm512_shuffle_ps(c[k], c[k + 2], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 e =  // w = 1: lane 4q + (0, 1, 2, 3) holds a_i, i = q-th of (0 8 4 12), (2 10 6 14), (1 9 5 13), (3 11 7 15)
+        _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                      _mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i idx = _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15);
+    _mm512_storeu_ps(out, _mm512_permutexvar_ps(idx, e));
+  }
   // The L16 tree over the 16 lanes: s_j += s_(j+w), w = 8, 4, 2, 1.
   static float reduce16(const VecAvx512* acc) {
     const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(acc[0].v),

@@ -53,6 +53,15 @@ struct VecNeon {
 
   // The L16 tree: acc[0] holds lanes 0..3, acc[1] 4..7, acc[2] 8..11, acc[3] 12..15;
   // s_j += s_(j+w) for w = 8, 4, 2, 1 (ops/reduce.hpp), each step one vector add of the pairs.
+  // out[i] = reduce16 of the 16 lanes at acc + 16 * i, for i = 0..15.
+  static void reduce16_x16(const float* acc, float* out) {
+    constexpr int nv = 16 / kLanes;
+    for (int i = 0; i < 16; ++i) {
+      VecNeon lanes[nv];
+      for (int k = 0; k < nv; ++k) lanes[k] = load(acc + 16 * i + k * kLanes);
+      out[i] = reduce16(lanes);
+    }
+  }
   static float reduce16(const VecNeon* acc) {
     const float32x4_t t0 = vaddq_f32(acc[0].v, acc[2].v);  // w = 8: lanes 0..3
     const float32x4_t t1 = vaddq_f32(acc[1].v, acc[3].v);  // w = 8: lanes 4..7

@@ -23,6 +23,15 @@ struct VecScalar {
     for (int64_t i = 0; i < n; ++i) y[i] = math::exp_f32(x[i]);
   }
   // The L16 tree over 16 lanes held in 16 / kLanes vectors: s_j += s_(j+w), w = 8, 4, 2, 1.
+  // out[i] = reduce16 of the 16 lanes at acc + 16 * i, for i = 0..15.
+  static void reduce16_x16(const float* acc, float* out) {
+    constexpr int nv = 16 / kLanes;
+    for (int i = 0; i < 16; ++i) {
+      VecScalar lanes[nv];
+      for (int k = 0; k < nv; ++k) lanes[k] = load(acc + 16 * i + k * kLanes);
+      out[i] = reduce16(lanes);
+    }
+  }
   static float reduce16(const VecScalar* acc) {
     float s[16];
     for (int j = 0; j < 16; ++j) s[j] = acc[j].v;

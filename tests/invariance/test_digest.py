@@ -12,10 +12,16 @@ every platform and NumPy version.
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 
 import numpy as np
 
+import pytest
+
 import exactblocks as eb
+from exactblocks import _ext
 from reference.mamba2_ref import mamba2_ref, prepare
 from reference.transformer_ref import transformer_ref
 
@@ -23,6 +29,10 @@ PINNED = {
     "fp32-identical-1": {
         "transformer": "0a17914ec7cd3c240ffff7c096493dee7eda1acfb6f801690e960fa2b1d69398",
         "mamba2": "1c5f57067332a64f85e9d7f63b4e50bc6ea2a15e2f8fe686aa983a8ad0436f4e",
+        # d_state a multiple of 16: the register scan (ops::ssm_scan_tokens), pinned from the
+        # per-token ssm_scan_step it replaced; two calls, runs longer than one 32-token pass.
+        "mamba2_ds48": "03aba24c994a99ad0253846148f4bd51a799cbaec95b8da7047ce53ef4f08e3f",
+        "mamba2_ds128": "e329cadbb7fdd77e03fe822f31f973dfa87016f61835ff2bffce6625aa13efa7",
     },
 }
 
@@ -96,3 +106,50 @@ def test_mamba2_digest():
         assert np.max(np.abs(y[b, :n] - ref)) <= 1e-5 * max(1.0, np.max(np.abs(ref)))
     got = digest(y, st.h, st.conv_window)
     assert got == PINNED[eb.arithmetic_version()]["mamba2"], got
+
+
+SCAN_CASES = {  # name: (d, d_inner, n_heads, d_state, conv kernel, n_groups, L, lengths)
+    "mamba2_ds48": (16, 30, 3, 48, 4, 1, 40, [40, 33]),     # head_dim 10: 4-row passes + rest
+    "mamba2_ds128": (16, 20, 4, 128, 2, 2, 37, [37, 5]),    # head_dim 5: 2-row passes + rest
+}
+
+
+def scan_case_digest(name):
+    """Digest of a prefill with `lengths`, then a 3-token call, on fresh states (no dt_limit)."""
+    d, di, nh, ns, K, G, L, lengths = SCAN_CASES[name]
+    cd = di + 2 * G * ns
+    w = {"block_norm.weight": det((d,), 1, offset=1.0),
+         "in_proj.weight": det((di + cd + nh, d), 2), "conv1d.weight": det((cd, 1, K), 3),
+         "conv1d.bias": det((cd,), 4), "dt_bias": det((nh,), 5, offset=-1.0),
+         "A_log": det((nh,), 6, scale=1.0), "D": det((nh,), 7, offset=1.0),
+         "norm.weight": det((di,), 8, offset=1.0), "out_proj.weight": det((d, di), 9)}
+    x = det((len(lengths), L, d), 98, scale=2.0)
+    blk = eb.Mamba2BlockInference(w, n_groups=G)
+    st = blk.allocate_state(len(lengths))
+    y = blk.forward(x, st, lengths=lengths)
+    params = prepare(w, n_groups=G)
+    for b, n in enumerate(lengths):
+        ref = mamba2_ref(x[b, :n].astype(np.float64), params).y
+        assert np.max(np.abs(y[b, :n] - ref)) <= 1e-5 * max(1.0, np.max(np.abs(ref)))
+    y2 = blk.forward(x[:, :3], st, lengths=[3, 1])
+    return digest(y, y2, st.h, st.conv_window)
+
+
+@pytest.mark.parametrize("name", sorted(SCAN_CASES))
+def test_mamba2_register_scan_digest(name):
+    assert scan_case_digest(name) == PINNED[eb.arithmetic_version()][name]
+
+
+def test_digests_on_every_isa():
+    """Every SIMD path this CPU has gives the pinned bits (EXACTBLOCKS_ISA in a subprocess)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = ("import sys; sys.path[:0] = [%r, %r]\n"
+            "import test_digest as t\n"
+            "print(*(t.scan_case_digest(n) for n in sorted(t.SCAN_CASES)))\n"
+            % (here, os.path.dirname(here)))
+    want = " ".join(PINNED[eb.arithmetic_version()][n] for n in sorted(SCAN_CASES))
+    for isa in _ext.core().available_isas():
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=dict(os.environ, EXACTBLOCKS_ISA=isa))
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.split() == want.split(), isa
