@@ -17,6 +17,7 @@
 #include "core/transformer_block.hpp"
 #include "core/workspace.hpp"
 #include "math/f64.hpp"
+#include "ops/finite.hpp"
 #include "ops/gemm.hpp"
 #include "ops/rope.hpp"
 #include "simd/dispatch.hpp"
@@ -169,57 +170,41 @@ NB_MODULE(_core, m) {
     return false;
 #endif
   });
-  // First non-finite element of cache[b, :, a:e, :] (cache (B, KV, cap, hd), C order) as
-  // (g, slot, d), or None: the reading-rule check of a Transformer call (SPEC 5) without the
-  // temporaries of numpy.isfinite; reads only, so it runs before any state write.
-  m.def("first_nonfinite_slots", [](nb::ndarray<const float, nb::ndim<4>, nb::c_contig, nb::device::cpu> cache,
-                                    int64_t b, int64_t a, int64_t e) -> nb::object {
-    const int64_t kv = static_cast<int64_t>(cache.shape(1)), cap = static_cast<int64_t>(cache.shape(2));
-    const int64_t hd = static_cast<int64_t>(cache.shape(3));
-    EB_CHECK(b >= 0 && b < static_cast<int64_t>(cache.shape(0)) && 0 <= a && a <= e && e <= cap,
-             "first_nonfinite_slots: range");
-    int64_t found = -1;
+  // First non-finite element of cache[b, :, a:e, :] for each row span (b, a, e) of `spans`
+  // (n, 3) (cache (B, KV, cap, hd), C order), as (span index, g, slot, d), or None: the
+  // reading-rule check of a Transformer call (SPEC 5) in one pass over every advancing row,
+  // without numpy temporaries; reads only, so it runs before any state write.
+  m.def("first_nonfinite_spans", [](nb::ndarray<const float, nb::ndim<4>, nb::c_contig, nb::device::cpu> cache,
+                                    nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> spans) -> nb::object {
+    const int64_t B = static_cast<int64_t>(cache.shape(0)), kv = static_cast<int64_t>(cache.shape(1));
+    const int64_t cap = static_cast<int64_t>(cache.shape(2)), hd = static_cast<int64_t>(cache.shape(3));
+    EB_CHECK(spans.shape(1) == 3, "first_nonfinite_spans: spans must be (n, 3)");
+    const int64_t n_spans = static_cast<int64_t>(spans.shape(0));
+    std::vector<ops::FloatRegion> regions;
+    for (int64_t s = 0; s < n_spans; ++s) {
+      const int64_t b = spans.data()[3 * s], a = spans.data()[3 * s + 1], e = spans.data()[3 * s + 2];
+      EB_CHECK(b >= 0 && b < B && 0 <= a && a <= e && e <= cap, "first_nonfinite_spans: range");
+      for (int64_t g = 0; g < kv; ++g)
+        regions.push_back({cache.data() + ((b * kv + g) * cap + a) * hd, (e - a) * hd});
+    }
+    ops::NonfiniteHit hit;
     {
       nb::gil_scoped_release release;
-      // exponent all ones <=> (u & 0x7F800000) + 0x00800000 sets bit 31: an integer OR
-      // reduction the compiler vectorises; the element is located only when one exists.
-      typedef uint32_t __attribute__((may_alias)) u32_alias;
-      const int64_t n = (e - a) * hd;
-      for (int64_t g = 0; g < kv && found < 0; ++g) {
-        const u32_alias* u = reinterpret_cast<const u32_alias*>(cache.data() + ((b * kv + g) * cap + a) * hd);
-        uint32_t bad = 0;
-        for (int64_t i = 0; i < n; ++i) bad |= (u[i] & 0x7F800000u) + 0x00800000u;
-        if (bad & 0x80000000u) {
-          for (int64_t i = 0; i < n; ++i)
-            if ((u[i] & 0x7F800000u) == 0x7F800000u) { found = g * n + i; break; }
-        }
-      }
+      hit = ops::first_nonfinite(regions, g_threads);
     }
-    if (found < 0) return nb::none();
-    const int64_t per_g = (e - a) * hd;
-    const int64_t g = found / per_g, rem = found % per_g;
-    return nb::make_tuple(g, a + rem / hd, rem % hd);
+    if (hit.region < 0) return nb::none();
+    const int64_t s = hit.region / kv, g = hit.region % kv;
+    return nb::make_tuple(s, g, spans.data()[3 * s + 1] + hit.offset / hd, hit.offset % hd);
   });
   // Flat index of the first non-finite element of a C-contiguous float32 array, or -1 (the
   // Python layer's finiteness checks of x, weights and states; read only, GIL released).
   m.def("first_nonfinite", [](nb::ndarray<const float, nb::c_contig, nb::device::cpu> a) -> int64_t {
-    typedef uint32_t __attribute__((may_alias)) u32_alias;
-    const u32_alias* u = reinterpret_cast<const u32_alias*>(a.data());
-    const int64_t n = static_cast<int64_t>(a.size());
-    int64_t found = -1;
+    ops::NonfiniteHit hit;
     {
       nb::gil_scoped_release release;
-      constexpr int64_t kChunk = 4096;
-      for (int64_t c0 = 0; c0 < n && found < 0; c0 += kChunk) {
-        const int64_t c1 = std::min(n, c0 + kChunk);
-        uint32_t bad = 0;
-        for (int64_t i = c0; i < c1; ++i) bad |= (u[i] & 0x7F800000u) + 0x00800000u;
-        if (bad & 0x80000000u)
-          for (int64_t i = c0; i < c1; ++i)
-            if ((u[i] & 0x7F800000u) == 0x7F800000u) { found = i; break; }
-      }
+      hit = ops::first_nonfinite({{a.data(), static_cast<int64_t>(a.size())}}, g_threads);
     }
-    return found;
+    return hit.offset;
   });
   m.def("exp_f64", [](double x) { return math::exp_f64(x); });
   m.def("log_f64", [](double x) { return math::log_f64(x); });

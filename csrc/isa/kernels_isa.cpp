@@ -79,10 +79,20 @@ float sum_l16(const float* a, int64_t n) {
   return ops::sum_l16<V>(a, n);
 }
 
+// Exponent all ones <=> (u & 0x7F800000) + 0x00800000 sets bit 31: an integer OR reduction
+// that the compiler vectorises with this ISA's registers.
+bool any_nonfinite(const float* p, int64_t n) {
+  typedef uint32_t __attribute__((may_alias)) u32_alias;
+  const u32_alias* u = reinterpret_cast<const u32_alias*>(p);
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad |= (u[i] & 0x7F800000u) + 0x00800000u;
+  return (bad & 0x80000000u) != 0;
+}
+
 }  // namespace
 
 extern const KernelTable kTable;
 const KernelTable kTable = {EB_ISA_STR, transformer_forward, mamba2_forward, elementwise, gemm,
-                            norm_rows, dot_l16, sum_l16};
+                            norm_rows, dot_l16, sum_l16, any_nonfinite};
 
 }  // namespace eb::EB_ISA_NAME

@@ -451,7 +451,7 @@ def _check_readable(state: TransformerState, start: np.ndarray, lens: np.ndarray
                     where: str) -> None:
     """SPEC.md 5 reading rule: slots of positions j0 .. q0-1 of every advancing row are finite."""
     w, cap = state.window, state.capacity
-    core = _ext.core()
+    spans, first_pos = [], []       # (b, a, e) slot ranges; position held by slot a of each
     for b in range(state.batch_size):
         q0 = int(start[b])
         if lens[b] == 0 or q0 == 0:
@@ -459,20 +459,28 @@ def _check_readable(state: TransformerState, start: np.ndarray, lens: np.ndarray
         j0 = max(0, q0 - w + 1) if w > 0 else 0
         s0 = j0 % cap
         count = q0 - j0
-        spans = [(s0, min(cap, s0 + count))]
+        spans.append((b, s0, min(cap, s0 + count)))
+        first_pos.append(j0)
         if s0 + count > cap:
-            spans.append((0, s0 + count - cap))
-        for buf_name in ("k_cache", "v_cache"):
-            buf = getattr(state, buf_name)
-            for a, e in spans:
-                hit = core.first_nonfinite_slots(buf, b, a, e)
-                if hit is None:
-                    continue
-                g, slot, dd = (int(v) for v in hit)
-                pos = j0 + ((slot - s0) % cap)
-                raise ValueError(
-                    f"{where}: state.{buf_name}[{b}, {g}, {slot}, {dd}] (row {b}, position "
-                    f"{pos}, read by this call) must be finite; got {float(buf[b, g, slot, dd])!r}")
+            spans.append((b, 0, s0 + count - cap))
+            first_pos.append(j0 + cap - s0)
+    if not spans:
+        return
+    span_arr = np.array(spans, dtype=np.int64)
+    core = _ext.core()
+    hits = []  # the first bad element in (row, buffer, span) order, as the rows are read
+    for k, buf_name in enumerate(("k_cache", "v_cache")):
+        hit = core.first_nonfinite_spans(getattr(state, buf_name), span_arr)
+        if hit is not None:
+            i, g, slot, dd = (int(v) for v in hit)
+            hits.append((spans[i][0], k, i, buf_name, g, slot, dd))
+    if hits:
+        b, _, i, buf_name, g, slot, dd = min(hits)
+        pos = first_pos[i] + (slot - spans[i][1])
+        buf = getattr(state, buf_name)
+        raise ValueError(
+            f"{where}: state.{buf_name}[{b}, {g}, {slot}, {dd}] (row {b}, position "
+            f"{pos}, read by this call) must be finite; got {float(buf[b, g, slot, dd])!r}")
 
 
 def _check_counters(state: TransformerState, where: str) -> np.ndarray:

@@ -1,0 +1,90 @@
+"""The native finiteness scans that guard every call (SPEC 2.4): they find the FIRST non-finite
+element whatever the thread count and ISA, and see NaN, +inf and -inf but no finite value
+(largest finite, subnormals, -0.0)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import exactblocks as eb
+from exactblocks import _ext
+
+
+@pytest.fixture(scope="module")
+def core():
+    return _ext.core()
+
+
+@pytest.fixture(params=[1, 2, 3])
+def threads(request):
+    saved = eb.get_num_threads()
+    eb.set_num_threads(request.param)
+    yield request.param
+    eb.set_num_threads(saved)
+
+
+@pytest.fixture(params=_ext.core().available_isas())
+def isa(request, core):
+    saved = core.get_isa()
+    core.set_isa(request.param)
+    yield request.param
+    core.set_isa(saved)
+
+
+def test_first_nonfinite_finds_first(core, threads, isa):
+    a = np.linspace(-3e38, 3e38, 600_001, dtype=np.float32)  # > one parallel piece
+    a[1::7] = np.float32(1e-45)        # subnormal
+    a[2::11] = np.float32(-0.0)
+    a[3] = np.finfo(np.float32).max
+    assert core.first_nonfinite(a) == -1
+    assert core.first_nonfinite(a[:0]) == -1
+    for bad in (np.nan, np.inf, -np.inf):
+        b = a.copy()
+        b[[599_999, 400_000, 123_457]] = bad
+        assert core.first_nonfinite(b) == 123_457
+        b[5] = bad
+        assert core.first_nonfinite(b) == 5
+        assert core.first_nonfinite(b.reshape(600_001, 1)) == 5
+
+
+def test_first_nonfinite_spans(core, threads, isa):
+    cache = np.ones((3, 2, 4000, 16), np.float32)          # (B, KV, cap, hd)
+    spans = np.array([[0, 0, 4000], [2, 100, 3000], [2, 3500, 3900]], np.int64)
+    assert core.first_nonfinite_spans(cache, spans) is None
+    cache[2, 1, 3600, 5] = np.nan       # in span 2
+    cache[1, 0, 10, 0] = np.inf         # row 1 is not read: never reported
+    cache[2, 0, 99, 3] = np.nan         # just before span 1: not read
+    assert core.first_nonfinite_spans(cache, spans) == (2, 1, 3600, 5)
+    cache[2, 1, 2999, 15] = -np.inf     # last element of span 1, KV head 1
+    assert core.first_nonfinite_spans(cache, spans) == (1, 1, 2999, 15)
+    cache[2, 0, 2000, 1] = np.nan       # KV head 0 of span 1 comes first
+    assert core.first_nonfinite_spans(cache, spans) == (1, 0, 2000, 1)
+    assert core.first_nonfinite_spans(cache, spans[:1]) is None
+
+
+def test_state_error_names_first_bad_slot_of_a_wrapped_window():
+    rng = np.random.default_rng(5)
+    d, H, KV, hd = 32, 4, 2, 8
+    w = {"input_layernorm.weight": np.ones(d, np.float32),
+         "post_attention_layernorm.weight": np.ones(d, np.float32)}
+    for name, o, i in [("q", H * hd, d), ("k", KV * hd, d), ("v", KV * hd, d), ("o", d, H * hd),
+                       ("gate", 48, d), ("up", 48, d), ("down", d, 48)]:
+        w[f"{name}_proj.weight"] = (rng.standard_normal((o, i)) / np.sqrt(i)).astype(np.float32)
+    blk = eb.TransformerBlockInference(w, n_heads=H, n_kv_heads=KV, window=5)
+    st = blk.allocate_state(2, 64)
+    x = rng.standard_normal((2, 7, d)).astype(np.float32)
+    blk.forward(x, st)        # positions 0..6 -> ring slots 0,1,2,3,4,0,1 (capacity 5)
+    # The next query (7) reads positions 3..6 = slots 3, 4, 0, 1: two spans of the ring.
+    st.v_cache[1, 0, 0, 2] = np.nan     # row 1, position 5
+    st.k_cache[1, 1, 4, 7] = np.inf     # row 1, position 4
+    st.k_cache[0, 0, 2, 0] = np.nan     # slot 2 (position 7's own slot): not read
+    before = (st.k_cache.copy(), st.v_cache.copy(), st.row_tokens.copy())
+    with pytest.raises(ValueError, match=r"state\.k_cache\[1, 1, 4, 7\] \(row 1, position 4,"):
+        blk.step(x[:, 0], st)
+    st.k_cache[1, 1, 4, 7] = 0.0
+    with pytest.raises(ValueError, match=r"state\.v_cache\[1, 0, 0, 2\] \(row 1, position 5,"):
+        blk.step(x[:, 0], st)
+    assert np.array_equal(st.row_tokens, before[2])
+    st.v_cache[1, 0, 0, 2] = 0.0
+    blk.step(x[:, 0], st)
