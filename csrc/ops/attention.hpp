@@ -118,6 +118,72 @@ inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0,
     }
 }
 
+namespace detail {
+
+// o_r[d] (d < hd_vec) = SEQ_{j = lo..hi} fma(sc_r[j], v_j[d], o_r[d]) for RG heads at once,
+// starting from +0.0 (first) or the stored partial sums: one value load serves RG heads and
+// RG * NV independent chains hide the FMA latency. Each element's operations and their order
+// are those of the one-head loop. Key j: score sc_r[j - j0], value vp + (j - base) * head_dim.
+template <class V, int RG, int NV>
+inline void pv_chunk(const float* const* sc, float* const* oo, const float* vp, int64_t base,
+                     int64_t j0, int64_t head_dim, int64_t d0, int64_t lo, int64_t hi, bool first) {
+  constexpr int kL = V::kLanes;
+  V acc[RG][NV];
+  for (int r = 0; r < RG; ++r)
+    for (int j = 0; j < NV; ++j) acc[r][j] = first ? V::zero() : V::load(oo[r] + d0 + j * kL);
+  for (int64_t jj = lo; jj <= hi; ++jj) {
+    const float* v = vp + (jj - base) * head_dim + d0;
+    V pj[RG];
+    for (int r = 0; r < RG; ++r) pj[r] = V::set1(sc[r][jj - j0]);
+    for (int j = 0; j < NV; ++j) {
+      const V vv = V::load(v + j * kL);
+      for (int r = 0; r < RG; ++r) acc[r][j] = V::fma(pj[r], vv, acc[r][j]);
+    }
+  }
+  for (int r = 0; r < RG; ++r)
+    for (int j = 0; j < NV; ++j) acc[r][j].store(oo[r] + d0 + j * kL);
+}
+
+template <class V, int RG>
+inline void pv_heads_rg(const float* const* sc, float* const* oo, const float* vp, int64_t base,
+                        int64_t j0, int64_t head_dim, int64_t hd_vec, int64_t lo, int64_t hi,
+                        bool first) {
+  constexpr int kMaxNV = RG <= 2 ? 8 : 16 / RG;  // at most 16 accumulators
+  constexpr int kL = V::kLanes;
+  for (int64_t d0 = 0; d0 < hd_vec;) {
+    const int64_t left = (hd_vec - d0) / kL;
+    if (left >= kMaxNV) {
+      pv_chunk<V, RG, kMaxNV>(sc, oo, vp, base, j0, head_dim, d0, lo, hi, first);
+      d0 += kMaxNV * kL;
+      continue;
+    }
+    switch (left) {  // the last piece, with a compile-time vector count
+      case 1: pv_chunk<V, RG, 1>(sc, oo, vp, base, j0, head_dim, d0, lo, hi, first); break;
+      case 2: pv_chunk<V, RG, 2>(sc, oo, vp, base, j0, head_dim, d0, lo, hi, first); break;
+      case 3: pv_chunk<V, RG, 3>(sc, oo, vp, base, j0, head_dim, d0, lo, hi, first); break;
+      case 4: pv_chunk<V, RG, 4>(sc, oo, vp, base, j0, head_dim, d0, lo, hi, first); break;
+      case 5: pv_chunk<V, RG, 5>(sc, oo, vp, base, j0, head_dim, d0, lo, hi, first); break;
+      case 6: pv_chunk<V, RG, 6>(sc, oo, vp, base, j0, head_dim, d0, lo, hi, first); break;
+      default: pv_chunk<V, RG, 7>(sc, oo, vp, base, j0, head_dim, d0, lo, hi, first); break;
+    }
+    d0 += left * kL;
+  }
+}
+
+template <class V>
+inline void pv_heads(int rg, const float* const* sc, float* const* oo, const float* vp,
+                     int64_t base, int64_t j0, int64_t head_dim, int64_t hd_vec, int64_t lo,
+                     int64_t hi, bool first) {
+  switch (rg) {
+    case 1: pv_heads_rg<V, 1>(sc, oo, vp, base, j0, head_dim, hd_vec, lo, hi, first); break;
+    case 2: pv_heads_rg<V, 2>(sc, oo, vp, base, j0, head_dim, hd_vec, lo, hi, first); break;
+    case 3: pv_heads_rg<V, 3>(sc, oo, vp, base, j0, head_dim, hd_vec, lo, hi, first); break;
+    default: pv_heads_rg<V, 4>(sc, oo, vp, base, j0, head_dim, hd_vec, lo, hi, first); break;
+  }
+}
+
+}  // namespace detail
+
 // Q consecutive queries (positions p0 .. p0+Q-1) of one row and the R query heads of one KV
 // head, keys in transposed blocks (kt) and values packed per position (vp), both starting at
 // position `base` (prefill). kt[blk][d][lane] = k_(base + blk*kLanes + lane)[d]: the L16
@@ -170,7 +236,6 @@ inline void attention_prefill_block(const float* const* q, int Q, int R, int64_t
       softmax_scores<V>(scores + (qi * R + r) * stride, p0 + qi - j0_of(qi) + 1, scale, softcap);
   // 3. o = SEQ over keys, value chunk by value chunk (kVChunk positions stay in L1)
   constexpr int64_t kVChunk = 64;
-  constexpr int kAcc = 8;
   const int64_t hd_vec = head_dim - head_dim % kL;
   for (int64_t c0 = j0_of(0); c0 <= p_last; c0 += kVChunk) {
     const int64_t c1 = std::min(c0 + kVChunk - 1, p_last);
@@ -179,26 +244,22 @@ inline void attention_prefill_block(const float* const* q, int Q, int R, int64_t
       const int64_t lo = std::max(c0, j0), hi = std::min(c1, p);
       if (lo > hi) continue;
       const bool first = lo == j0;
-      for (int r = 0; r < R; ++r) {
-        const float* sc = scores + (qi * R + r) * stride;
-        float* oo = o[qi * R + r];
-        for (int64_t d0 = 0; d0 < hd_vec; d0 += kAcc * kL) {
-          const int nv = static_cast<int>(std::min<int64_t>(kAcc, (hd_vec - d0) / kL));
-          V acc[kAcc];
-          for (int j = 0; j < nv; ++j)
-            acc[j] = first ? V::zero() : V::load(oo + d0 + j * kL);
-          for (int64_t jj = lo; jj <= hi; ++jj) {
-            const float* v = vp + (jj - base) * head_dim + d0;
-            const V pj = V::set1(sc[jj - j0]);
-            for (int j = 0; j < nv; ++j) acc[j] = V::fma(pj, V::load(v + j * kL), acc[j]);
+      for (int r0 = 0; r0 < R; r0 += 4) {
+        const int rg = std::min(R - r0, 4);
+        const float* sc[4];
+        float* oo[4];
+        for (int r = 0; r < rg; ++r) {
+          sc[r] = scores + (qi * R + r0 + r) * stride;
+          oo[r] = o[qi * R + r0 + r];
+        }
+        detail::pv_heads<V>(rg, sc, oo, vp, base, j0, head_dim, hd_vec, lo, hi, first);
+        for (int r = 0; r < rg; ++r)
+          for (int64_t d = hd_vec; d < head_dim; ++d) {
+            float s = first ? 0.0f : oo[r][d];
+            for (int64_t jj = lo; jj <= hi; ++jj)
+              s = std::fma(sc[r][jj - j0], vp[(jj - base) * head_dim + d], s);
+            oo[r][d] = s;
           }
-          for (int j = 0; j < nv; ++j) acc[j].store(oo + d0 + j * kL);
-        }
-        for (int64_t d = hd_vec; d < head_dim; ++d) {
-          float s = first ? 0.0f : oo[d];
-          for (int64_t jj = lo; jj <= hi; ++jj) s = std::fma(sc[jj - j0], vp[(jj - base) * head_dim + d], s);
-          oo[d] = s;
-        }
       }
     }
   }

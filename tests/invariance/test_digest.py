@@ -33,6 +33,11 @@ PINNED = {
         # per-token ssm_scan_step it replaced; two calls, runs longer than one 32-token pass.
         "mamba2_ds48": "03aba24c994a99ad0253846148f4bd51a799cbaec95b8da7047ce53ef4f08e3f",
         "mamba2_ds128": "e329cadbb7fdd77e03fe822f31f973dfa87016f61835ff2bffce6625aa13efa7",
+        # prefill rows >= 16 tokens: the blocked prefill attention (ops::attention_prefill_block),
+        # pinned before its value pass took several heads at once.
+        "prefill_r3_hd24": "b777a087c555041dabf0781bd0a2beaf8eb1e126ab2b474a960f50e6345a452d",
+        "prefill_r4_hd40_window": "83e6f5f00fcb60e12ed5be1a84ff2b7a7cbe5e4af1bd0e77b7875bb24852e666",
+        "prefill_r1_hd16": "3977ceb8d49bf555160bd8c07bbac11dc1f13f433679d2e698c705103a395fc8",
     },
 }
 
@@ -135,9 +140,47 @@ def scan_case_digest(name):
     return digest(y, y2, st.h, st.conv_window)
 
 
+PREFILL_CASES = {  # name: (d, n_heads, n_kv_heads, head_dim, intermediate, L, lengths, window)
+    "prefill_r3_hd24": (24, 6, 2, 24, 40, 45, [45, 17], 0),
+    "prefill_r4_hd40_window": (32, 8, 2, 40, 48, 70, [70, 33], 50),
+    "prefill_r1_hd16": (16, 2, 2, 16, 32, 37, [37, 18], 0),
+}
+
+
+def prefill_case_digest(name):
+    """Digest of a ragged prefill, then a 20-token call on the same state."""
+    d, H, KV, hd, it, L, lengths, window = PREFILL_CASES[name]
+    shapes = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,),
+              "q_proj.weight": (H * hd, d), "k_proj.weight": (KV * hd, d),
+              "v_proj.weight": (KV * hd, d), "o_proj.weight": (d, H * hd),
+              "gate_proj.weight": (it, d), "up_proj.weight": (it, d), "down_proj.weight": (d, it)}
+    w = {k: det(s, i, offset=1.0 if k.endswith("norm.weight") else 0.0)
+         for i, (k, s) in enumerate(sorted(shapes.items()))}
+    opts = dict(n_heads=H, n_kv_heads=KV, window=window, rope_theta=1000.0)
+    blk = eb.TransformerBlockInference(w, **opts)
+    x = det((len(lengths), L, d), 97, scale=2.0)
+    st = blk.allocate_state(len(lengths), 2 * L)
+    y = blk.forward(x, st, lengths=lengths)
+    for b, n in enumerate(lengths):
+        ref = transformer_ref(w, x[b, :n], **opts).y
+        assert np.max(np.abs(y[b, :n] - ref)) <= 1e-5 * max(1.0, np.max(np.abs(ref)))
+    y2 = blk.forward(x[:, :20], st, lengths=[20] * len(lengths))
+    return digest(y, y2, st.k_cache, st.v_cache)
+
+
+def all_case_digests():
+    return ([scan_case_digest(n) for n in sorted(SCAN_CASES)]
+            + [prefill_case_digest(n) for n in sorted(PREFILL_CASES)])
+
+
 @pytest.mark.parametrize("name", sorted(SCAN_CASES))
 def test_mamba2_register_scan_digest(name):
     assert scan_case_digest(name) == PINNED[eb.arithmetic_version()][name]
+
+
+@pytest.mark.parametrize("name", sorted(PREFILL_CASES))
+def test_prefill_block_digest(name):
+    assert prefill_case_digest(name) == PINNED[eb.arithmetic_version()][name]
 
 
 def test_digests_on_every_isa():
@@ -145,9 +188,10 @@ def test_digests_on_every_isa():
     here = os.path.dirname(os.path.abspath(__file__))
     code = ("import sys; sys.path[:0] = [%r, %r]\n"
             "import test_digest as t\n"
-            "print(*(t.scan_case_digest(n) for n in sorted(t.SCAN_CASES)))\n"
+            "print(*t.all_case_digests())\n"
             % (here, os.path.dirname(here)))
-    want = " ".join(PINNED[eb.arithmetic_version()][n] for n in sorted(SCAN_CASES))
+    pinned = PINNED[eb.arithmetic_version()]
+    want = " ".join([pinned[n] for n in sorted(SCAN_CASES)] + [pinned[n] for n in sorted(PREFILL_CASES)])
     for isa in _ext.core().available_isas():
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env=dict(os.environ, EXACTBLOCKS_ISA=isa))
