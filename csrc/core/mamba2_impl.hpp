@@ -45,8 +45,9 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
   // Per-thread scratch, allocated before the first state write (SPEC 2.5).
   const int n_slots = std::max(nt, 1);
   float* seq_scratch = ws.floats(6, sz(n_slots, 2 * K * 256));
-  float* dtb_scratch = ws.floats(7, sz(n_slots, ops::ssm_scan_scratch_floats(ns)));
-  float* gate_scratch = ws.floats(8, sz(n_slots, di));
+  float* dtb_scratch = ws.floats(7, sz(n_slots, pad_floats(ops::ssm_scan_scratch_floats(ns))));
+  const int64_t gate_floats = pad_floats(di);
+  float* gate_scratch = ws.floats(8, sz(n_slots, gate_floats));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < call.lengths[b]; ++t)
       std::memcpy(&xs[(row_off[b] + t) * d], call.x + (b * L + t) * d, sizeof(float) * d);
@@ -97,7 +98,7 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
 
   // a = silu(c) = c / (1 + exp(-c)), the same ops as math::silu_f32 with the vectorised exp.
   parallel_for(M, nt, [&](int64_t b0, int64_t b1, int tid) {
-    float* e = &gate_scratch[static_cast<size_t>(tid * di)];
+    float* e = &gate_scratch[static_cast<size_t>(tid * gate_floats)];
     for (int64_t m = b0; m < b1; ++m) {
       float* a_row = &act[m * cd];
       for (int64_t c0 = 0; c0 < cd; c0 += di) {  // in pieces of the scratch's size
@@ -113,7 +114,7 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
   // kScanChunk tokens that keep h in registers (ops::ssm_scan_tokens, same bits as one
   // ssm_scan_step per token).
   const int64_t heads_per_group = nh / ng;
-  const int64_t scan_floats = ops::ssm_scan_scratch_floats(ns);
+  const int64_t scan_floats = pad_floats(ops::ssm_scan_scratch_floats(ns));
   parallel_for(B * nh, nt, [&](int64_t b0, int64_t b1, int tid) {
     float* scratch = &dtb_scratch[static_cast<size_t>(tid * scan_floats)];
     float dts[ops::kScanChunk];
@@ -146,7 +147,7 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
   // 7. v = y * silu(z); gated RMSNorm per group; 8. out = x + (W_out o (+ b_out))
   const int64_t gs = di / ng;
   parallel_for(M, nt, [&](int64_t b0, int64_t b1, int tid) {
-    float* e = &gate_scratch[static_cast<size_t>(tid * di)];
+    float* e = &gate_scratch[static_cast<size_t>(tid * gate_floats)];
     for (int64_t m = b0; m < b1; ++m) {
       float* v = &o[m * di];
       const float* z = &zx[m * n_in];

@@ -49,6 +49,7 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
     max_keys = std::max(max_keys, call.start[b] + call.lengths[b]);
   }
   if (c.window > 0) max_keys = std::min(max_keys, c.window);
+  max_keys = pad_floats(max_keys);  // score rows start on 64-byte boundaries
 
   const auto sz = [](int64_t a, int64_t b) { return static_cast<size_t>(a * b); };
   float* xs = ws.floats(0, sz(M, d));
@@ -61,7 +62,8 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   float* y = ws.floats(7, sz(M, d));
   // Per-thread scratch, allocated up front: nothing allocates inside a parallel region.
   const int n_slots = std::max(nt, 1);
-  float* rope_scratch = ws.floats(8, sz(n_slots, 2 * (half + 1)));
+  const int64_t rope_floats = pad_floats(2 * (half + 1));
+  float* rope_scratch = ws.floats(8, sz(n_slots, rope_floats));
   constexpr int kQBlock = 8;  // queries of one prefill row that share a pass over the keys
   static_assert(kQBlock * 32 <= 256, "qs/os arrays below");
   const int64_t score_rows = std::max<int64_t>(4, kQBlock * n_rep);
@@ -81,7 +83,7 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   ops::gemm<V>(hn, M, d, mdl.w_qkv, qkv, n_qkv, nt);
   // 3-4. q/k norm, then RoPE at each token's absolute position.
   parallel_for(M, nt, [&](int64_t b0, int64_t b1, int tid) {
-    float* cs = &rope_scratch[static_cast<size_t>(tid * 2 * (half + 1))];
+    float* cs = &rope_scratch[static_cast<size_t>(tid * rope_floats)];
     float* sn = cs + half + 1;
     for (int64_t m = b0; m < b1; ++m) {
       float* row = &qkv[m * n_qkv];

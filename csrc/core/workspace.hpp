@@ -7,7 +7,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/aligned.hpp"
+
 namespace eb {
+
+// n rounded up to a whole number of 64-byte lines (16 floats): per-thread slices of a
+// workspace buffer then keep its alignment.
+inline int64_t pad_floats(int64_t n) { return (n + 15) / 16 * 16; }
 
 class Workspace {
  public:
@@ -29,13 +35,13 @@ class Workspace {
 
  private:
   template <class T>
-  static T* grow(std::vector<std::vector<T>>& pool, size_t slot, size_t n) {
+  static T* grow(std::vector<AlignedVector<T>>& pool, size_t slot, size_t n) {
     if (pool.size() <= slot) pool.resize(slot + 1);
     if (pool[slot].size() < n) pool[slot].resize(n);
     return pool[slot].data();
   }
-  std::vector<std::vector<float>> f_;
-  std::vector<std::vector<int64_t>> i_;
+  std::vector<AlignedVector<float>> f_;  // every buffer starts on a 64-byte boundary
+  std::vector<AlignedVector<int64_t>> i_;
 };
 
 }  // namespace eb

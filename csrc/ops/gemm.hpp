@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/aligned.hpp"
 #include "threading/parallel.hpp"
 
 namespace eb::ops {
@@ -19,7 +20,7 @@ constexpr int kGemmNR = 48;
 // (k_in, kGemmNR) with zero columns past n_out. Bias optional (empty when absent).
 struct PackedMatrix {
   int64_t n_out = 0, k_in = 0, n_panels = 0;
-  std::vector<float> data;
+  AlignedVector<float> data;  // 64-byte aligned: panel rows are 3 whole cache lines
   std::vector<float> bias;
   bool has_bias() const { return !bias.empty(); }
 };

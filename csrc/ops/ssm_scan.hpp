@@ -56,7 +56,7 @@ constexpr int64_t kScanMaxGroups = 8;   // d_state <= 128 takes the register pat
 
 // Scratch floats ssm_scan_tokens needs for d_state = ns.
 inline int64_t ssm_scan_scratch_floats(int64_t ns) {
-  return kScanChunk * (ns + 1) + kScanChunk * 4 * kReduceLanes;
+  return kScanChunk * (ns + 1) + kScanChunk * kReduceLanes * kReduceLanes;
 }
 
 namespace detail {
@@ -65,15 +65,15 @@ template <class V, int NJ>
 constexpr int scan_rows() {  // rows per register pass: about half the vector registers for h
   constexpr int per_row = NJ * (kReduceLanes / V::kLanes);
   constexpr int budget = V::kLanes >= 16 ? 16 : 8;
-  return per_row >= budget ? 1 : (budget / per_row >= 4 ? 4 : budget / per_row);
+  return budget / per_row >= 4 ? 4 : (budget / per_row >= 2 ? 2 : 1);  // divides 16
 }
 
-// Rows p0..p0+R of h over tokens 0..T: h stays in registers; the L16 lane accumulators of
-// y[t][p0+r] go to acc (T x R x 16 floats).
+// Rows p0..p0+R of h over tokens 0..T: h stays in registers; the 16 L16 lane sums of
+// y[t][p0+r] go to acc + t * acc_t_stride + r * 16.
 template <class V, int NJ, int R>
 inline void scan_rows_chunk(float* h, int64_t ns, int64_t p0, int64_t T, const float* da,
                             const float* dtb, const float* const* x, const float* const* cv,
-                            float* acc) {
+                            float* acc, int64_t acc_t_stride) {
   constexpr int NV = kReduceLanes / V::kLanes, NVEC = NJ * NV;
   V hr[R][NVEC];
   for (int r = 0; r < R; ++r)
@@ -95,7 +95,8 @@ inline void scan_rows_chunk(float* h, int64_t ns, int64_t p0, int64_t T, const f
       }
     }
     for (int r = 0; r < R; ++r)
-      for (int k = 0; k < NV; ++k) a[r][k].store(acc + (t * R + r) * kReduceLanes + k * V::kLanes);
+      for (int k = 0; k < NV; ++k)
+        a[r][k].store(acc + t * acc_t_stride + r * kReduceLanes + k * V::kLanes);
   }
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < NVEC; ++j) hr[r][j].store(h + (p0 + r) * ns + j * V::kLanes);
@@ -126,12 +127,30 @@ inline void scan_chunk(float* h, int64_t hd, int64_t ns, int64_t T, const float*
       if (++r == rows) r = 0, ++t;
     }
   };
+  if (hd % kReduceLanes == 0) {
+    // Groups of 16 rows: acc is (T, 16 rows, 16 lanes); per token, one 16-way reduction gives
+    // the group's 16 sums, and y = s + x * D runs as whole vectors (same ops per element).
+    for (; p < hd; p += kReduceLanes) {
+      for (int64_t r0 = 0; r0 < kReduceLanes; r0 += R)
+        scan_rows_chunk<V, NJ, R>(h, ns, p + r0, T, da, dtb, x, cv, acc + r0 * kReduceLanes,
+                                  kReduceLanes * kReduceLanes);
+      float s16[kReduceLanes];
+      const V ddv = V::set1(dd);
+      for (int64_t t = 0; t < T; ++t) {
+        V::reduce16_x16(acc + t * kReduceLanes * kReduceLanes, s16);
+        for (int k = 0; k < NV; ++k)
+          V::add(V::load(s16 + k * V::kLanes), V::mul(V::load(x[t] + p + k * V::kLanes), ddv))
+              .store(y[t] + p + k * V::kLanes);
+      }
+    }
+    return;
+  }
   for (; p + R <= hd; p += R) {
-    scan_rows_chunk<V, NJ, R>(h, ns, p, T, da, dtb, x, cv, acc);
+    scan_rows_chunk<V, NJ, R>(h, ns, p, T, da, dtb, x, cv, acc, R * kReduceLanes);
     finish(p, R);
   }
   for (; p < hd; ++p) {
-    scan_rows_chunk<V, NJ, 1>(h, ns, p, T, da, dtb, x, cv, acc);
+    scan_rows_chunk<V, NJ, 1>(h, ns, p, T, da, dtb, x, cv, acc, kReduceLanes);
     finish(p, 1);
   }
 }
