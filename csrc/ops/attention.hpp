@@ -51,6 +51,71 @@ inline void softmax_scores(float* sc, int64_t n, float scale, float softcap) {
   for (int64_t i = 0; i < n; ++i) sc[i] = sc[i] / z;
 }
 
+namespace detail {
+
+// o_r[d] (d < hd_vec) = SEQ_{j = lo..hi} fma(sc_r[j], v_j[d], o_r[d]) for RG heads at once,
+// starting from +0.0 (first) or the stored partial sums: one value load serves RG heads and
+// RG * NV independent chains hide the FMA latency. Each element's operations and their order
+// are those of the one-head loop. Key j: score sc_r[j - j0], value val_at(j).
+template <class V, int RG, int NV, class ValAt>
+inline void pv_chunk(const float* const* sc, float* const* oo, ValAt val_at, int64_t j0,
+                     int64_t d0, int64_t lo, int64_t hi, bool first) {
+  constexpr int kL = V::kLanes;
+  V acc[RG][NV];
+  for (int r = 0; r < RG; ++r)
+    for (int j = 0; j < NV; ++j) acc[r][j] = first ? V::zero() : V::load(oo[r] + d0 + j * kL);
+  for (int64_t jj = lo; jj <= hi; ++jj) {
+    const float* v = val_at(jj) + d0;
+    V pj[RG];
+    for (int r = 0; r < RG; ++r) pj[r] = V::set1(sc[r][jj - j0]);
+    for (int j = 0; j < NV; ++j) {
+      const V vv = V::load(v + j * kL);
+      for (int r = 0; r < RG; ++r) acc[r][j] = V::fma(pj[r], vv, acc[r][j]);
+    }
+  }
+  for (int r = 0; r < RG; ++r)
+    for (int j = 0; j < NV; ++j) acc[r][j].store(oo[r] + d0 + j * kL);
+}
+
+template <class V, int RG, class ValAt>
+inline void pv_heads_rg(const float* const* sc, float* const* oo, ValAt val_at, int64_t j0,
+                        int64_t hd_vec, int64_t lo, int64_t hi, bool first) {
+  constexpr int kMaxNV = RG <= 2 ? 8 : 16 / RG;  // at most 16 accumulators
+  constexpr int kL = V::kLanes;
+  for (int64_t d0 = 0; d0 < hd_vec;) {
+    const int64_t left = (hd_vec - d0) / kL;
+    if (left >= kMaxNV) {
+      pv_chunk<V, RG, kMaxNV>(sc, oo, val_at, j0, d0, lo, hi, first);
+      d0 += kMaxNV * kL;
+      continue;
+    }
+    switch (left) {  // the last piece, with a compile-time vector count
+      case 1: pv_chunk<V, RG, 1>(sc, oo, val_at, j0, d0, lo, hi, first); break;
+      case 2: pv_chunk<V, RG, 2>(sc, oo, val_at, j0, d0, lo, hi, first); break;
+      case 3: pv_chunk<V, RG, 3>(sc, oo, val_at, j0, d0, lo, hi, first); break;
+      case 4: pv_chunk<V, RG, 4>(sc, oo, val_at, j0, d0, lo, hi, first); break;
+      case 5: pv_chunk<V, RG, 5>(sc, oo, val_at, j0, d0, lo, hi, first); break;
+      case 6: pv_chunk<V, RG, 6>(sc, oo, val_at, j0, d0, lo, hi, first); break;
+      default: pv_chunk<V, RG, 7>(sc, oo, val_at, j0, d0, lo, hi, first); break;
+    }
+    d0 += left * kL;
+  }
+}
+
+// o_r over d < hd_vec for rg <= 4 heads (pv_chunk in pieces of at most 16 accumulators).
+template <class V, class ValAt>
+inline void pv_heads(int rg, const float* const* sc, float* const* oo, ValAt val_at, int64_t j0,
+                     int64_t hd_vec, int64_t lo, int64_t hi, bool first) {
+  switch (rg) {
+    case 1: pv_heads_rg<V, 1>(sc, oo, val_at, j0, hd_vec, lo, hi, first); break;
+    case 2: pv_heads_rg<V, 2>(sc, oo, val_at, j0, hd_vec, lo, hi, first); break;
+    case 3: pv_heads_rg<V, 3>(sc, oo, val_at, j0, hd_vec, lo, hi, first); break;
+    default: pv_heads_rg<V, 4>(sc, oo, val_at, j0, hd_vec, lo, hi, first); break;
+  }
+}
+
+}  // namespace detail
+
 // R query heads that share one KV head (GQA, R <= 4) run together: every key and value vector
 // is loaded once for the R heads, and the R independent chains hide the FMA latency. Each
 // head's arithmetic is exactly the order above, whatever R is (so any grouping, any ISA and
@@ -69,8 +134,13 @@ inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0,
     if (full < head_dim)
       std::memcpy(qt[r], q[r] + full, sizeof(float) * static_cast<size_t>(head_dim - full));
   }
+  constexpr int64_t kAhead = 8;  // keys prefetched ahead (the cache rows arrive from L3/DRAM)
   for (int64_t i = 0; i < n; ++i) {
     const float* k = key_at(j0 + i);
+    if (i + kAhead < n) {
+      const char* kp = reinterpret_cast<const char*>(key_at(j0 + i + kAhead));
+      for (int64_t off = 0; off < head_dim * 4; off += 64) __builtin_prefetch(kp + off);
+    }
     V acc[R][NV];
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < NV; ++j) acc[r][j] = V::zero();
@@ -91,25 +161,10 @@ inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0,
     for (int r = 0; r < R; ++r) scores[r * stride + i] = V::reduce16(acc[r]);
   }
   for (int r = 0; r < R; ++r) softmax_scores<V>(scores + r * stride, n, scale, softcap);
-  constexpr int kChunk = R == 1 ? 8 : 24 / R;
   const int64_t hd_vec = head_dim - head_dim % V::kLanes;
-  for (int64_t d0 = 0; d0 < hd_vec; d0 += kChunk * V::kLanes) {
-    const int nv = static_cast<int>(std::min<int64_t>(kChunk, (hd_vec - d0) / V::kLanes));
-    V acc[R][kChunk];
-    for (int r = 0; r < R; ++r)
-      for (int j = 0; j < kChunk; ++j) acc[r][j] = V::zero();
-    for (int64_t i = 0; i < n; ++i) {
-      const float* v = val_at(j0 + i) + d0;
-      V p_i[R];
-      for (int r = 0; r < R; ++r) p_i[r] = V::set1(scores[r * stride + i]);
-      for (int j = 0; j < nv; ++j) {
-        const V vv = V::load(v + j * V::kLanes);
-        for (int r = 0; r < R; ++r) acc[r][j] = V::fma(p_i[r], vv, acc[r][j]);
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int j = 0; j < nv; ++j) acc[r][j].store(o[r] + d0 + j * V::kLanes);
-  }
+  const float* sc[R];
+  for (int r = 0; r < R; ++r) sc[r] = scores + r * stride;
+  detail::pv_heads<V>(R, sc, o, val_at, j0, hd_vec, j0, p, true);
   for (int64_t d = hd_vec; d < head_dim; ++d)
     for (int r = 0; r < R; ++r) {
       float s = 0.0f;
@@ -117,72 +172,6 @@ inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0,
       o[r][d] = s;
     }
 }
-
-namespace detail {
-
-// o_r[d] (d < hd_vec) = SEQ_{j = lo..hi} fma(sc_r[j], v_j[d], o_r[d]) for RG heads at once,
-// starting from +0.0 (first) or the stored partial sums: one value load serves RG heads and
-// RG * NV independent chains hide the FMA latency. Each element's operations and their order
-// are those of the one-head loop. Key j: score sc_r[j - j0], value vp + (j - base) * head_dim.
-template <class V, int RG, int NV>
-inline void pv_chunk(const float* const* sc, float* const* oo, const float* vp, int64_t base,
-                     int64_t j0, int64_t head_dim, int64_t d0, int64_t lo, int64_t hi, bool first) {
-  constexpr int kL = V::kLanes;
-  V acc[RG][NV];
-  for (int r = 0; r < RG; ++r)
-    for (int j = 0; j < NV; ++j) acc[r][j] = first ? V::zero() : V::load(oo[r] + d0 + j * kL);
-  for (int64_t jj = lo; jj <= hi; ++jj) {
-    const float* v = vp + (jj - base) * head_dim + d0;
-    V pj[RG];
-    for (int r = 0; r < RG; ++r) pj[r] = V::set1(sc[r][jj - j0]);
-    for (int j = 0; j < NV; ++j) {
-      const V vv = V::load(v + j * kL);
-      for (int r = 0; r < RG; ++r) acc[r][j] = V::fma(pj[r], vv, acc[r][j]);
-    }
-  }
-  for (int r = 0; r < RG; ++r)
-    for (int j = 0; j < NV; ++j) acc[r][j].store(oo[r] + d0 + j * kL);
-}
-
-template <class V, int RG>
-inline void pv_heads_rg(const float* const* sc, float* const* oo, const float* vp, int64_t base,
-                        int64_t j0, int64_t head_dim, int64_t hd_vec, int64_t lo, int64_t hi,
-                        bool first) {
-  constexpr int kMaxNV = RG <= 2 ? 8 : 16 / RG;  // at most 16 accumulators
-  constexpr int kL = V::kLanes;
-  for (int64_t d0 = 0; d0 < hd_vec;) {
-    const int64_t left = (hd_vec - d0) / kL;
-    if (left >= kMaxNV) {
-      pv_chunk<V, RG, kMaxNV>(sc, oo, vp, base, j0, head_dim, d0, lo, hi, first);
-      d0 += kMaxNV * kL;
-      continue;
-    }
-    switch (left) {  // the last piece, with a compile-time vector count
-      case 1: pv_chunk<V, RG, 1>(sc, oo, vp, base, j0, head_dim, d0, lo, hi, first); break;
-      case 2: pv_chunk<V, RG, 2>(sc, oo, vp, base, j0, head_dim, d0, lo, hi, first); break;
-      case 3: pv_chunk<V, RG, 3>(sc, oo, vp, base, j0, head_dim, d0, lo, hi, first); break;
-      case 4: pv_chunk<V, RG, 4>(sc, oo, vp, base, j0, head_dim, d0, lo, hi, first); break;
-      case 5: pv_chunk<V, RG, 5>(sc, oo, vp, base, j0, head_dim, d0, lo, hi, first); break;
-      case 6: pv_chunk<V, RG, 6>(sc, oo, vp, base, j0, head_dim, d0, lo, hi, first); break;
-      default: pv_chunk<V, RG, 7>(sc, oo, vp, base, j0, head_dim, d0, lo, hi, first); break;
-    }
-    d0 += left * kL;
-  }
-}
-
-template <class V>
-inline void pv_heads(int rg, const float* const* sc, float* const* oo, const float* vp,
-                     int64_t base, int64_t j0, int64_t head_dim, int64_t hd_vec, int64_t lo,
-                     int64_t hi, bool first) {
-  switch (rg) {
-    case 1: pv_heads_rg<V, 1>(sc, oo, vp, base, j0, head_dim, hd_vec, lo, hi, first); break;
-    case 2: pv_heads_rg<V, 2>(sc, oo, vp, base, j0, head_dim, hd_vec, lo, hi, first); break;
-    case 3: pv_heads_rg<V, 3>(sc, oo, vp, base, j0, head_dim, hd_vec, lo, hi, first); break;
-    default: pv_heads_rg<V, 4>(sc, oo, vp, base, j0, head_dim, hd_vec, lo, hi, first); break;
-  }
-}
-
-}  // namespace detail
 
 // Q consecutive queries (positions p0 .. p0+Q-1) of one row and the R query heads of one KV
 // head, keys in transposed blocks (kt) and values packed per position (vp), both starting at
@@ -252,7 +241,9 @@ inline void attention_prefill_block(const float* const* q, int Q, int R, int64_t
           sc[r] = scores + (qi * R + r0 + r) * stride;
           oo[r] = o[qi * R + r0 + r];
         }
-        detail::pv_heads<V>(rg, sc, oo, vp, base, j0, head_dim, hd_vec, lo, hi, first);
+        detail::pv_heads<V>(rg, sc, oo,
+                            [&](int64_t j) { return vp + (j - base) * head_dim; }, j0, hd_vec,
+                            lo, hi, first);
         for (int r = 0; r < rg; ++r)
           for (int64_t d = hd_vec; d < head_dim; ++d) {
             float s = first ? 0.0f : oo[r][d];
