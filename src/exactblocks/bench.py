@@ -841,18 +841,6 @@ def _n_repeats(t_warm: float, opts: dict) -> int:
     return max(min(MIN_REPEATS, opts["repeats"]), min(opts["repeats"], fit))
 
 
-def _time_prefill(fn, t_warm: float, tokens: int, opts: dict) -> Measurement:
-    n = _n_repeats(t_warm, opts)
-    time.sleep(0.05)  # let the previous peer's worker threads go idle
-    samples, cpu = [], 0.0
-    for _ in range(n):
-        c0, t0 = time.process_time(), time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-        cpu += time.process_time() - c0
-    return Measurement(_median(samples), tokens, samples, cpu / sum(samples))
-
-
 def _run_decode(peer, snap, xs: np.ndarray) -> tuple[np.ndarray, list[float], float]:
     """Decode ``len(xs)`` steps from a copy of ``snap``; (outputs (K, B, d), step seconds, cpu)."""
     st = peer.clone(snap)
@@ -867,15 +855,59 @@ def _run_decode(peer, snap, xs: np.ndarray) -> tuple[np.ndarray, list[float], fl
     return np.stack(outs), times, cpu
 
 
-def _time_decode(peer, snap, xs: np.ndarray, t_warm: float, opts: dict) -> Measurement:
-    n = _n_repeats(t_warm * xs.shape[0], opts)
-    time.sleep(0.05)
-    samples, cpu = [], 0.0
+def _prefill_sampler(fn):
+    """One timed prefill call: returns (seconds, cpu seconds)."""
+    def sample():
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        return [time.perf_counter() - t0], time.process_time() - c0
+    return sample
+
+
+def _decode_sampler(peer, snap, xs: np.ndarray):
+    """``len(xs)`` timed decode steps from a copy of ``snap``: (step seconds, cpu seconds).
+
+    One untimed step on another copy comes first: the peer timed just before has evicted this
+    peer's weights from the caches, and a decode step (unlike a prefill) is short enough for
+    that refill to dominate it. Each peer is thus timed warm, as when it runs alone."""
+    def sample():
+        _run_decode(peer, snap, xs[:1])
+        _, times, cpu = _run_decode(peer, snap, xs)
+        return times, cpu
+    return sample
+
+
+def _time_interleaved(jobs: dict, opts: dict, rec, label: str) -> dict:
+    """Time every peer of one case in rounds: each round takes one sample of each peer in
+    turn (after a short pause that lets the previous peer's worker threads go idle), so all
+    peers see the same machine. Every peer gets the same number of rounds, the least any
+    peer's budget allows (at least MIN_REPEATS); a peer that fails is reported, not fatal."""
+    if not jobs:
+        return {}
+    n = min(_n_repeats(t_w, opts) for _, t_w, _ in jobs.values())
+    samples = {p: [] for p in jobs}
+    cpu = {p: 0.0 for p in jobs}
+    out: dict = {}
     for _ in range(n):
-        _, times, c = _run_decode(peer, snap, xs)
-        samples += times
-        cpu += c
-    return Measurement(_median(samples), xs.shape[1], samples, cpu / sum(samples))
+        for pname, (sample, _, _) in jobs.items():
+            if pname in out:
+                continue
+            time.sleep(0.05)
+            try:
+                ts, c = sample()
+            except Exception as exc:  # noqa: BLE001
+                if pname == "exactblocks":
+                    raise
+                rec.check(label.split()[0], label.split()[-1], pname, "runs", False, repr(exc))
+                out[pname] = f"error: {type(exc).__name__}"
+                continue
+            samples[pname] += ts
+            cpu[pname] += c
+    for pname, (_, _, tokens) in jobs.items():
+        if pname not in out:
+            out[pname] = Measurement(_median(samples[pname]), tokens, samples[pname],
+                                     cpu[pname] / sum(samples[pname]))
+    return out
 
 
 class _Recorder:
@@ -1008,7 +1040,10 @@ def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recor
         return rec.check(name, case, peer, f"vs exactblocks, per-row rel. error <= {ROW_RTOL:g}",
                          err <= ROW_RTOL, f"max {err:.2e}")
 
-    # ---- timings, peer by peer
+    # ---- checks and warm-up, peer by peer; then the timed samples of each case, interleaved
+    # across peers round by round (a slow spell of a shared machine then hits every peer
+    # alike, so the ratios stay meaningful).
+    jobs: dict = {c: {} for c in CASES}  # case -> peer -> (sample function, warm s, tokens)
     for pname, peer in peers.items():
         rec.log(f"[{name}] {pname} ...")
         try:
@@ -1021,8 +1056,11 @@ def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recor
                 got = fn()
                 t_w = time.perf_counter() - t0
                 ok = agree("prefill_b1", pname, got)
-            res["prefill_b1"][pname] = (_time_prefill(fn, t_w, _case_tokens("prefill_b1", sh), opts)
-                                        if ok else "check failed")
+            if ok:
+                jobs["prefill_b1"][pname] = (_prefill_sampler(fn), t_w,
+                                             _case_tokens("prefill_b1", sh))
+            else:
+                res["prefill_b1"][pname] = "check failed"
             # prefill ragged
             if pname == "exactblocks":
                 fn, t_w, ok = eb.make_prefill(x_rag, lens), warm_eb["prefill_ragged"], ok_rag
@@ -1032,9 +1070,11 @@ def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recor
                 got = fn()
                 t_w = time.perf_counter() - t0
                 ok = agree("prefill_ragged", pname, got)
-            res["prefill_ragged"][pname] = (
-                _time_prefill(fn, t_w, _case_tokens("prefill_ragged", sh), opts)
-                if ok else "check failed")
+            if ok:
+                jobs["prefill_ragged"][pname] = (_prefill_sampler(fn), t_w,
+                                                 _case_tokens("prefill_ragged", sh))
+            else:
+                res["prefill_ragged"][pname] = "check failed"
             # decode B=1 and B=8 from the same 512-token prefix
             if pname == "exactblocks":
                 p_snap1, p_snap8 = snap1, snap8
@@ -1050,16 +1090,24 @@ def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recor
                 t_w, t_w8 = _median(times1), _median(times8)
                 ok1 = agree("decode_b1", pname, got1)
                 ok8 = agree("decode_b8", pname, got8)
-            res["decode_b1"][pname] = (_time_decode(peer, p_snap1, xs1, t_w, opts)
-                                       if ok1 else "check failed")
-            res["decode_b8"][pname] = (_time_decode(peer, p_snap8, xs8, t_w8, opts)
-                                       if ok8 else "check failed")
+            for case, ok_c, snap_c, xs_c, tw_c in (("decode_b1", ok1, p_snap1, xs1, t_w),
+                                                   ("decode_b8", ok8, p_snap8, xs8, t_w8)):
+                if ok_c:
+                    jobs[case][pname] = (_decode_sampler(peer, snap_c, xs_c),
+                                         tw_c * xs_c.shape[0], xs_c.shape[1])
+                else:
+                    res[case][pname] = "check failed"
         except Exception as exc:  # noqa: BLE001 - one broken peer must not end the run
             if pname == "exactblocks":
                 raise
             rec.check(name, "-", pname, "runs", False, repr(exc))
             for c in CASES:
+                jobs[c].pop(pname, None)
                 res[c].setdefault(pname, f"error: {type(exc).__name__}")
+    for case in CASES:
+        rec.log(f"[{name}] timing {case}, peers interleaved ...")
+        for pname, m in _time_interleaved(jobs[case], opts, rec, f"{name} {case}").items():
+            res[case][pname] = m
     for c in CASES:
         for pname, m in res[c].items():
             if isinstance(m, Measurement):
@@ -1114,10 +1162,9 @@ def _run_model(sh: Shapes, avail: dict, opts: dict, rec: _Recorder) -> dict:
             rows.append(h[0])
         return toks + [token], rows, times
 
+    rounds: dict = {}  # side -> one timed round: (prefill seconds, decode step seconds)
     # exactblocks: check run (decode == one prefill, bitwise), then timing
-    t0 = time.perf_counter()
     states, x_prompt, first = eb_prefill()
-    t_warm = time.perf_counter() - t0
     gen, rows, _ = eb_decode(states, first, n_new)
     fed = ids + gen[:n_new]
     x = embed[np.asarray(fed)][None]
@@ -1203,25 +1250,32 @@ def _run_model(sh: Shapes, avail: dict, opts: dict, rec: _Recorder) -> dict:
         out["same_leading_tokens"] = same
         rec.log(f"  model: {same}/{len(gen)} leading greedy tokens identical to HF generate")
         if ok_hf:
-            n = _n_repeats(t_warm, opts)
-            pre, dec = [], []
-            for _ in range(max(1, n // 2 + 1)):
+            def hf_round():
                 _, tp, td = hf_generate(n_new + 1)
-                pre.append(tp)
-                dec += td
-            out["hf_generate"] = {"prefill": Measurement(_median(pre), T, pre).as_dict(),
-                                  "decode": Measurement(_median(dec), 1, dec).as_dict()}
+                return tp, td
+            rounds["hf_generate"] = hf_round
     if ok:
-        n = _n_repeats(t_warm, opts)
-        time.sleep(0.05)
-        pre = []
-        for _ in range(n):
+        def eb_round():
             t0 = time.perf_counter()
             states, _, first = eb_prefill()
-            pre.append(time.perf_counter() - t0)
-        _, _, dec = eb_decode(states, first, n_new)
-        out["exactblocks"] = {"prefill": Measurement(_median(pre), T, pre).as_dict(),
-                              "decode": Measurement(_median(dec), 1, dec).as_dict()}
+            tp = time.perf_counter() - t0
+            _, _, td = eb_decode(states, first, n_new)
+            return tp, td
+        rounds["exactblocks"] = eb_round
+    # Timed rounds, interleaved: each round runs every side once (prompt prefill, then the
+    # greedy decode), so a slow spell of the machine hits both alike.
+    n = max(MIN_REPEATS, min(opts["repeats"], 5)) if not opts["repeats_explicit"] else opts["repeats"]
+    pre: dict = {k: [] for k in rounds}
+    dec: dict = {k: [] for k in rounds}
+    for _ in range(n):
+        for key, fn in rounds.items():
+            time.sleep(0.05)
+            tp, td = fn()
+            pre[key].append(tp)
+            dec[key] += td
+    for key in rounds:
+        out[key] = {"prefill": Measurement(_median(pre[key]), T, pre[key]).as_dict(),
+                    "decode": Measurement(_median(dec[key]), 1, dec[key]).as_dict()}
     return out
 
 
@@ -1585,7 +1639,8 @@ def run_bench(workloads: Sequence[str] = WORKLOAD_NAMES, *, quick: bool = False,
           "- versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v),
           f"- repeats: median of {opts['repeats']}"
           f"{'' if opts['repeats_explicit'] else f' (at least {MIN_REPEATS} for long calls)'}"
-          f"; decode: {sh.decode_steps} consecutive steps per repeat, median per step"]
+          f"; decode: {sh.decode_steps} consecutive steps per repeat, median per step; peers "
+          "interleaved round by round"]
     if ceiling:
         blas = ceiling["blas"][0] if ceiling["blas"] else {}
         md.append(f"- NumPy ceiling: NumPy {ceiling['numpy']}, "
