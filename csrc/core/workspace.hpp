@@ -12,34 +12,26 @@
 namespace eb {
 
 // n rounded up to a whole number of 64-byte lines (16 floats): per-thread slices of a
-// workspace buffer then keep its alignment.
-inline int64_t pad_floats(int64_t n) { return (n + 15) / 16 * 16; }
+// workspace buffer then keep its alignment. (static: its own copy in every object; see
+// math/abi.hpp for why nothing non-template may be shared by the per-ISA objects.)
+static inline int64_t pad_floats(int64_t n) { return (n + 15) / 16 * 16; }
 
+// The members are defined out of line in workspace.cpp, compiled once with the baseline flags:
+// the per-ISA objects then call them and never instantiate std::vector code of their own
+// (which the linker would otherwise merge across ISAs, math/abi.hpp).
 class Workspace {
  public:
-  float* floats(size_t slot, size_t n) { return grow(f_, slot, n); }
-  int64_t* ints(size_t slot, size_t n) { return grow(i_, slot, n); }
+  Workspace();
+  ~Workspace();
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
 
-  size_t bytes() const {
-    size_t n = 0;
-    for (const auto& v : f_) n += v.capacity() * sizeof(float);
-    for (const auto& v : i_) n += v.capacity() * sizeof(int64_t);
-    return n;
-  }
-  void release() {
-    f_.clear();
-    f_.shrink_to_fit();
-    i_.clear();
-    i_.shrink_to_fit();
-  }
+  float* floats(size_t slot, size_t n);
+  int64_t* ints(size_t slot, size_t n);
+  size_t bytes() const;
+  void release();
 
  private:
-  template <class T>
-  static T* grow(std::vector<AlignedVector<T>>& pool, size_t slot, size_t n) {
-    if (pool.size() <= slot) pool.resize(slot + 1);
-    if (pool[slot].size() < n) pool[slot].resize(n);
-    return pool[slot].data();
-  }
   std::vector<AlignedVector<float>> f_;  // every buffer starts on a 64-byte boundary
   std::vector<AlignedVector<int64_t>> i_;
 };

@@ -4,6 +4,7 @@
 // Measured where well conditioned (math_check.cpp, every 41st binary32): silu 2.27 ulp (v >= -80),
 // softplus 1.45 (v >= -80), gelu 1.61 (v >= 0), gelu_tanh 1.74 (v >= 0). softplus(v > 20) = v.
 #pragma once
+#include "math/abi.hpp"
 
 #include "math/erf.hpp"
 #include "math/exp.hpp"
@@ -12,6 +13,7 @@
 #include "math/tanh.hpp"
 
 namespace eb::math {
+EB_MATH_ABI_BEGIN
 
 // float32(1/sqrt(2)) = 0.70710677 and float32(sqrt(2/pi)) = 0.7978846.
 inline constexpr float kGeluC = 0x1.6a09e6p-1f;
@@ -41,4 +43,5 @@ inline float canon_nan(float x) {
   return detail::is_nan_f32(x) ? detail::canon_nan_f32() : x;
 }
 
+EB_MATH_ABI_END
 }  // namespace eb::math

@@ -5,6 +5,7 @@
 // |x| >= 3.921875 -> +-1 exactly (the rounded value is +-1 from |x| > 3.9192059); exactly odd;
 // NaN -> 0x7FC00000.
 #pragma once
+#include "math/abi.hpp"
 
 #include <cmath>  // std::fma
 
@@ -12,6 +13,7 @@
 #include "math/guard.hpp"
 
 namespace eb::math {
+EB_MATH_ABI_BEGIN
 
 namespace detail {
 
@@ -56,4 +58,5 @@ inline float erf_f32(float x) {
   return detail::copysign_f32(r, x);
 }
 
+EB_MATH_ABI_END
 }  // namespace eb::math

@@ -5,11 +5,13 @@
 // exp(+-0) = 1; x >= 0x1.62e430p6 (88.7228394) -> +inf; x <= -0x1.9fe36ap6 (-103.972084) -> +0,
 // reached through every subnormal; NaN -> 0x7FC00000.
 #pragma once
+#include "math/abi.hpp"
 
 #include "math/f64.hpp"
 #include "math/guard.hpp"
 
 namespace eb::math {
+EB_MATH_ABI_BEGIN
 
 inline float exp_f32(float x) {
   if (detail::is_nan_f32(x)) return detail::canon_nan_f32();
@@ -21,4 +23,5 @@ inline float exp_f32(float x) {
   return static_cast<float>(detail::exp_dd(static_cast<double>(x), 0.0));
 }
 
+EB_MATH_ABI_END
 }  // namespace eb::math

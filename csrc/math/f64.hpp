@@ -5,12 +5,14 @@
 // Measured (math_check.cpp, 2e6 samples each vs long double): exp 0.98, log 0.52, pow 1.39 ulp.
 // exp: +inf above 709.79, +0 below -745.2 (subnormals in between); log(0) = -inf; NaN -> NaN.
 #pragma once
+#include "math/abi.hpp"
 
 #include <cmath>  // std::fma, std::floor only
 
 #include "math/guard.hpp"
 
 namespace eb::math {
+EB_MATH_ABI_BEGIN
 
 namespace detail {
 
@@ -142,4 +144,5 @@ inline double pow_f64(double x, double y) {
   return detail::exp_dd(p, p_lo);
 }
 
+EB_MATH_ABI_END
 }  // namespace eb::math

@@ -5,6 +5,7 @@
 // Nothing here calls libm; the build must use -ffp-contract=off (every fused multiply-add
 // in csrc/math/ is an explicit std::fma).
 #pragma once
+#include "math/abi.hpp"
 
 // GCC and Clang always define __FINITE_MATH_ONLY__ (0 normally, 1 under -ffinite-math-only or
 // -ffast-math), so its value is tested, not just its presence.
@@ -15,7 +16,9 @@
 #include <cstdint>
 #include <cstring>
 
-namespace eb::math::detail {
+namespace eb::math {
+EB_MATH_ABI_BEGIN
+namespace detail {
 
 // Bits of the canonical quiet NaN written into every output (SPEC.md 3.5).
 inline constexpr std::uint32_t kCanonNanBits = 0x7FC00000u;
@@ -96,4 +99,6 @@ inline void fast_two_sum(double a, double b, double& s, double& e) {
   e = b - (s - a);
 }
 
-}  // namespace eb::math::detail
+}  // namespace detail
+EB_MATH_ABI_END
+}  // namespace eb::math

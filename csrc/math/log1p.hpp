@@ -4,6 +4,7 @@
 // Measured max error 0.5000000 ulp (math_check.cpp: every 41st binary32, ~1e8, vs long double).
 // log1p(+-0) = +-0, log1p(-1) = -inf, log1p(+inf) = +inf; x < -1 or NaN -> 0x7FC00000.
 #pragma once
+#include "math/abi.hpp"
 
 #include <cmath>  // std::fma
 
@@ -11,6 +12,7 @@
 #include "math/guard.hpp"
 
 namespace eb::math {
+EB_MATH_ABI_BEGIN
 
 inline float log1p_f32(float x) {
   if (detail::is_nan_f32(x) || x < -1.0f) return detail::canon_nan_f32();
@@ -26,4 +28,5 @@ inline float log1p_f32(float x) {
   return static_cast<float>(hi + lo);
 }
 
+EB_MATH_ABI_END
 }  // namespace eb::math

@@ -5,6 +5,7 @@
 // every 41st binary32, ~1e8, vs long double). sin(+-0) = +-0, cos(+-0) = 1; no overflow/underflow;
 // +-inf or NaN -> 0x7FC00000.
 #pragma once
+#include "math/abi.hpp"
 
 #include <cmath>  // std::fma, std::floor
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include "math/guard.hpp"
 
 namespace eb::math {
+EB_MATH_ABI_BEGIN
 
 namespace detail {
 
@@ -128,4 +130,5 @@ inline float cos_f32(float x) {
   return static_cast<float>(v);
 }
 
+EB_MATH_ABI_END
 }  // namespace eb::math

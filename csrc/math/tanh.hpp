@@ -5,11 +5,13 @@
 // |x| >= 10 -> +-1 exactly (the rounded value is already +-1 from |x| > 9.0109134);
 // NaN -> 0x7FC00000.
 #pragma once
+#include "math/abi.hpp"
 
 #include "math/f64.hpp"
 #include "math/guard.hpp"
 
 namespace eb::math {
+EB_MATH_ABI_BEGIN
 
 inline float tanh_f32(float x) {
   if (detail::is_nan_f32(x)) return detail::canon_nan_f32();
@@ -21,4 +23,5 @@ inline float tanh_f32(float x) {
   return detail::copysign_f32(t, x);
 }
 
+EB_MATH_ABI_END
 }  // namespace eb::math

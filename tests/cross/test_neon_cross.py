@@ -198,7 +198,41 @@ def digests(tmp_path_factory):
     cross_dir = tmp_path_factory.mktemp("digest_aarch64")
     native = build_digest(gxx, "x86_64", native_dir, static=False)
     arm = build_digest(cross, "aarch64", cross_dir, static=True)
-    return {"native": run_digest([str(native)]), "aarch64": run_digest([qemu, str(arm)])}
+    return {"native": run_digest([str(native)]), "aarch64": run_digest([qemu, str(arm)]),
+            "objects": {("x86_64", isa): native_dir / f"kernels_{isa}.o" for isa in ISAS["x86_64"]}
+            | {("aarch64", isa): cross_dir / f"kernels_{isa}.o" for isa in ISAS["aarch64"]}}
+
+
+VEC_TYPE = {"scalar": "VecScalar", "avx2": "VecAvx2", "avx512": "VecAvx512", "neon": "VecNeon"}
+
+
+def test_isa_objects_share_no_code(digests):
+    """Each ISA's kernels_isa.o defines external symbols only in its own namespace (isa_<name>)
+    or as templates over its own vector type. Anything else (an inline function left out of
+    line, a std::vector member) is emitted by several ISA objects under one name, and the
+    linker keeps one copy for all ISAs: AVX-512 code could then run on the scalar path
+    (SIGILL on a CPU without AVX-512). See csrc/math/abi.hpp."""
+    allowed = {"DW.ref.__gxx_personality_v0"}  # the C++ EH personality pointer, data only
+    bad = {}
+    for (arch, isa), obj in digests["objects"].items():
+        nm = shutil.which("aarch64-linux-gnu-nm" if arch == "aarch64" else "nm")
+        if nm is None:
+            msg = f"no nm for {arch} (Debian: binutils{'-aarch64-linux-gnu' if arch == 'aarch64' else ''})"
+            if in_ci():
+                pytest.fail(msg)
+            pytest.skip(msg)
+        res = subprocess.run([nm, "-C", "--defined-only", "--extern-only", str(obj)],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        for line in res.stdout.splitlines():
+            parts = line.split(maxsplit=2)
+            if len(parts) < 3:
+                continue
+            name = parts[2]
+            if f"isa_{isa}" in name or VEC_TYPE[isa] in name or name in allowed:
+                continue
+            bad.setdefault(f"{arch}/{isa}", []).append(name)
+    assert not bad, bad
 
 
 def test_aarch64_has_neon(digests):

@@ -1,0 +1,35 @@
+// Workspace members, out of line (see workspace.hpp).
+#include "core/workspace.hpp"
+
+namespace eb {
+
+namespace {
+template <class T>
+T* grow(std::vector<AlignedVector<T>>& pool, size_t slot, size_t n) {
+  if (pool.size() <= slot) pool.resize(slot + 1);
+  if (pool[slot].size() < n) pool[slot].resize(n);
+  return pool[slot].data();
+}
+}  // namespace
+
+Workspace::Workspace() = default;
+Workspace::~Workspace() = default;
+
+float* Workspace::floats(size_t slot, size_t n) { return grow(f_, slot, n); }
+int64_t* Workspace::ints(size_t slot, size_t n) { return grow(i_, slot, n); }
+
+size_t Workspace::bytes() const {
+  size_t n = 0;
+  for (const auto& v : f_) n += v.capacity() * sizeof(float);
+  for (const auto& v : i_) n += v.capacity() * sizeof(int64_t);
+  return n;
+}
+
+void Workspace::release() {
+  f_.clear();
+  f_.shrink_to_fit();
+  i_.clear();
+  i_.shrink_to_fit();
+}
+
+}  // namespace eb
