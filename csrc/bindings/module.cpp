@@ -180,7 +180,8 @@ NB_MODULE(_core, m) {
     const int64_t cap = static_cast<int64_t>(cache.shape(2)), hd = static_cast<int64_t>(cache.shape(3));
     EB_CHECK(spans.shape(1) == 3, "first_nonfinite_spans: spans must be (n, 3)");
     const int64_t n_spans = static_cast<int64_t>(spans.shape(0));
-    std::vector<ops::FloatRegion> regions;
+    thread_local std::vector<ops::FloatRegion> regions;  // reused: no allocation once warm
+    regions.clear();
     for (int64_t s = 0; s < n_spans; ++s) {
       const int64_t b = spans.data()[3 * s], a = spans.data()[3 * s + 1], e = spans.data()[3 * s + 2];
       EB_CHECK(b >= 0 && b < B && 0 <= a && a <= e && e <= cap, "first_nonfinite_spans: range");
@@ -202,7 +203,9 @@ NB_MODULE(_core, m) {
     ops::NonfiniteHit hit;
     {
       nb::gil_scoped_release release;
-      hit = ops::first_nonfinite({{a.data(), static_cast<int64_t>(a.size())}}, g_threads);
+      thread_local std::vector<ops::FloatRegion> one(1);  // reused: no allocation once warm
+      one[0] = {a.data(), static_cast<int64_t>(a.size())};
+      hit = ops::first_nonfinite(one, g_threads);
     }
     return hit.offset;
   });

@@ -28,7 +28,13 @@ inline NonfiniteHit first_nonfinite(const std::vector<FloatRegion>& regions, int
   struct Piece {
     int64_t region, off, len;
   };
-  std::vector<Piece> pieces;
+  // Reused per calling thread: once warm, a check allocates nothing (decode steps, SPEC 6).
+  // Plain references, so the worker threads below see the caller's vectors, not their own.
+  thread_local std::vector<Piece> pieces_tl;
+  thread_local std::vector<unsigned char> bad_tl;
+  std::vector<Piece>& pieces = pieces_tl;
+  std::vector<unsigned char>& bad = bad_tl;
+  pieces.clear();
   int64_t total = 0;
   for (int64_t r = 0; r < static_cast<int64_t>(regions.size()); ++r) {
     for (int64_t off = 0; off < regions[r].n; off += kPiece)
@@ -36,7 +42,7 @@ inline NonfiniteHit first_nonfinite(const std::vector<FloatRegion>& regions, int
     total += regions[r].n;
   }
   const KernelTable& k = kernels();
-  std::vector<unsigned char> bad(pieces.size(), 0);
+  bad.assign(pieces.size(), 0);
   const int nt = total >= kParallelFrom ? n_threads : 1;
   parallel_for(static_cast<int64_t>(pieces.size()), nt, [&](int64_t b0, int64_t b1, int) {
     for (int64_t i = b0; i < b1; ++i)
