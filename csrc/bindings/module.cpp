@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "core/check.hpp"
 #include "core/mamba2_block.hpp"
@@ -170,23 +171,34 @@ NB_MODULE(_core, m) {
     return false;
 #endif
   });
-  // First non-finite element of cache[b, :, a:e, :] for each row span (b, a, e) of `spans`
+  // First non-finite element of cache[b, :, a:e, :] over the row spans (b, a, e) of `spans`
   // (n, 3) (cache (B, KV, cap, hd), C order), as (span index, g, slot, d), or None: the
   // reading-rule check of a Transformer call (SPEC 5) in one pass over every advancing row,
-  // without numpy temporaries; reads only, so it runs before any state write.
+  // without numpy temporaries; reads only, so it runs before any state write. A row's spans
+  // (two when its window wraps the ring) must be adjacent and in position order; "first" is
+  // in (row, KV head, position) order.
   m.def("first_nonfinite_spans", [](nb::ndarray<const float, nb::ndim<4>, nb::c_contig, nb::device::cpu> cache,
                                     nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> spans) -> nb::object {
     const int64_t B = static_cast<int64_t>(cache.shape(0)), kv = static_cast<int64_t>(cache.shape(1));
     const int64_t cap = static_cast<int64_t>(cache.shape(2)), hd = static_cast<int64_t>(cache.shape(3));
     EB_CHECK(spans.shape(1) == 3, "first_nonfinite_spans: spans must be (n, 3)");
     const int64_t n_spans = static_cast<int64_t>(spans.shape(0));
+    const int64_t* sp = spans.data();
     thread_local std::vector<ops::FloatRegion> regions;  // reused: no allocation once warm
+    thread_local std::vector<std::pair<int64_t, int64_t>> owner;  // region -> (span, g)
     regions.clear();
-    for (int64_t s = 0; s < n_spans; ++s) {
-      const int64_t b = spans.data()[3 * s], a = spans.data()[3 * s + 1], e = spans.data()[3 * s + 2];
-      EB_CHECK(b >= 0 && b < B && 0 <= a && a <= e && e <= cap, "first_nonfinite_spans: range");
+    owner.clear();
+    for (int64_t s0 = 0; s0 < n_spans;) {
+      int64_t s1 = s0 + 1;  // spans s0 .. s1-1 belong to row sp[3 * s0]
+      while (s1 < n_spans && sp[3 * s1] == sp[3 * s0]) ++s1;
       for (int64_t g = 0; g < kv; ++g)
-        regions.push_back({cache.data() + ((b * kv + g) * cap + a) * hd, (e - a) * hd});
+        for (int64_t s = s0; s < s1; ++s) {
+          const int64_t b = sp[3 * s], a = sp[3 * s + 1], e = sp[3 * s + 2];
+          EB_CHECK(b >= 0 && b < B && 0 <= a && a <= e && e <= cap, "first_nonfinite_spans: range");
+          regions.push_back({cache.data() + ((b * kv + g) * cap + a) * hd, (e - a) * hd});
+          owner.push_back({s, g});
+        }
+      s0 = s1;
     }
     ops::NonfiniteHit hit;
     {
@@ -194,8 +206,8 @@ NB_MODULE(_core, m) {
       hit = ops::first_nonfinite(regions, g_threads);
     }
     if (hit.region < 0) return nb::none();
-    const int64_t s = hit.region / kv, g = hit.region % kv;
-    return nb::make_tuple(s, g, spans.data()[3 * s + 1] + hit.offset / hd, hit.offset % hd);
+    const int64_t s = owner[hit.region].first, g = owner[hit.region].second;
+    return nb::make_tuple(s, g, sp[3 * s + 1] + hit.offset / hd, hit.offset % hd);
   });
   // Flat index of the first non-finite element of a C-contiguous float32 array, or -1 (the
   // Python layer's finiteness checks of x, weights and states; read only, GIL released).

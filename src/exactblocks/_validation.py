@@ -188,7 +188,7 @@ def check_array(buffer: object, name: str, where: str) -> np.ndarray:
 
 
 def check_finite(arr: np.ndarray, name: str, where: str, *, index_base: tuple = (),
-                 flat: bool = False) -> None:
+                 flat: bool = False, index_offset: tuple = ()) -> None:
     """Raise ValueError at the first non-finite element of ``arr``.
 
     Parameters
@@ -204,6 +204,9 @@ def check_finite(arr: np.ndarray, name: str, where: str, *, index_base: tuple = 
         ``name`` at these indices).
     flat : bool, default=False
         Report the flat (C-order) index instead of the multi-index; used for weights.
+    index_offset : tuple of int, default=()
+        Added to the leading entries of the index found in ``arr`` (``arr`` is a slice of
+        ``name`` that starts at these offsets along its first axes).
 
     Raises
     ------
@@ -225,7 +228,10 @@ def check_finite(arr: np.ndarray, name: str, where: str, *, index_base: tuple = 
     if flat:
         raise ValueError(f"{where}: {name} must be finite; element at flat index {k} is "
                          f"{float(value)!r}")
-    idx = tuple(index_base) + tuple(int(i) for i in np.unravel_index(k, arr.shape))
+    local = [int(i) for i in np.unravel_index(k, arr.shape)]
+    for j, off in enumerate(index_offset):
+        local[j] += int(off)
+    idx = tuple(index_base) + tuple(local)
     raise ValueError(f"{where}: {name}[{', '.join(str(i) for i in idx)}] must be finite; "
                      f"got {float(value)!r}")
 

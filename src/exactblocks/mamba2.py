@@ -523,8 +523,8 @@ class Mamba2BlockInference(BlockCommon):
         ValueError
             Wrong shape of ``x``; NaN/inf in a real position of ``x`` (index and value); bad
             ``lengths`` count or range; a state of another block (both fingerprints) or batch
-            size; ``row_tokens`` negative; NaN/inf in ``conv_window`` or ``h`` of a row the call
-            advances (buffer, index, value).
+            size; ``row_tokens`` negative; NaN/inf in what the call reads of a row it advances,
+            ``conv_window[b, :, 1:]`` or ``h[b]`` (buffer, index, value).
         RuntimeError
             The state is in use by another call.
 
@@ -609,8 +609,12 @@ class Mamba2BlockInference(BlockCommon):
                                      "overflows int64")
             for b in range(bsz):
                 if lens[b]:
-                    check_finite(state.conv_window[b], "state.conv_window", where,
-                                 index_base=(b,))
+                    # SPEC 2.4: the part the call reads. The first token's conv reads columns
+                    # 1 .. K-1 of the window (column 0, the oldest input, is dropped unread).
+                    cols = state.conv_window[b, :, 1:]
+                    if cols.size:
+                        check_finite(cols, "state.conv_window", where, index_base=(b,),
+                                     index_offset=(0, 1))
                     check_finite(state.h[b], "state.h", where, index_base=(b,))
             y = impl.core.forward(xa, lens, state.conv_window, state.h)
             state.row_tokens[:] = start + lens

@@ -51,8 +51,9 @@ class Mamba2State:
     Contents of ``conv_window``, ``h`` and ``row_tokens`` may be read and written in place
     (``state.h[b] = h0`` supplies an initial state, HF ``initial_states``, at any point of a
     sequence); the attributes themselves cannot be rebound (AttributeError). A call checks
-    ``conv_window[b]`` and ``h[b]`` of every row it advances (``lengths[b] > 0``) for
-    finiteness and leaves idle rows untouched. Every call (and ``reset``) first re-checks that
+    what it reads of every row it advances (``lengths[b] > 0``) for finiteness:
+    ``conv_window[b, :, 1:]`` and ``h[b]``. Column 0 is never read (it leaves the window
+    unread) and idle rows are left untouched. Every call (and ``reset``) first re-checks that
     the three arrays keep their dtype and shape, are C-contiguous and writable and share no
     memory (ValueError before anything is written otherwise). A state serves one call at a
     time; a second concurrent call raises RuntimeError. States pickle and deep-copy; a restored

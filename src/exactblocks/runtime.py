@@ -68,12 +68,13 @@ def _apply_isa_env(core_module) -> None:
     ValueError naming the variable, its value and the available paths (nothing silently falls
     back, so a test that forces a path really runs it).
     """
-    name = os.environ.get("EXACTBLOCKS_ISA", "").strip()
+    raw = os.environ.get("EXACTBLOCKS_ISA", "")
+    name = raw.strip().lower()  # "AVX2" and " avx2 " name the avx2 path too
     if not name:
         return
     avail = [str(s) for s in core_module.available_isas()]
     if name not in avail:
-        raise ValueError(f"exactblocks: EXACTBLOCKS_ISA={name!r} is not available on this CPU "
+        raise ValueError(f"exactblocks: EXACTBLOCKS_ISA={raw!r} is not available on this CPU "
                          f"or build; available: {avail} (unset it to use the best one)")
     core_module.set_isa(name)
 

@@ -215,7 +215,8 @@ class TransformerDecodeSession:
             raise RuntimeError(f"{where}: state is in use by another call")
         try:
             start = _check_counters(st, where)
-            _check_readable(st, start, np.ones(st.batch_size, np.int64), where)
+            _check_readable(st, start, np.ones(st.batch_size, np.int64), where,
+                            reader="read by the session's next step")
         finally:
             st._lock.release()
         return st

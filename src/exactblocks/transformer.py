@@ -448,8 +448,13 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
 # --------------------------------------------------------------------------------------------
 
 def _check_readable(state: TransformerState, start: np.ndarray, lens: np.ndarray,
-                    where: str) -> None:
-    """SPEC.md 5 reading rule: slots of positions j0 .. q0-1 of every advancing row are finite."""
+                    where: str, reader: str = "read by this call") -> None:
+    """SPEC.md 5 reading rule: slots of positions j0 .. q0-1 of every advancing row are finite.
+
+    The error names the first non-finite element in (row, k_cache then v_cache, KV head,
+    position) order, whatever the thread count and whether the window wraps the ring.
+    ``reader`` completes the message ("read by this call", or the session's next step).
+    """
     w, cap = state.window, state.capacity
     spans, first_pos = [], []       # (b, a, e) slot ranges; position held by slot a of each
     for b in range(state.batch_size):
@@ -480,7 +485,7 @@ def _check_readable(state: TransformerState, start: np.ndarray, lens: np.ndarray
         buf = getattr(state, buf_name)
         raise ValueError(
             f"{where}: state.{buf_name}[{b}, {g}, {slot}, {dd}] (row {b}, position "
-            f"{pos}, read by this call) must be finite; got {float(buf[b, g, slot, dd])!r}")
+            f"{pos}, {reader}) must be finite; got {float(buf[b, g, slot, dd])!r}")
 
 
 def _check_counters(state: TransformerState, where: str) -> np.ndarray:

@@ -665,7 +665,7 @@ def test_row_tokens_negative(block, x, primed):
     assert primed.row_tokens.tolist() == [5, 1234572]
 
 
-@pytest.mark.parametrize("buf,index", [("conv_window", (1, 7, 2)), ("conv_window", (0, 0, 0)),
+@pytest.mark.parametrize("buf,index", [("conv_window", (1, 7, 2)), ("conv_window", (0, 0, 1)),
                                        ("h", (1, 2, 3, 1)), ("h", (0, 0, 0, 0))])
 @pytest.mark.parametrize("val", [np.nan, np.inf])
 def test_nonfinite_state_of_advanced_row(block, x, primed, buf, index, val):
@@ -685,6 +685,20 @@ def test_nonfinite_state_of_advanced_row(block, x, primed, buf, index, val):
     assert (primed.conv_window[index[0]].tobytes(), primed.h[index[0]].tobytes()) == before
     assert (y[index[0]].view(np.uint32) == 0).all() and np.isfinite(y[other]).all()
     assert primed.row_tokens.tolist() == ([5, 10] if other == 1 else [10, 5])
+
+
+@pytest.mark.parametrize("val", [np.nan, np.inf, -np.inf])
+def test_unread_conv_window_column_is_not_checked(block, x, primed, val):
+    """SPEC 2.4: only what a call reads must be finite. Column 0 of the window (the oldest
+    input) leaves the window unread, so any value there is ignored and changes no bit."""
+    ref = copy.deepcopy(primed)
+    ref.conv_window[:, :, 0] = 1e30
+    primed.conv_window[:, 3, 0] = val
+    primed.conv_window[1, :, 0] = val
+    y = block.forward(x[:, :2], primed)
+    assert_bitwise_equal(y, block.forward(x[:, :2], ref))
+    assert_bitwise_equal(primed.conv_window, ref.conv_window)
+    assert_bitwise_equal(primed.h, ref.h)
 
 
 def test_state_buffer_reshaped_in_place_is_refused(block, x, primed):

@@ -1178,7 +1178,7 @@ def test_session_repr_and_load_state(block, x):
         assert sess.load_state() is st
         st.k_cache[0, 0, 2, 0] = np.nan
         with raises(ValueError, "TransformerDecodeSession.load_state: ",
-                    "state.k_cache[0, 0, 2, 0]"):
+                    "state.k_cache[0, 0, 2, 0]", "read by the session's next step"):
             sess.load_state()
         st.k_cache[0, 0, 2, 0] = 0.0
         st.row_tokens[1] = 99

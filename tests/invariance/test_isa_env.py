@@ -44,3 +44,10 @@ def test_unavailable_isa_is_refused():
         pytest.skip("every ISA name is available here")
     assert "EXACTBLOCKS_ISA" in res.stderr and "not available" in res.stderr
     assert "ValueError" in res.stderr
+
+
+def test_isa_name_is_case_insensitive():
+    isa = _ext.core().available_isas()[-1]
+    res = run(f" {isa.upper()} ")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split()[0] == isa

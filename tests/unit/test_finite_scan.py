@@ -60,6 +60,11 @@ def test_first_nonfinite_spans(core, threads, isa):
     assert core.first_nonfinite_spans(cache, spans) == (1, 1, 2999, 15)
     cache[2, 0, 2000, 1] = np.nan       # KV head 0 of span 1 comes first
     assert core.first_nonfinite_spans(cache, spans) == (1, 0, 2000, 1)
+    # A row's spans are searched head by head: (row, KV head, position) order, so head 0's
+    # later span beats head 1's earlier one.
+    cache[2, 0, 2000, 1] = 1.0
+    cache[2, 0, 3800, 0] = np.inf
+    assert core.first_nonfinite_spans(cache, spans) == (2, 0, 3800, 0)
     assert core.first_nonfinite_spans(cache, spans[:1]) is None
 
 
@@ -88,3 +93,26 @@ def test_state_error_names_first_bad_slot_of_a_wrapped_window():
     assert np.array_equal(st.row_tokens, before[2])
     st.v_cache[1, 0, 0, 2] = 0.0
     blk.step(x[:, 0], st)
+
+
+@pytest.mark.parametrize("fed", [3, 6])   # window 4: the ring has not / has wrapped
+def test_state_error_order_does_not_depend_on_the_ring(fed):
+    """The first bad element is chosen in (row, k before v, KV head, position) order."""
+    rng = np.random.default_rng(7)
+    d, H, KV, hd = 32, 4, 2, 8
+    w = {"input_layernorm.weight": np.ones(d, np.float32),
+         "post_attention_layernorm.weight": np.ones(d, np.float32)}
+    for name, o, i in [("q", H * hd, d), ("k", KV * hd, d), ("v", KV * hd, d), ("o", d, H * hd),
+                       ("gate", 48, d), ("up", 48, d), ("down", d, 48)]:
+        w[f"{name}_proj.weight"] = (rng.standard_normal((o, i)) / np.sqrt(i)).astype(np.float32)
+    blk = eb.TransformerBlockInference(w, n_heads=H, n_kv_heads=KV, window=4)
+    st = blk.allocate_state(1, 64)
+    x = rng.standard_normal((1, fed, d)).astype(np.float32)
+    blk.forward(x, st)
+    q = fed                                # the next query reads positions q-3 .. q-1
+    oldest, newest = (q - 3) % 4, (q - 1) % 4
+    st.k_cache[0, 1, oldest, 0] = np.nan   # KV head 1, oldest position read
+    st.k_cache[0, 0, newest, 0] = np.nan   # KV head 0, newest position read
+    with pytest.raises(ValueError, match=rf"state\.k_cache\[0, 0, {newest}, 0\] \(row 0, "
+                                         rf"position {q - 1},"):
+        blk.step(x[:, 0], st)
