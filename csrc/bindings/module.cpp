@@ -44,7 +44,7 @@ static int g_threads = 1;
 // Calls without a session's workspace reuse one per OS thread, so repeated prefills do not
 // pay page faults for fresh scratch; more than kRetainBytes is given back after the call.
 // (A block serves concurrent calls: each thread has its own workspace.)
-static constexpr size_t kRetainBytes = size_t{64} << 20;
+static constexpr size_t kRetainBytes = size_t{256} << 20;  // a Llama-1B prefill of 512 tokens needs ~75 MB
 
 static Workspace* call_workspace(Workspace* ws) {
   if (ws) return ws;
