@@ -336,9 +336,12 @@ NB_MODULE(_core, m) {
         const int64_t cap = static_cast<int64_t>(k_cache.shape(2));
         EB_CHECK(static_cast<int64_t>(k_cache.shape(0)) == B &&
                      static_cast<int64_t>(k_cache.shape(1)) == c.n_kv_heads &&
-                     static_cast<int64_t>(k_cache.shape(3)) == c.head_dim && cap >= 1,
+                     static_cast<int64_t>(k_cache.shape(3)) == c.head_dim && cap >= 0,
                  "k_cache shape");
         for (size_t i = 0; i < 4; ++i) EB_CHECK(k_cache.shape(i) == v_cache.shape(i), "v_cache shape");
+        // capacity 0: a state-less call (nothing cached before, nothing kept after)
+        for (int64_t b = 0; b < B && cap == 0; ++b)
+          EB_CHECK(start.data()[b] == 0, "a call without a cache must start at position 0");
         for (int64_t b = 0; b < B; ++b)
           EB_CHECK(lengths.data()[b] >= 0 && lengths.data()[b] <= L && start.data()[b] >= 0 &&
                        start.data()[b] + lengths.data()[b] <= c.max_positions,

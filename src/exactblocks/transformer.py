@@ -918,8 +918,9 @@ class TransformerBlockInference(BlockCommon):
                                  f"{format_shape(xa.shape)}); without a state every row starts "
                                  f"at position 0, and the limit is max_positions={max_pos} "
                                  "tokens (raise max_positions, up to 2**24)")
-            cap = min(opts["window"], n_tok) if opts["window"] > 0 else n_tok
-            shape = (bsz, opts["n_kv_heads"], cap, opts["head_dim"])
+            # Capacity 0: no cache is read (every row starts at 0) or kept, so no scratch
+            # cache is allocated (and page-faulted) per call.
+            shape = (bsz, opts["n_kv_heads"], 0, opts["head_dim"])
             k = np.zeros(shape, np.float32)
             v = np.zeros(shape, np.float32)
             return core.forward(xa, lens, np.zeros(bsz, np.int64), k, v)
