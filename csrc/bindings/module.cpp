@@ -325,8 +325,11 @@ NB_MODULE(_core, m) {
         nb::gil_scoped_release release;
         new (self) TransformerModel(c, ptrs);
       })
+      // check_cache: check the slots each row reads (SPEC 5) while reading them; returns None,
+      // with the cache untouched, when one is not finite (Python then names the element).
       .def("forward", [](const TransformerModel& mdl, nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> x,
-                         IArr lengths, IArr start, MArr k_cache, MArr v_cache, Workspace* ws) {
+                         IArr lengths, IArr start, MArr k_cache, MArr v_cache, Workspace* ws,
+                         bool check_cache) -> nb::object {
         const int64_t B = static_cast<int64_t>(x.shape(0)), L = static_cast<int64_t>(x.shape(1));
         const TransformerConfig& c = mdl.cfg;
         EB_CHECK(static_cast<int64_t>(x.shape(2)) == c.d_model, "x last dim != d_model");
@@ -347,17 +350,20 @@ NB_MODULE(_core, m) {
                        start.data()[b] + lengths.data()[b] <= c.max_positions,
                    "lengths/start out of range");
         OutArr y = new_array({static_cast<size_t>(B), static_cast<size_t>(L), static_cast<size_t>(c.d_model)});
+        int cache_bad = 0;
         TransformerCall call{x.data(), y.data(), B, L, lengths.data(), start.data(),
                              k_cache.data(), v_cache.data(), cap, g_threads,
-                             call_workspace(ws)};
+                             call_workspace(ws), check_cache ? &cache_bad : nullptr};
         {
           nb::gil_scoped_release release;
           kernels().transformer_forward(mdl, call);
           trim_workspace(ws, call.ws);
         }
-        return y;
+        if (cache_bad) return nb::none();  // a read slot is not finite; the cache is untouched
+        return nb::cast(y);
       }, nb::arg("x"), nb::arg("lengths"), nb::arg("start"), nb::arg("k_cache"),
-         nb::arg("v_cache"), nb::arg("workspace").none() = nb::none());
+         nb::arg("v_cache"), nb::arg("workspace").none() = nb::none(),
+         nb::arg("check_cache") = false);
 
   nb::class_<Mamba2Model>(m, "Mamba2Core")
       .def("__init__", [](Mamba2Model* self, nb::dict cfg, nb::dict weights) {

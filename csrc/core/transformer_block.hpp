@@ -52,6 +52,10 @@ struct TransformerCall {
   int64_t capacity;
   int n_threads;
   Workspace* ws;           // scratch kept between calls (a decode session's), or nullptr
+  // SPEC 2.4 / 5 reading rule, checked while the cache is read: when the slots a row reads
+  // hold a NaN or an infinity, the call sets *cache_nonfinite = 1 and returns before writing
+  // the cache (y is then garbage; the caller raises). nullptr: the caller checked already.
+  int* cache_nonfinite = nullptr;
 };
 
 }  // namespace eb

@@ -5,6 +5,7 @@
 // on how its tokens were split into calls, or on the thread count.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "math/derived.hpp"
 #include "ops/activations.hpp"
 #include "ops/attention.hpp"
+#include "ops/finite_bits.hpp"
 #include "ops/gemm.hpp"
 #include "ops/norm.hpp"
 #include "ops/rope.hpp"
@@ -124,6 +126,25 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
     }
     kt_off[b + 1] = kt_off[b] + blocks * n_kv * hd * kL;
   }
+  // SPEC 5 reading rule, checked here instead of in a separate pass over the cache: the slots
+  // of positions j0 .. start-1 (j0 of the row's first query) must be finite. Each (row, KV
+  // head) is checked by the task that reads it first (the K/V packing of a prefill row, the
+  // attention of a row's first token otherwise), so the data is read from memory once.
+  std::atomic<int> cache_bad{0};
+  const auto readable_bad = [&](int64_t b, int64_t g) -> bool {
+    const int64_t st = call.start[b];
+    const int64_t j0 = c.window > 0 ? std::max<int64_t>(0, st - c.window + 1) : 0;
+    const int64_t count = st - j0;
+    if (count <= 0) return false;
+    const int64_t s0 = j0 % cap, n1 = std::min(count, cap - s0);
+    const float* kc = call.k_cache + (b * n_kv + g) * cap * hd;
+    const float* vc = call.v_cache + (b * n_kv + g) * cap * hd;
+    if (ops::any_nonfinite<V>(kc + s0 * hd, n1 * hd) || ops::any_nonfinite<V>(vc + s0 * hd, n1 * hd))
+      return true;
+    return count > n1 && (ops::any_nonfinite<V>(kc, (count - n1) * hd) ||
+                          ops::any_nonfinite<V>(vc, (count - n1) * hd));
+  };
+  const bool check_cache = call.cache_nonfinite != nullptr;
   float* kt_all = ws.floats(10, static_cast<size_t>(std::max<int64_t>(kt_off[B], 1)));
   // ... and their values packed contiguously per (row, KV head): (positions, head_dim)
   float* vp_all = ws.floats(11, static_cast<size_t>(std::max<int64_t>(kt_off[B], 1)));
@@ -132,6 +153,10 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
       const int64_t b = task / n_kv, g = task % n_kv;
       const int64_t blocks_hd = (kt_off[b + 1] - kt_off[b]) / n_kv;
       if (blocks_hd == 0) continue;
+      if (check_cache && readable_bad(b, g)) {
+        cache_bad.store(1, std::memory_order_relaxed);
+        continue;
+      }
       const int64_t st = call.start[b], len = call.lengths[b], base = kt_base[b];
       const int64_t first_j0 = c.window > 0 ? std::max<int64_t>(0, st - c.window + 1) : 0;
       float* kt = kt_all + kt_off[b] + g * blocks_hd;
@@ -159,6 +184,10 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
     }
   });
 
+  if (cache_bad.load()) {
+    *call.cache_nonfinite = 1;
+    return;
+  }
   // Causal cost grows with the position, so tasks are visited from both ends in turn
   // (v -> 0, last, 1, last-1, ...): contiguous thread ranges then carry similar work. The
   // order of tasks never changes a bit: each (token, head) output is computed by one thread.
@@ -210,6 +239,10 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
         }
         continue;
       }
+      if (check_cache && tok_t[m] == 0 && readable_bad(b, g)) {
+        cache_bad.store(1, std::memory_order_relaxed);
+        continue;
+      }
       const int64_t j0 = c.window > 0 ? std::max<int64_t>(0, p - c.window + 1) : 0;
       const float* kc = call.k_cache + (b * n_kv + g) * cap * hd;
       const float* vc = call.v_cache + (b * n_kv + g) * cap * hd;
@@ -239,6 +272,10 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
       }
     }
   });
+  if (cache_bad.load()) {  // nothing of the caller's has been written yet
+    *call.cache_nonfinite = 1;
+    return;
+  }
   // 7. x1 = x + (Wo o (+ bo))
   ops::gemm<V>(att, M, qw, mdl.w_o, x1, d, nt);
   for (int64_t i = 0; i < M * d; ++i) x1[i] = xs[i] + x1[i];

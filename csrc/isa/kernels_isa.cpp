@@ -4,6 +4,7 @@
 #include "core/transformer_impl.hpp"
 #include "core/mamba2_impl.hpp"
 #include "math/derived.hpp"
+#include "ops/finite_bits.hpp"
 #include "simd/dispatch.hpp"
 
 #if defined(EB_ISA_avx512)
@@ -79,15 +80,7 @@ float sum_l16(const float* a, int64_t n) {
   return ops::sum_l16<V>(a, n);
 }
 
-// Exponent all ones <=> (u & 0x7F800000) + 0x00800000 sets bit 31: an integer OR reduction
-// that the compiler vectorises with this ISA's registers.
-bool any_nonfinite(const float* p, int64_t n) {
-  typedef uint32_t __attribute__((may_alias)) u32_alias;
-  const u32_alias* u = reinterpret_cast<const u32_alias*>(p);
-  uint32_t bad = 0;
-  for (int64_t i = 0; i < n; ++i) bad |= (u[i] & 0x7F800000u) + 0x00800000u;
-  return (bad & 0x80000000u) != 0;
-}
+bool any_nonfinite(const float* p, int64_t n) { return ops::any_nonfinite<V>(p, n); }
 
 }  // namespace
 

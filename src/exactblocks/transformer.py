@@ -954,9 +954,16 @@ class TransformerBlockInference(BlockCommon):
                     raise ValueError(
                         f"{where}: row {b} holds {held} positions and this call adds {asked}; "
                         f"the limit is {which}={limit} ({hint})")
-            _check_readable(state, start, lens, where)
             ws = session._workspace if session is not None else None
-            y = core.forward(xa, lens, start, state.k_cache, state.v_cache, ws)
+            # The native call checks the slots each row reads (SPEC 5) as it reads them, and
+            # returns None before writing anything when one is not finite; the Python check
+            # then names the first such element (the same rule, so it always finds one).
+            y = core.forward(xa, lens, start, state.k_cache, state.v_cache, ws,
+                             check_cache=True)
+            if y is None:
+                _check_readable(state, start, lens, where)
+                raise RuntimeError(f"{where}: internal error: the native cache check failed "
+                                   "but no non-finite slot was found")
             state.row_tokens[:] = start + lens
         finally:
             state._lock.release()

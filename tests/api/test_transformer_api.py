@@ -925,10 +925,10 @@ def test_concurrent_use_of_a_state_is_runtime_error(block, x):
     entered, release = threading.Event(), threading.Event()
 
     class SlowCore:
-        def forward(self, *args):
+        def forward(self, *args, **kwargs):
             entered.set()
             release.wait(10)
-            return real.forward(*args)
+            return real.forward(*args, **kwargs)
 
     impl.core = SlowCore()
     errors = []
@@ -1423,10 +1423,10 @@ def test_cached_tokens_assignment_respects_the_state_lock(block, x):
     entered, release = threading.Event(), threading.Event()
 
     class SlowCore:
-        def forward(self, *args):
+        def forward(self, *args, **kwargs):
             entered.set()
             release.wait(10)
-            return real.forward(*args)
+            return real.forward(*args, **kwargs)
 
     impl.core = SlowCore()
     t = threading.Thread(target=lambda: block.forward(x[:, :2], st))

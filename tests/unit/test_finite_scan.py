@@ -116,3 +116,62 @@ def test_state_error_order_does_not_depend_on_the_ring(fed):
     with pytest.raises(ValueError, match=rf"state\.k_cache\[0, 0, {newest}, 0\] \(row 0, "
                                          rf"position {q - 1},"):
         blk.step(x[:, 0], st)
+
+
+def _readable_bad(k, v, start, lens, window):
+    """Reference of SPEC 5's reading rule: does any row read a non-finite cache slot?"""
+    cap = k.shape[2]
+    for b in range(k.shape[0]):
+        q0 = int(start[b])
+        if lens[b] == 0 or q0 == 0:
+            continue
+        j0 = max(0, q0 - window + 1) if window > 0 else 0
+        slots = [j % cap for j in range(j0, q0)]
+        if not (np.isfinite(k[b][:, slots]).all() and np.isfinite(v[b][:, slots]).all()):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("window", [0, 5, 24])
+def test_cache_check_in_the_kernel_matches_the_reading_rule(window, threads):
+    """The call checks the slots it reads while reading them (decode rows, short chunks and
+    prefill rows of >= 16 tokens): it raises exactly when SPEC 5's rule finds a non-finite
+    read slot, and then leaves the state untouched."""
+    rng = np.random.default_rng(100 + window)
+    d, H, KV, hd = 16, 4, 2, 8
+    w = {"input_layernorm.weight": np.ones(d, np.float32),
+         "post_attention_layernorm.weight": np.ones(d, np.float32)}
+    for name, o, i in [("q", H * hd, d), ("k", KV * hd, d), ("v", KV * hd, d), ("o", d, H * hd),
+                       ("gate", 24, d), ("up", 24, d), ("down", d, 24)]:
+        w[f"{name}_proj.weight"] = (rng.standard_normal((o, i)) / np.sqrt(i)).astype(np.float32)
+    blk = eb.TransformerBlockInference(w, n_heads=H, n_kv_heads=KV, window=window)
+    raised = passed = 0
+    for case in range(60):
+        st = blk.allocate_state(3, 96)
+        pre = rng.integers(0, 40, size=3)
+        x = rng.standard_normal((3, int(pre.max()) or 1, d)).astype(np.float32)
+        blk.forward(x, st, lengths=np.minimum(pre, x.shape[1]))
+        for _ in range(int(rng.integers(1, 4))):          # poison a few slots, read or not
+            buf = st.k_cache if rng.random() < 0.5 else st.v_cache
+            idx = tuple(int(rng.integers(0, s)) for s in buf.shape)
+            buf[idx] = rng.choice([np.nan, np.inf, -np.inf])
+        n_new = int(rng.choice([1, 3, 20]))               # decode, short chunk, prefill block
+        lens = rng.integers(0, n_new + 1, size=3)
+        xn = rng.standard_normal((3, n_new, d)).astype(np.float32)
+        before = (st.k_cache.copy(), st.v_cache.copy(), st.row_tokens.copy())
+        start = st.row_tokens.copy()
+        want_error = _readable_bad(st.k_cache, st.v_cache, start, lens, window)
+        try:
+            y = blk.forward(xn, st, lengths=lens)
+        except ValueError as exc:
+            assert want_error, (case, str(exc))
+            assert "must be finite" in str(exc)
+            for a, b in zip(before, (st.k_cache, st.v_cache, st.row_tokens)):
+                assert a.tobytes() == b.tobytes()
+            raised += 1
+        else:
+            assert not want_error, case
+            for b in range(3):
+                assert np.isfinite(y[b, :lens[b]]).all()
+            passed += 1
+    assert raised > 5 and passed > 5, (raised, passed)
