@@ -1,6 +1,7 @@
 // AVX2 + FMA vector of 8 float lanes; same API as vec_scalar.hpp. Compiled only into the
 // avx2/avx512 kernel translation units (their own -m flags), never into generic code.
 #pragma once
+#include "simd/vec_common.hpp"
 #include <immintrin.h>
 
 #include <cstdint>
@@ -67,12 +68,7 @@ struct VecAvx2 {
   // The L16 tree: acc[0] holds lanes 0..7, acc[1] lanes 8..15; s_j += s_(j+w), w = 8, 4, 2, 1.
   // out[i] = reduce16 of the 16 lanes at acc + 16 * i, for i = 0..15.
   static void reduce16_x16(const float* acc, float* out) {
-    constexpr int nv = 16 / kLanes;
-    for (int i = 0; i < 16; ++i) {
-      VecAvx2 lanes[nv];
-      for (int k = 0; k < nv; ++k) lanes[k] = load(acc + 16 * i + k * kLanes);
-      out[i] = reduce16(lanes);
-    }
+    reduce16_x16_by_lanes<VecAvx2>(acc, out);
   }
   static float reduce16(const VecAvx2* acc) {
     const __m256 t8 = _mm256_add_ps(acc[0].v, acc[1].v);           // w = 8

@@ -4,6 +4,7 @@
 // rounding, = std::fma per lane); the compiler may not contract anything else
 // (-ffp-contract=off, which GCC for AArch64 needs: its default is to fuse).
 #pragma once
+#include "simd/vec_common.hpp"
 #include <arm_neon.h>
 
 #include <cstdint>
@@ -55,12 +56,7 @@ struct VecNeon {
   // s_j += s_(j+w) for w = 8, 4, 2, 1 (ops/reduce.hpp), each step one vector add of the pairs.
   // out[i] = reduce16 of the 16 lanes at acc + 16 * i, for i = 0..15.
   static void reduce16_x16(const float* acc, float* out) {
-    constexpr int nv = 16 / kLanes;
-    for (int i = 0; i < 16; ++i) {
-      VecNeon lanes[nv];
-      for (int k = 0; k < nv; ++k) lanes[k] = load(acc + 16 * i + k * kLanes);
-      out[i] = reduce16(lanes);
-    }
+    reduce16_x16_by_lanes<VecNeon>(acc, out);
   }
   static float reduce16(const VecNeon* acc) {
     const float32x4_t t0 = vaddq_f32(acc[0].v, acc[2].v);  // w = 8: lanes 0..3

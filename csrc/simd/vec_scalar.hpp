@@ -1,6 +1,7 @@
 // Scalar "vector" of one lane: the reference path of every kernel (STYLE 5.1).
 // Same small API as vec_avx2.hpp / vec_avx512.hpp; fma is std::fma (one rounding).
 #pragma once
+#include "simd/vec_common.hpp"
 #include <cmath>
 #include <cstdint>
 
@@ -25,12 +26,7 @@ struct VecScalar {
   // The L16 tree over 16 lanes held in 16 / kLanes vectors: s_j += s_(j+w), w = 8, 4, 2, 1.
   // out[i] = reduce16 of the 16 lanes at acc + 16 * i, for i = 0..15.
   static void reduce16_x16(const float* acc, float* out) {
-    constexpr int nv = 16 / kLanes;
-    for (int i = 0; i < 16; ++i) {
-      VecScalar lanes[nv];
-      for (int k = 0; k < nv; ++k) lanes[k] = load(acc + 16 * i + k * kLanes);
-      out[i] = reduce16(lanes);
-    }
+    reduce16_x16_by_lanes<VecScalar>(acc, out);
   }
   static float reduce16(const VecScalar* acc) {
     float s[16];

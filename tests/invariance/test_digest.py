@@ -67,22 +67,33 @@ def transformer_case():
               "q_proj.bias": (H * hd,), "k_proj.bias": (KV * hd,), "v_proj.bias": (KV * hd,),
               "q_norm.weight": (hd,), "k_norm.weight": (hd,),
               "gate_proj.weight": (it, d), "up_proj.weight": (it, d), "down_proj.weight": (d, it)}
-    w = {k: det(s, i, offset=1.0 if k.endswith("norm.weight") else 0.0)
-         for i, (k, s) in enumerate(sorted(shapes.items()))}
+    w = det_transformer_weights(shapes)
     opts = dict(n_heads=H, n_kv_heads=KV, window=6, qkv_bias=True, qk_norm=True,
                 rope_theta=1000.0, attn_softcap=20.0)
     x = det((2, 9, d), 99, scale=2.0)
     return w, opts, x
 
 
+def det_mamba2_weights(d, di, nh, ns, K, G):
+    """Deterministic Mamba-2 weights: d_model d, d_inner di, nh heads, d_state ns, conv K,
+    G groups."""
+    cd = di + 2 * G * ns
+    return {"block_norm.weight": det((d,), 1, offset=1.0),
+            "in_proj.weight": det((di + cd + nh, d), 2), "conv1d.weight": det((cd, 1, K), 3),
+            "conv1d.bias": det((cd,), 4), "dt_bias": det((nh,), 5, offset=-1.0),
+            "A_log": det((nh,), 6, scale=1.0), "D": det((nh,), 7, offset=1.0),
+            "norm.weight": det((di,), 8, offset=1.0), "out_proj.weight": det((d, di), 9)}
+
+
+def det_transformer_weights(shapes):
+    """Deterministic weights of the given {name: shape}; norms around 1, the rest around 0."""
+    return {k: det(s, i, offset=1.0 if k.endswith("norm.weight") else 0.0)
+            for i, (k, s) in enumerate(sorted(shapes.items()))}
+
+
 def mamba2_case():
     d, di, nh, ns, K, G = 16, 32, 4, 8, 3, 2
-    cd = di + 2 * G * ns
-    w = {"block_norm.weight": det((d,), 1, offset=1.0),
-         "in_proj.weight": det((di + cd + nh, d), 2), "conv1d.weight": det((cd, 1, K), 3),
-         "conv1d.bias": det((cd,), 4), "dt_bias": det((nh,), 5, offset=-1.0),
-         "A_log": det((nh,), 6, scale=1.0), "D": det((nh,), 7, offset=1.0),
-         "norm.weight": det((di,), 8, offset=1.0), "out_proj.weight": det((d, di), 9)}
+    w = det_mamba2_weights(d, di, nh, ns, K, G)
     opts = dict(n_groups=G, dt_limit=(0.001, 2.0))
     x = det((2, 9, d), 98, scale=2.0)
     return w, opts, x
@@ -122,12 +133,7 @@ SCAN_CASES = {  # name: (d, d_inner, n_heads, d_state, conv kernel, n_groups, L,
 def scan_case_digest(name):
     """Digest of a prefill with `lengths`, then a 3-token call, on fresh states (no dt_limit)."""
     d, di, nh, ns, K, G, L, lengths = SCAN_CASES[name]
-    cd = di + 2 * G * ns
-    w = {"block_norm.weight": det((d,), 1, offset=1.0),
-         "in_proj.weight": det((di + cd + nh, d), 2), "conv1d.weight": det((cd, 1, K), 3),
-         "conv1d.bias": det((cd,), 4), "dt_bias": det((nh,), 5, offset=-1.0),
-         "A_log": det((nh,), 6, scale=1.0), "D": det((nh,), 7, offset=1.0),
-         "norm.weight": det((di,), 8, offset=1.0), "out_proj.weight": det((d, di), 9)}
+    w = det_mamba2_weights(d, di, nh, ns, K, G)
     x = det((len(lengths), L, d), 98, scale=2.0)
     blk = eb.Mamba2BlockInference(w, n_groups=G)
     st = blk.allocate_state(len(lengths))
@@ -154,8 +160,7 @@ def prefill_case_digest(name):
               "q_proj.weight": (H * hd, d), "k_proj.weight": (KV * hd, d),
               "v_proj.weight": (KV * hd, d), "o_proj.weight": (d, H * hd),
               "gate_proj.weight": (it, d), "up_proj.weight": (it, d), "down_proj.weight": (d, it)}
-    w = {k: det(s, i, offset=1.0 if k.endswith("norm.weight") else 0.0)
-         for i, (k, s) in enumerate(sorted(shapes.items()))}
+    w = det_transformer_weights(shapes)
     opts = dict(n_heads=H, n_kv_heads=KV, window=window, rope_theta=1000.0)
     blk = eb.TransformerBlockInference(w, **opts)
     x = det((len(lengths), L, d), 97, scale=2.0)

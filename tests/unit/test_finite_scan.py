@@ -9,6 +9,7 @@ import pytest
 
 import exactblocks as eb
 from exactblocks import _ext
+from helpers import make_transformer_weights
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +72,7 @@ def test_first_nonfinite_spans(core, threads, isa):
 def test_state_error_names_first_bad_slot_of_a_wrapped_window():
     rng = np.random.default_rng(5)
     d, H, KV, hd = 32, 4, 2, 8
-    w = {"input_layernorm.weight": np.ones(d, np.float32),
-         "post_attention_layernorm.weight": np.ones(d, np.float32)}
-    for name, o, i in [("q", H * hd, d), ("k", KV * hd, d), ("v", KV * hd, d), ("o", d, H * hd),
-                       ("gate", 48, d), ("up", 48, d), ("down", d, 48)]:
-        w[f"{name}_proj.weight"] = (rng.standard_normal((o, i)) / np.sqrt(i)).astype(np.float32)
+    w = make_transformer_weights(rng, d, H, KV, hd, 48, scale=0.3)
     blk = eb.TransformerBlockInference(w, n_heads=H, n_kv_heads=KV, window=5)
     st = blk.allocate_state(2, 64)
     x = rng.standard_normal((2, 7, d)).astype(np.float32)
@@ -100,11 +97,7 @@ def test_state_error_order_does_not_depend_on_the_ring(fed):
     """The first bad element is chosen in (row, k before v, KV head, position) order."""
     rng = np.random.default_rng(7)
     d, H, KV, hd = 32, 4, 2, 8
-    w = {"input_layernorm.weight": np.ones(d, np.float32),
-         "post_attention_layernorm.weight": np.ones(d, np.float32)}
-    for name, o, i in [("q", H * hd, d), ("k", KV * hd, d), ("v", KV * hd, d), ("o", d, H * hd),
-                       ("gate", 48, d), ("up", 48, d), ("down", d, 48)]:
-        w[f"{name}_proj.weight"] = (rng.standard_normal((o, i)) / np.sqrt(i)).astype(np.float32)
+    w = make_transformer_weights(rng, d, H, KV, hd, 48, scale=0.3)
     blk = eb.TransformerBlockInference(w, n_heads=H, n_kv_heads=KV, window=4)
     st = blk.allocate_state(1, 64)
     x = rng.standard_normal((1, fed, d)).astype(np.float32)
@@ -139,11 +132,7 @@ def test_cache_check_in_the_kernel_matches_the_reading_rule(window, threads):
     read slot, and then leaves the state untouched."""
     rng = np.random.default_rng(100 + window)
     d, H, KV, hd = 16, 4, 2, 8
-    w = {"input_layernorm.weight": np.ones(d, np.float32),
-         "post_attention_layernorm.weight": np.ones(d, np.float32)}
-    for name, o, i in [("q", H * hd, d), ("k", KV * hd, d), ("v", KV * hd, d), ("o", d, H * hd),
-                       ("gate", 24, d), ("up", 24, d), ("down", d, 24)]:
-        w[f"{name}_proj.weight"] = (rng.standard_normal((o, i)) / np.sqrt(i)).astype(np.float32)
+    w = make_transformer_weights(rng, d, H, KV, hd, 24, scale=0.3)
     blk = eb.TransformerBlockInference(w, n_heads=H, n_kv_heads=KV, window=window)
     raised = passed = 0
     for case in range(60):
