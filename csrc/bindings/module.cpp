@@ -209,6 +209,29 @@ NB_MODULE(_core, m) {
     const int64_t s = owner[hit.region].first, g = owner[hit.region].second;
     return nb::make_tuple(s, g, sp[3 * s + 1] + hit.offset / hd, hit.offset % hd);
   });
+  // First non-finite element among the rows arr[b] (b in `rows`, in that order) of a
+  // C-contiguous float32 array, as (index into rows, flat offset inside arr[b]), or None:
+  // one pass over every advancing row of a Mamba-2 state, split over the threads.
+  m.def("first_nonfinite_rows", [](nb::ndarray<const float, nb::c_contig, nb::device::cpu> arr,
+                                   nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> rows) -> nb::object {
+    EB_CHECK(arr.ndim() >= 1, "first_nonfinite_rows: arr must have a row axis");
+    const int64_t n_rows = static_cast<int64_t>(arr.shape(0));
+    const int64_t per_row = n_rows ? static_cast<int64_t>(arr.size()) / n_rows : 0;
+    thread_local std::vector<ops::FloatRegion> regions;  // reused: no allocation once warm
+    regions.clear();
+    for (size_t i = 0; i < rows.shape(0); ++i) {
+      const int64_t b = rows.data()[i];
+      EB_CHECK(b >= 0 && b < n_rows, "first_nonfinite_rows: row out of range");
+      regions.push_back({arr.data() + b * per_row, per_row});
+    }
+    ops::NonfiniteHit hit;
+    {
+      nb::gil_scoped_release release;
+      hit = ops::first_nonfinite(regions, g_threads);
+    }
+    if (hit.region < 0) return nb::none();
+    return nb::make_tuple(hit.region, hit.offset);
+  });
   // Flat index of the first non-finite element of a C-contiguous float32 array, or -1 (the
   // Python layer's finiteness checks of x, weights and states; read only, GIL released).
   m.def("first_nonfinite", [](nb::ndarray<const float, nb::c_contig, nb::device::cpu> a) -> int64_t {

@@ -273,6 +273,27 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
 # the block
 # --------------------------------------------------------------------------------------------
 
+def _check_state_finite(state: Mamba2State, lens: np.ndarray, where: str) -> None:
+    """SPEC 2.4: what a call reads of each advancing row must be finite: ``conv_window[b, :,
+    1:]`` (the first token's conv reads columns 1 .. K-1; column 0, the oldest input, leaves
+    the window unread) and ``h[b]``. One native pass over all advancing rows of each buffer;
+    only when it sees a NaN/inf somewhere (column 0 included) does the exact per-row check run,
+    which names the first offending element (rows in order, conv_window before h) or finds
+    that only column 0 holds one."""
+    rows = np.flatnonzero(np.asarray(lens) > 0).astype(np.int64)
+    if rows.size == 0:
+        return
+    core = _ext.core()
+    if (core.first_nonfinite_rows(state.conv_window, rows) is None
+            and core.first_nonfinite_rows(state.h, rows) is None):
+        return
+    for b in rows.tolist():
+        cols = state.conv_window[b, :, 1:]
+        if cols.size:
+            check_finite(cols, "state.conv_window", where, index_base=(b,), index_offset=(0, 1))
+        check_finite(state.h[b], "state.h", where, index_base=(b,))
+
+
 class Mamba2BlockInference(BlockCommon):
     """One Mamba-2 block (RMSNorm, Mamba-2 mixer, residual), bit-exact float32 on the CPU.
 
@@ -607,15 +628,7 @@ class Mamba2BlockInference(BlockCommon):
                 if n and held > _INT64_MAX - n:
                     raise ValueError(f"{where}: state.row_tokens[{b}]={held} + {n} tokens "
                                      "overflows int64")
-            for b in range(bsz):
-                if lens[b]:
-                    # SPEC 2.4: the part the call reads. The first token's conv reads columns
-                    # 1 .. K-1 of the window (column 0, the oldest input, is dropped unread).
-                    cols = state.conv_window[b, :, 1:]
-                    if cols.size:
-                        check_finite(cols, "state.conv_window", where, index_base=(b,),
-                                     index_offset=(0, 1))
-                    check_finite(state.h[b], "state.h", where, index_base=(b,))
+            _check_state_finite(state, lens, where)
             y = impl.core.forward(xa, lens, state.conv_window, state.h)
             state.row_tokens[:] = start + lens
         finally:

@@ -701,6 +701,34 @@ def test_unread_conv_window_column_is_not_checked(block, x, primed, val):
     assert_bitwise_equal(primed.h, ref.h)
 
 
+def test_nonfinite_state_first_in_row_order(block):
+    """With bad values in several rows, the error names the first row's (conv_window before
+    h); a value in column 0 (unread) or in an idle row is skipped, whatever the threads."""
+    st = block.allocate_state(4)
+    x4 = np.random.default_rng(11).standard_normal((4, 5, D)).astype(np.float32)
+    block.forward(x4, st)
+    st.conv_window[0, 2, 0] = np.nan         # row 0: column 0, not read
+    st.conv_window[1, 5, 1] = np.inf         # row 1: idle below
+    st.h[2, 1, 0, 2] = np.nan                # row 2: the first read bad value
+    st.conv_window[3, 0, 2] = -np.inf        # row 3: later
+    snap = snapshot(st)
+    for n in (1, 2, 3):
+        saved = exactblocks.get_num_threads()
+        exactblocks.set_num_threads(n)
+        try:
+            with raises(ValueError, "state.h[2, 1, 0, 2]"):
+                block.forward(x4, st, lengths=[5, 0, 5, 5])
+        finally:
+            exactblocks.set_num_threads(saved)
+        assert snapshot(st) == snap
+    st.h[2, 1, 0, 2] = 0.0
+    with raises(ValueError, "state.conv_window[3, 0, 2]"):
+        block.forward(x4, st, lengths=[5, 0, 5, 5])
+    st.conv_window[3, 0, 2] = 0.0
+    y = block.forward(x4, st, lengths=[5, 0, 5, 5])
+    assert np.isfinite(y[[0, 2, 3]]).all()
+
+
 def test_state_buffer_reshaped_in_place_is_refused(block, x, primed):
     primed.h.shape = (2, NH, NS, DI // NH)      # in-place reshape of the same memory
     with raises(ValueError, "state.h", "shape"):
