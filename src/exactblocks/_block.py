@@ -1,5 +1,5 @@
 """Members shared by both block classes (SPEC.md 2.8): read-only attributes, ``set_params``,
-pickling, extension queries and ``backward``.
+pickling, extension queries, ``backward`` and the checks that open every call.
 
 A subclass sets ``_defaults`` (keyword option -> default) and ``_build`` (a staticmethod
 ``(raw_options, where, weights=None, canonical=None) -> impl`` that validates everything and
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _ext
-from ._validation import check_finite
+from ._validation import check_finite, check_lengths, check_tokens, format_shape
 
 __all__ = ["BlockCommon"]
 
@@ -26,6 +26,50 @@ class BlockCommon:
     @staticmethod
     def _build(raw: dict, where: str, weights=None, canonical=None):  # pragma: no cover
         raise NotImplementedError
+
+    # -- checks that open every call (SPEC.md 2.5: all before anything is computed) -----------
+    @staticmethod
+    def _check_call_inputs(x, state, lengths, where: str, *, step: bool, d_model: int,
+                           state_cls: type, type_error, alloc_call: str):
+        """Check ``x``, the state's type and ``lengths``; return ``(x as float32 (B, L, d),
+        lengths as int64 (B,))``. ``type_error(where, state)`` builds the wrong-type error;
+        ``alloc_call`` names the allocation call in the missing-state message."""
+        xa = check_tokens(x, d_model, where, step=step)
+        bsz, n_tok, _ = xa.shape
+        if state is None and step:
+            raise TypeError(f"{where}: state is required (got None); allocate one with "
+                            f"{alloc_call}")
+        if state is not None and not isinstance(state, state_cls):
+            raise type_error(where, state)
+        lens = check_lengths(lengths, bsz, n_tok, where)
+        for b in range(bsz):
+            n = int(lens[b])
+            if n:
+                check_finite(xa[b, :n], "x", where, index_base=(b,))
+        return xa, lens
+
+    @staticmethod
+    def _check_fingerprint(impl, state, where: str) -> None:
+        """The state was allocated by a block of this configuration."""
+        if state.fingerprint != impl.fingerprint:
+            raise ValueError(f"{where}: state belongs to another block or configuration (state "
+                             f"fingerprint {state.fingerprint}, block fingerprint "
+                             f"{impl.fingerprint})")
+
+    @classmethod
+    def _check_state_fits(cls, impl, state, xa: np.ndarray, where: str) -> None:
+        """The state was allocated by a block of this configuration, for x's batch size."""
+        cls._check_fingerprint(impl, state, where)
+        if state.batch_size != xa.shape[0]:
+            raise ValueError(f"{where}: state.batch_size={state.batch_size} does not match the "
+                             f"batch of x, {xa.shape[0]} (x shape {format_shape(xa.shape)})")
+
+    @staticmethod
+    def _lock_state(state, where: str) -> None:
+        """Claim the state for this call (release with ``state._lock.release()``)."""
+        if not state._lock.acquire(blocking=False):
+            raise RuntimeError(f"{where}: state is in use by another call (a state serves one "
+                               "call at a time)")
 
     # -- read-only attributes ---------------------------------------------------------------
     def __setattr__(self, name, value):

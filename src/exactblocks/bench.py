@@ -1047,34 +1047,21 @@ def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recor
     for pname, peer in peers.items():
         rec.log(f"[{name}] {pname} ...")
         try:
-            # prefill B=1
-            if pname == "exactblocks":
-                fn, t_w, ok = eb.make_prefill(x_pre, None), warm_eb["prefill_b1"], ok_pre
-            else:
-                fn = peer.make_prefill(x_pre, None)
-                t0 = time.perf_counter()
-                got = fn()
-                t_w = time.perf_counter() - t0
-                ok = agree("prefill_b1", pname, got)
-            if ok:
-                jobs["prefill_b1"][pname] = (_prefill_sampler(fn), t_w,
-                                             _case_tokens("prefill_b1", sh))
-            else:
-                res["prefill_b1"][pname] = "check failed"
-            # prefill ragged
-            if pname == "exactblocks":
-                fn, t_w, ok = eb.make_prefill(x_rag, lens), warm_eb["prefill_ragged"], ok_rag
-            else:
-                fn = peer.make_prefill(x_rag, lens)
-                t0 = time.perf_counter()
-                got = fn()
-                t_w = time.perf_counter() - t0
-                ok = agree("prefill_ragged", pname, got)
-            if ok:
-                jobs["prefill_ragged"][pname] = (_prefill_sampler(fn), t_w,
-                                                 _case_tokens("prefill_ragged", sh))
-            else:
-                res["prefill_ragged"][pname] = "check failed"
+            # prefill B=1 and ragged
+            for case, xc, lc, ok_eb in (("prefill_b1", x_pre, None, ok_pre),
+                                        ("prefill_ragged", x_rag, lens, ok_rag)):
+                fn = (eb if pname == "exactblocks" else peer).make_prefill(xc, lc)
+                if pname == "exactblocks":
+                    t_w, ok = warm_eb[case], ok_eb
+                else:
+                    t0 = time.perf_counter()
+                    got = fn()
+                    t_w = time.perf_counter() - t0
+                    ok = agree(case, pname, got)
+                if ok:
+                    jobs[case][pname] = (_prefill_sampler(fn), t_w, _case_tokens(case, sh))
+                else:
+                    res[case][pname] = "check failed"
             # decode B=1 and B=8 from the same 512-token prefix
             if pname == "exactblocks":
                 p_snap1, p_snap8 = snap1, snap8

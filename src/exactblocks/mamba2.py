@@ -21,9 +21,7 @@ from ._validation import (
     check_array,
     check_finite,
     check_int,
-    check_lengths,
     check_real,
-    check_tokens,
     describe_type,
     format_shape,
 )
@@ -590,34 +588,16 @@ class Mamba2BlockInference(BlockCommon):
     def _call(self, x, state, lengths, where: str, *, step: bool) -> np.ndarray:
         impl = self._impl  # one snapshot: set_params swaps configurations atomically
         s = impl.sizes
-        xa = check_tokens(x, s["d_model"], where, step=step)
-        bsz, n_tok, _ = xa.shape
-        if state is None and step:
-            raise TypeError(f"{where}: state is required (got None); allocate one with "
-                            "allocate_state(batch_size)")
-        if state is not None and not isinstance(state, Mamba2State):
-            raise _mamba2_state_type_error(where, state)
-        lens = check_lengths(lengths, bsz, n_tok, where)
-        for b in range(bsz):
-            n = int(lens[b])
-            if n:
-                check_finite(xa[b, :n], "x", where, index_base=(b,))
-        cw_shape = (bsz, s["conv_dim"], s["conv_kernel"])
-        h_shape = (bsz, s["n_heads"], s["head_dim"], s["d_state"])
+        xa, lens = self._check_call_inputs(
+            x, state, lengths, where, step=step, d_model=s["d_model"], state_cls=Mamba2State,
+            type_error=_mamba2_state_type_error, alloc_call="allocate_state(batch_size)")
+        bsz = xa.shape[0]
         if state is None:
-            return impl.core.forward(xa, lens, np.zeros(cw_shape, np.float32),
-                                     np.zeros(h_shape, np.float32))
-
-        if state.fingerprint != impl.fingerprint:
-            raise ValueError(f"{where}: state belongs to another block or configuration (state "
-                             f"fingerprint {state.fingerprint}, block fingerprint "
-                             f"{impl.fingerprint})")
-        if state.batch_size != bsz:
-            raise ValueError(f"{where}: state.batch_size={state.batch_size} does not match the "
-                             f"batch of x, {bsz} (x shape {format_shape(xa.shape)})")
-        if not state._lock.acquire(blocking=False):
-            raise RuntimeError(f"{where}: state is in use by another call (a state serves one "
-                               "call at a time)")
+            return impl.core.forward(
+                xa, lens, np.zeros((bsz, s["conv_dim"], s["conv_kernel"]), np.float32),
+                np.zeros((bsz, s["n_heads"], s["head_dim"], s["d_state"]), np.float32))
+        self._check_state_fits(impl, state, xa, where)
+        self._lock_state(state, where)
         try:
             state._check_buffers(where)  # dtype, shape, C order, writable, no aliasing
             start = np.array(state.row_tokens, dtype=np.int64, copy=True)

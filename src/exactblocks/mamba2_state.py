@@ -14,7 +14,7 @@ import threading
 import numpy as np
 
 from ._validation import check_state_buffers, describe_type
-from .state import _PRIVATE, _check_rows
+from .state import _PRIVATE, _reset_rows
 
 __all__ = ["Mamba2State"]
 
@@ -139,17 +139,7 @@ class Mamba2State:
         RuntimeError
             The state is in use by a running call.
         """
-        where = "Mamba2State.reset"
-        idx = _check_rows(rows, self.batch_size, where)
-        if not self._lock.acquire(blocking=False):
-            raise RuntimeError(f"{where}: state is in use by another call")
-        try:
-            self._check_buffers(where)
-            self.conv_window[idx] = 0.0
-            self.h[idx] = 0.0
-            self.row_tokens[idx] = 0
-        finally:
-            self._lock.release()
+        _reset_rows(self, rows, "Mamba2State.reset", ("conv_window", "h"))
 
     def _check_buffers(self, where: str) -> None:
         """Raise ValueError unless conv_window, h and row_tokens are intact (see

@@ -264,17 +264,7 @@ class TransformerState:
         RuntimeError
             The state is in use by a running call.
         """
-        where = "TransformerState.reset"
-        idx = _check_rows(rows, self.batch_size, where)
-        if not self._lock.acquire(blocking=False):
-            raise RuntimeError(f"{where}: state is in use by another call")
-        try:
-            self._check_buffers(where)
-            self.k_cache[idx] = 0.0
-            self.v_cache[idx] = 0.0
-            self.row_tokens[idx] = 0
-        finally:
-            self._lock.release()
+        _reset_rows(self, rows, "TransformerState.reset", ("k_cache", "v_cache"))
 
     def __repr__(self) -> str:
         return (f"TransformerState(batch_size={self.batch_size}, n_kv_heads={self.n_kv_heads}, "
@@ -289,6 +279,22 @@ class TransformerState:
 
     def _set_session(self, session) -> None:
         object.__setattr__(self, "_session", None if session is None else weakref.ref(session))
+
+
+def _reset_rows(state, rows, where: str, buffers: tuple) -> None:
+    """A state's ``reset``: zero the named buffers and ``row_tokens`` of ``rows`` (all when
+    None), under the state's lock and after re-checking its buffers; nothing is written when a
+    check fails."""
+    idx = _check_rows(rows, state.batch_size, where)
+    if not state._lock.acquire(blocking=False):
+        raise RuntimeError(f"{where}: state is in use by another call")
+    try:
+        state._check_buffers(where)
+        for name in buffers:
+            getattr(state, name)[idx] = 0.0
+        state.row_tokens[idx] = 0
+    finally:
+        state._lock.release()
 
 
 def _check_rows(rows, batch: int, where: str) -> list[int]:

@@ -20,12 +20,9 @@ from ._validation import (
     _fmt_int,
     check_array,
     check_choice,
-    check_finite,
     check_flag,
     check_int,
-    check_lengths,
     check_real,
-    check_tokens,
     describe_type,
     format_shape,
 )
@@ -885,28 +882,13 @@ class TransformerBlockInference(BlockCommon):
         return self._call(x, state, None, f"{_CLS}.step", step=True, session=None)
 
     # -- internals ----------------------------------------------------------------------------
-    @staticmethod
-    def _check_fingerprint(impl: _Impl, state: TransformerState, where: str) -> None:
-        if state.fingerprint != impl.fingerprint:
-            raise ValueError(f"{where}: state belongs to another block or configuration (state "
-                             f"fingerprint {state.fingerprint}, block fingerprint "
-                             f"{impl.fingerprint})")
-
     def _call(self, x, state, lengths, where: str, *, step: bool, session) -> np.ndarray:
         impl = self._impl  # one snapshot: set_params swaps configurations atomically
-        d = impl.d_model
-        xa = check_tokens(x, d, where, step=step)
+        xa, lens = self._check_call_inputs(
+            x, state, lengths, where, step=step, d_model=impl.d_model,
+            state_cls=TransformerState, type_error=_state_type_error,
+            alloc_call="allocate_state(batch_size, max_tokens)")
         bsz, n_tok, _ = xa.shape
-        if state is None and step:
-            raise TypeError(f"{where}: state is required (got None); allocate one with "
-                            "allocate_state(batch_size, max_tokens)")
-        if state is not None and not isinstance(state, TransformerState):
-            raise _state_type_error(where, state)
-        lens = check_lengths(lengths, bsz, n_tok, where)
-        for b in range(bsz):
-            n = int(lens[b])
-            if n:
-                check_finite(xa[b, :n], "x", where, index_base=(b,))
         core = impl.core
         opts = impl.opts
         max_pos = opts["max_positions"]
@@ -925,17 +907,12 @@ class TransformerBlockInference(BlockCommon):
             v = np.zeros(shape, np.float32)
             return core.forward(xa, lens, np.zeros(bsz, np.int64), k, v)
 
-        self._check_fingerprint(impl, state, where)
-        if state.batch_size != bsz:
-            raise ValueError(f"{where}: state.batch_size={state.batch_size} does not match the "
-                             f"batch of x, {bsz} (x shape {format_shape(xa.shape)})")
+        self._check_state_fits(impl, state, xa, where)
         owner = state._open_session()
         if owner is not None and owner is not session:
             raise ValueError(f"{where}: state is claimed by an open decode session {owner!r}; "
                              "call the session's step/forward, or close it first")
-        if not state._lock.acquire(blocking=False):
-            raise RuntimeError(f"{where}: state is in use by another call (a state serves one "
-                               "call at a time)")
+        self._lock_state(state, where)
         try:
             start = _check_counters(state, where)
             for b in range(bsz):
