@@ -57,6 +57,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .cli import _positive_int  # the argparse type of the CLI's integer options
+
 __all__ = ["LayerSpec", "ROW_RTOL", "main", "run_bench"]
 
 #: Peer agreement tolerance: per row ``||y_peer - y_eb||_2 / ||y_eb||_2`` (SPEC.md 4.6, 7.5).
@@ -877,7 +879,7 @@ def _decode_sampler(peer, snap, xs: np.ndarray):
     return sample
 
 
-def _time_interleaved(jobs: dict, opts: dict, rec, label: str) -> dict:
+def _time_interleaved(jobs: dict, opts: dict, rec, workload: str, case: str) -> dict:
     """Time every peer of one case in rounds: each round takes one sample of each peer in
     turn (after a short pause that lets the previous peer's worker threads go idle), so all
     peers see the same machine. Every peer gets the same number of rounds, the least any
@@ -898,7 +900,7 @@ def _time_interleaved(jobs: dict, opts: dict, rec, label: str) -> dict:
             except Exception as exc:  # noqa: BLE001
                 if pname == "exactblocks":
                     raise
-                rec.check(label.split()[0], label.split()[-1], pname, "runs", False, repr(exc))
+                rec.check(workload, case, pname, "runs", False, repr(exc))
                 out[pname] = f"error: {type(exc).__name__}"
                 continue
             samples[pname] += ts
@@ -1093,7 +1095,7 @@ def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recor
                 res[c].setdefault(pname, f"error: {type(exc).__name__}")
     for case in CASES:
         rec.log(f"[{name}] timing {case}, peers interleaved ...")
-        for pname, m in _time_interleaved(jobs[case], opts, rec, f"{name} {case}").items():
+        for pname, m in _time_interleaved(jobs[case], opts, rec, name, case).items():
             res[case][pname] = m
     for c in CASES:
         for pname, m in res[c].items():
@@ -1676,13 +1678,6 @@ def run_bench(workloads: Sequence[str] = WORKLOAD_NAMES, *, quick: bool = False,
           f"{os.path.join(out_dir, 'bench.md')} ({meta['seconds']} s)")
     data["report"] = report
     return data
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return value
 
 
 def _workload_list(text: str) -> list[str]:
