@@ -5,7 +5,6 @@
 // so every ISA gives the same bits). Source: HF Mamba2Mixer recurrent update; SSD
 // arXiv:2405.21060. dtb: scratch of d_state floats. Reference twin: <VecScalar>.
 #pragma once
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -157,9 +156,10 @@ inline void scan_chunk(float* h, int64_t hd, int64_t ns, int64_t T, const float*
 
 }  // namespace detail
 
-// T tokens of one head: token t has dt[t] (after softplus and clamp), x[t] (head_dim), B[t]
-// and C[t] (d_state) and writes y[t] (head_dim). h as in ssm_scan_step. scratch holds
-// ssm_scan_scratch_floats(ns) floats. Bits equal T calls of ssm_scan_step.
+// T <= kScanChunk tokens of one head (the caller walks a row in such runs): token t has
+// dt[t] (after softplus and clamp), x[t] (head_dim), B[t] and C[t] (d_state) and writes y[t]
+// (head_dim). h as in ssm_scan_step. scratch holds ssm_scan_scratch_floats(ns) floats. Bits
+// equal T calls of ssm_scan_step.
 template <class V>
 inline void ssm_scan_tokens(float* h, int64_t hd, int64_t ns, int64_t T, const float* dt, float a,
                             float dd, const float* const* x, const float* const* bv,
@@ -173,27 +173,20 @@ inline void ssm_scan_tokens(float* h, int64_t hd, int64_t ns, int64_t T, const f
   float* da = scratch;
   float* dtb = da + kScanChunk;
   float* acc = dtb + kScanChunk * ns;
-  for (int64_t t0 = 0; t0 < T; t0 += kScanChunk) {
-    const int64_t n = std::min(kScanChunk, T - t0);
-    for (int64_t t = 0; t < n; ++t) {
-      da[t] = math::exp_f32(dt[t0 + t] * a);
-      const V dtv = V::set1(dt[t0 + t]);
-      for (int64_t i = 0; i < ns; i += V::kLanes)
-        V::mul(dtv, V::load(bv[t0 + t] + i)).store(dtb + t * ns + i);
-    }
-    const float* const* xs = x + t0;
-    const float* const* cs = cv + t0;
-    float* const* ys = y + t0;
-    switch (groups) {
-      case 1: detail::scan_chunk<V, 1>(h, hd, ns, n, da, dtb, dd, xs, cs, ys, acc); break;
-      case 2: detail::scan_chunk<V, 2>(h, hd, ns, n, da, dtb, dd, xs, cs, ys, acc); break;
-      case 3: detail::scan_chunk<V, 3>(h, hd, ns, n, da, dtb, dd, xs, cs, ys, acc); break;
-      case 4: detail::scan_chunk<V, 4>(h, hd, ns, n, da, dtb, dd, xs, cs, ys, acc); break;
-      case 5: detail::scan_chunk<V, 5>(h, hd, ns, n, da, dtb, dd, xs, cs, ys, acc); break;
-      case 6: detail::scan_chunk<V, 6>(h, hd, ns, n, da, dtb, dd, xs, cs, ys, acc); break;
-      case 7: detail::scan_chunk<V, 7>(h, hd, ns, n, da, dtb, dd, xs, cs, ys, acc); break;
-      default: detail::scan_chunk<V, 8>(h, hd, ns, n, da, dtb, dd, xs, cs, ys, acc); break;
-    }
+  for (int64_t t = 0; t < T; ++t) {  // dA and dt * B per token, as ssm_scan_step computes them
+    da[t] = math::exp_f32(dt[t] * a);
+    const V dtv = V::set1(dt[t]);
+    for (int64_t i = 0; i < ns; i += V::kLanes) V::mul(dtv, V::load(bv[t] + i)).store(dtb + t * ns + i);
+  }
+  switch (groups) {
+    case 1: detail::scan_chunk<V, 1>(h, hd, ns, T, da, dtb, dd, x, cv, y, acc); break;
+    case 2: detail::scan_chunk<V, 2>(h, hd, ns, T, da, dtb, dd, x, cv, y, acc); break;
+    case 3: detail::scan_chunk<V, 3>(h, hd, ns, T, da, dtb, dd, x, cv, y, acc); break;
+    case 4: detail::scan_chunk<V, 4>(h, hd, ns, T, da, dtb, dd, x, cv, y, acc); break;
+    case 5: detail::scan_chunk<V, 5>(h, hd, ns, T, da, dtb, dd, x, cv, y, acc); break;
+    case 6: detail::scan_chunk<V, 6>(h, hd, ns, T, da, dtb, dd, x, cv, y, acc); break;
+    case 7: detail::scan_chunk<V, 7>(h, hd, ns, T, da, dtb, dd, x, cv, y, acc); break;
+    default: detail::scan_chunk<V, 8>(h, hd, ns, T, da, dtb, dd, x, cv, y, acc); break;
   }
 }
 
