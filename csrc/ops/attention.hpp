@@ -102,16 +102,24 @@ inline void pv_heads_rg(const float* const* sc, float* const* oo, ValAt val_at, 
   }
 }
 
-// o_r over d < hd_vec for rg <= 4 heads (pv_chunk in pieces of at most 16 accumulators).
+// o_r[d] for rg <= 4 heads and every d < head_dim: whole vectors by pv_chunk (in pieces of
+// at most 16 accumulators), the last head_dim % kLanes columns by the same scalar fma chain.
 template <class V, class ValAt>
 inline void pv_heads(int rg, const float* const* sc, float* const* oo, ValAt val_at, int64_t j0,
-                     int64_t hd_vec, int64_t lo, int64_t hi, bool first) {
+                     int64_t head_dim, int64_t lo, int64_t hi, bool first) {
+  const int64_t hd_vec = head_dim - head_dim % V::kLanes;
   switch (rg) {
     case 1: pv_heads_rg<V, 1>(sc, oo, val_at, j0, hd_vec, lo, hi, first); break;
     case 2: pv_heads_rg<V, 2>(sc, oo, val_at, j0, hd_vec, lo, hi, first); break;
     case 3: pv_heads_rg<V, 3>(sc, oo, val_at, j0, hd_vec, lo, hi, first); break;
     default: pv_heads_rg<V, 4>(sc, oo, val_at, j0, hd_vec, lo, hi, first); break;
   }
+  for (int r = 0; r < rg; ++r)
+    for (int64_t d = hd_vec; d < head_dim; ++d) {
+      float s = first ? 0.0f : oo[r][d];
+      for (int64_t jj = lo; jj <= hi; ++jj) s = std::fma(sc[r][jj - j0], val_at(jj)[d], s);
+      oo[r][d] = s;
+    }
 }
 
 }  // namespace detail
@@ -161,16 +169,9 @@ inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0,
     for (int r = 0; r < R; ++r) scores[r * stride + i] = V::reduce16(acc[r]);
   }
   for (int r = 0; r < R; ++r) softmax_scores<V>(scores + r * stride, n, scale, softcap);
-  const int64_t hd_vec = head_dim - head_dim % V::kLanes;
   const float* sc[R];
   for (int r = 0; r < R; ++r) sc[r] = scores + r * stride;
-  detail::pv_heads<V>(R, sc, o, val_at, j0, hd_vec, j0, p, true);
-  for (int64_t d = hd_vec; d < head_dim; ++d)
-    for (int r = 0; r < R; ++r) {
-      float s = 0.0f;
-      for (int64_t i = 0; i < n; ++i) s = std::fma(scores[r * stride + i], val_at(j0 + i)[d], s);
-      o[r][d] = s;
-    }
+  detail::pv_heads<V>(R, sc, o, val_at, j0, head_dim, j0, p, true);
 }
 
 // Q consecutive queries (positions p0 .. p0+Q-1) of one row and the R query heads of one KV
@@ -225,7 +226,6 @@ inline void attention_prefill_block(const float* const* q, int Q, int R, int64_t
       softmax_scores<V>(scores + (qi * R + r) * stride, p0 + qi - j0_of(qi) + 1, scale, softcap);
   // 3. o = SEQ over keys, value chunk by value chunk (kVChunk positions stay in L1)
   constexpr int64_t kVChunk = 64;
-  const int64_t hd_vec = head_dim - head_dim % kL;
   for (int64_t c0 = j0_of(0); c0 <= p_last; c0 += kVChunk) {
     const int64_t c1 = std::min(c0 + kVChunk - 1, p_last);
     for (int qi = 0; qi < Q; ++qi) {
@@ -242,15 +242,8 @@ inline void attention_prefill_block(const float* const* q, int Q, int R, int64_t
           oo[r] = o[qi * R + r0 + r];
         }
         detail::pv_heads<V>(rg, sc, oo,
-                            [&](int64_t j) { return vp + (j - base) * head_dim; }, j0, hd_vec,
+                            [&](int64_t j) { return vp + (j - base) * head_dim; }, j0, head_dim,
                             lo, hi, first);
-        for (int r = 0; r < rg; ++r)
-          for (int64_t d = hd_vec; d < head_dim; ++d) {
-            float s = first ? 0.0f : oo[r][d];
-            for (int64_t jj = lo; jj <= hi; ++jj)
-              s = std::fma(sc[r][jj - j0], vp[(jj - base) * head_dim + d], s);
-            oo[r][d] = s;
-          }
       }
     }
   }
