@@ -130,6 +130,13 @@ static void check_rows(const IArr& a, int64_t batch, const char* name) {
   EB_CHECK(static_cast<int64_t>(a.shape(0)) == batch, std::string(name) + " must have batch entries");
 }
 
+static nb::list storage_list(std::initializer_list<std::pair<const char*, const ops::PackedMatrix*>> items) {
+  nb::list out;
+  for (const auto& [name, pm] : items)
+    out.append(nb::make_tuple(std::string(name), std::string(pm->format_name()), pm->bytes()));
+  return out;
+}
+
 NB_MODULE(_core, m) {
   m.attr("__version__") = EB_VERSION;
   m.def("arithmetic_version", []() { return std::string(kArithmeticVersion); });
@@ -255,7 +262,7 @@ NB_MODULE(_core, m) {
   // Ops exposed for the unit tests (tests/unit): the same kernels the blocks use.
   m.def("gemm", [](nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> a,
                    nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> w,
-                   nb::object bias) {
+                   nb::object bias, bool compact) {
     const int64_t mm = static_cast<int64_t>(a.shape(0)), k = static_cast<int64_t>(a.shape(1));
     const int64_t n = static_cast<int64_t>(w.shape(0));
     EB_CHECK(static_cast<int64_t>(w.shape(1)) == k, "gemm: inner sizes differ");
@@ -266,14 +273,17 @@ NB_MODULE(_core, m) {
       EB_CHECK(static_cast<int64_t>(barr.size()) == n, "gemm: bias size");
       b = barr.data();
     }
-    ops::PackedMatrix pm = ops::pack_matrices({w.data()}, {n}, k, {b});
+    ops::PackedMatrix pm = ops::pack_matrices({w.data()}, {n}, k, {b}, compact);
     OutArr c = new_array({static_cast<size_t>(mm), static_cast<size_t>(n)});
     {
       nb::gil_scoped_release release;
       kernels().gemm(a.data(), mm, k, pm, c.data(), n, g_threads);
     }
-    return c;
-  }, nb::arg("a"), nb::arg("w"), nb::arg("bias").none() = nb::none());
+    return nb::make_tuple(c, std::string(pm.format_name()));
+  }, nb::arg("a"), nb::arg("w"), nb::arg("bias").none() = nb::none(), nb::arg("compact") = true);
+  // Tests only: whether blocks built from now on may store weights in a compact exact format.
+  m.def("_set_compact_packing", &ops::set_compact_packing);
+  m.def("_compact_packing", &ops::compact_packing);
   m.def("gemm_ref", [](nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> a,
                        nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> w,
                        nb::object bias) {
@@ -328,6 +338,8 @@ NB_MODULE(_core, m) {
       }, nb::arg("w"), nb::arg("bias").none() = nb::none())
       .def_prop_ro("n_out", [](const ops::PackedMatrix& p) { return p.n_out; })
       .def_prop_ro("k_in", [](const ops::PackedMatrix& p) { return p.k_in; })
+      .def_prop_ro("format", [](const ops::PackedMatrix& p) { return std::string(p.format_name()); })
+      .def_prop_ro("nbytes", [](const ops::PackedMatrix& p) { return p.bytes(); })
       .def("forward", [](const ops::PackedMatrix& p,
                          nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> x) {
         const int64_t mm = static_cast<int64_t>(x.shape(0));
@@ -341,6 +353,12 @@ NB_MODULE(_core, m) {
       });
 
   nb::class_<TransformerModel>(m, "TransformerCore")
+      // [(matrix, format, bytes)] of the packed projections (ops/gemm.hpp PanelFormat)
+      .def_prop_ro("weight_storage", [](const TransformerModel& t) {
+        return storage_list({{"qkv_proj", &t.w_qkv}, {"o_proj", &t.w_o},
+                             {t.cfg.mlp <= 2 ? "gate_up_proj" : "up_proj", &t.w_gu},
+                             {"down_proj", &t.w_down}});
+      })
       .def("__init__", [](TransformerModel* self, nb::dict cfg, nb::dict weights) {
         std::vector<CArr> keep;
         auto ptrs = weight_ptrs(weights, keep);
@@ -389,6 +407,9 @@ NB_MODULE(_core, m) {
          nb::arg("check_cache") = false);
 
   nb::class_<Mamba2Model>(m, "Mamba2Core")
+      .def_prop_ro("weight_storage", [](const Mamba2Model& t) {
+        return storage_list({{"in_proj", &t.w_in}, {"out_proj", &t.w_out}});
+      })
       .def("__init__", [](Mamba2Model* self, nb::dict cfg, nb::dict weights) {
         std::vector<CArr> keep;
         auto ptrs = weight_ptrs(weights, keep);

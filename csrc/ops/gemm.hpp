@@ -16,19 +16,59 @@ namespace eb::ops {
 
 constexpr int kGemmNR = 48;
 
-// W (n_out, k_in) row-major (torch [out, in]) packed into ceil(n_out / kGemmNR) panels, each
-// (k_in, kGemmNR) with zero columns past n_out. Bias optional (empty when absent).
+// How a packed matrix holds its weights. Every format is lossless: the packer picks a compact
+// one only when it rebuilds every weight bit for bit (ops/gemm_pack.cpp), and the kernels
+// rebuild each weight with that same exact operation before its FMA, so the GEMM's arithmetic
+// (and every output bit) is the same whatever the format. Compact formats cut the bytes a
+// decode step streams: weights dequantised from GGUF blocks are exactly such values.
+//   kPanelF32: panels (k_in, kGemmNR) of float.
+//   kPanelQ8:  per block of kQBlock k's and output n: w = d * q, q int8 (GGUF Q8_0's values);
+//              d*q is exact in float32 (the packer checks it), so mul rounds nothing.
+//   kPanelQ4:  per block: w = fma(d, q, m), q in 0..15 (GGUF Q4_1's values: d*q + m, where
+//              d*q is exact, so fma and mul-then-add agree; the packer checks every weight).
+enum PanelFormat : int { kPanelF32 = 0, kPanelQ8 = 1, kPanelQ4 = 2 };
+constexpr int64_t kQBlock = 32;
+
+// W (n_out, k_in) row-major (torch [out, in]) packed into ceil(n_out / kGemmNR) panels of
+// kGemmNR output features, zero past n_out. Bias optional (empty when absent).
+// F32: data holds each panel as (k_in, kGemmNR) floats. Q8/Q4: per (panel, k block) in panel
+// order, data holds d[kGemmNR] (Q4: then m[kGemmNR]) and codes the block's codes, k-major:
+// Q8 kQBlock rows of kGemmNR int8; Q4 kQBlock/2 rows of kGemmNR bytes, byte (i, n) = code of
+// k = 2i in the low nibble, of k = 2i+1 in the high nibble.
 struct PackedMatrix {
   int64_t n_out = 0, k_in = 0, n_panels = 0;
+  int format = kPanelF32;
   AlignedVector<float> data;  // 64-byte aligned: panel rows are 3 whole cache lines
+  AlignedVector<uint8_t> codes;
   std::vector<float> bias;
   bool has_bias() const { return !bias.empty(); }
+  int64_t k_blocks() const { return k_in / kQBlock; }
+  int64_t scale_floats() const { return format == kPanelQ4 ? 2 * kGemmNR : kGemmNR; }  // per block
+  int64_t code_bytes() const { return format == kPanelQ4 ? kQBlock / 2 * kGemmNR : kQBlock * kGemmNR; }
+  const char* format_name() const {
+    return format == kPanelQ4 ? "q4_1" : (format == kPanelQ8 ? "q8_0" : "float32");
+  }
+  int64_t bytes() const {
+    return static_cast<int64_t>(data.size() * sizeof(float) + codes.size() + bias.size() * sizeof(float));
+  }
 };
 
 // Stack several (n_i, k_in) row-major matrices vertically and pack them: the fused q|k|v and
-// gate|up projections. Concatenation changes no output's FMA chain.
+// gate|up projections. Concatenation changes no output's FMA chain. allow_compact = false
+// keeps float32 panels (tests compare the two).
 PackedMatrix pack_matrices(const std::vector<const float*>& parts, const std::vector<int64_t>& rows,
-                           int64_t k_in, const std::vector<const float*>& biases);
+                           int64_t k_in, const std::vector<const float*>& biases,
+                           bool allow_compact = true);
+
+// Whether pack_matrices may choose a compact format (default on). Off packs float32 panels
+// only: the tests build the same block both ways and compare every output bit.
+void set_compact_packing(bool on);
+bool compact_packing();
+
+// This OS thread's buffer of kGemmKC x kGemmNR floats (64-byte aligned, kept for the thread's
+// life) for compact K blocks rebuilt as float32 panel rows. Defined out of line, in the
+// baseline object, so no ISA object emits (and shares) its allocator code.
+float* gemm_rebuild_buffer();
 
 // Scalar reference: c (m, ldc) = a (m, lda) * W^T + bias.
 void gemm_ref(const float* a, int64_t m, int64_t lda, const float* w, int64_t n_out, int64_t k_in,
@@ -49,17 +89,15 @@ struct GemmTraits {
 // each continues from the partial sums (stored to c as float and reloaded: exact), so the FMA
 // chain is the same single chain over k = 0..K-1 as without blocking.
 constexpr int64_t kGemmKC = 2048;
+static_assert(kGemmKC % kQBlock == 0, "K blocks hold whole quantisation blocks");
 
-// One MR x kCols tile over k in [k0, k1) (panel points at the tile's first column; panel rows
-// are kGemmNR floats apart); writes nr_valid (<= kCols) columns of each of the MR rows.
-// first: start from +0.0 (else reload the partial sums from c); last: add the bias and finish.
+// The accumulators of an MR x kCols tile: start from +0.0 (first) or the partial sums in c;
+// finish by storing nr_valid (<= kCols) columns, adding the bias on the last K block.
 template <class V, int MR>
-inline void gemm_tile(const float* a, int64_t lda, const float* panel, int64_t k0, int64_t k1,
-                      bool first, bool last, const float* bias, float* c, int64_t ldc,
-                      int nr_valid) {
+inline void tile_begin(V (&acc)[MR][GemmTraits<V>::kNV], bool first, const float* c, int64_t ldc,
+                       int nr_valid) {
   constexpr int NV = GemmTraits<V>::kNV;
   constexpr int NC = GemmTraits<V>::kCols;
-  V acc[MR][NV];
   if (first) {
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NV; ++j) acc[r][j] = V::zero();
@@ -73,18 +111,13 @@ inline void gemm_tile(const float* a, int64_t lda, const float* panel, int64_t k
       for (int j = 0; j < NV; ++j) acc[r][j] = V::load(tmp + j * V::kLanes);
     }
   }
-  for (int64_t k = k0; k < k1; ++k) {
-    {  // fetch the panel ahead: decode streams it from memory (harmless when it is cached)
-      for (int j = 0; j < NC * 4; j += 64)
-        __builtin_prefetch(reinterpret_cast<const char*>(panel + (k + 16) * kGemmNR) + j);
-    }
-    V b_k[NV];
-    for (int j = 0; j < NV; ++j) b_k[j] = V::load(panel + k * kGemmNR + j * V::kLanes);
-    for (int r = 0; r < MR; ++r) {
-      const V a_rk = V::set1(a[r * lda + k]);
-      for (int j = 0; j < NV; ++j) acc[r][j] = V::fma(a_rk, b_k[j], acc[r][j]);
-    }
-  }
+}
+
+template <class V, int MR>
+inline void tile_end(V (&acc)[MR][GemmTraits<V>::kNV], bool last, const float* bias, float* c,
+                     int64_t ldc, int nr_valid) {
+  constexpr int NV = GemmTraits<V>::kNV;
+  constexpr int NC = GemmTraits<V>::kCols;
   if (nr_valid == NC) {  // full tile: store (with the bias added last) straight to c
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NV; ++j) {
@@ -106,24 +139,146 @@ inline void gemm_tile(const float* a, int64_t lda, const float* panel, int64_t k
   }
 }
 
+// acc[r] += a[r][k] * b (all columns of the tile), one FMA per lane, for one k.
 template <class V, int MR>
-inline void gemm_rows(int rows, const float* a, int64_t lda, const float* panel, int64_t k0,
-                      int64_t k1, bool first, bool last, const float* bias, float* c,
-                      int64_t ldc, int nr_valid) {
+inline void tile_fma_k(V (&acc)[MR][GemmTraits<V>::kNV], const float* a, int64_t lda, int64_t k,
+                       const V* b_k) {
+  constexpr int NV = GemmTraits<V>::kNV;
+  for (int r = 0; r < MR; ++r) {
+    const V a_rk = V::set1(a[r * lda + k]);
+    for (int j = 0; j < NV; ++j) acc[r][j] = V::fma(a_rk, b_k[j], acc[r][j]);
+  }
+}
+
+// One MR x kCols tile over kn = k1 - k0 values of k (a and panel point at k0; panel rows are
+// kGemmNR floats apart, panel at the tile's first column).
+template <class V, int MR>
+inline void gemm_tile(const float* a, int64_t lda, const float* panel, int64_t kn, bool first,
+                      bool last, const float* bias, float* c, int64_t ldc, int nr_valid) {
+  constexpr int NV = GemmTraits<V>::kNV;
+  constexpr int NC = GemmTraits<V>::kCols;
+  V acc[MR][NV];
+  tile_begin<V, MR>(acc, first, c, ldc, nr_valid);
+  for (int64_t k = 0; k < kn; ++k) {
+    {  // fetch the panel ahead: decode streams it from memory (harmless when it is cached)
+      for (int j = 0; j < NC * 4; j += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(panel + (k + 16) * kGemmNR) + j);
+    }
+    V b_k[NV];
+    for (int j = 0; j < NV; ++j) b_k[j] = V::load(panel + k * kGemmNR + j * V::kLanes);
+    tile_fma_k<V, MR>(acc, a, lda, k, b_k);
+  }
+  tile_end<V, MR>(acc, last, bias, c, ldc, nr_valid);
+}
+
+// The same tile on compact weights, rebuilding each weight just before its FMAs (decode: the
+// codes are streamed once and never written out). a points at k0; scales and codes at the
+// first of nb = (k1 - k0) / kQBlock blocks, at the tile's first column.
+template <class V, int MR, int FMT>
+inline void gemm_tile_q(const float* a, int64_t lda, const float* scales, const uint8_t* codes,
+                        int64_t nb, bool first, bool last, const float* bias, float* c,
+                        int64_t ldc, int nr_valid) {
+  constexpr int NV = GemmTraits<V>::kNV;
+  constexpr int L = V::kLanes;
+  constexpr int64_t kScale = FMT == kPanelQ4 ? 2 * kGemmNR : kGemmNR;
+  constexpr int64_t kCodes = FMT == kPanelQ4 ? kQBlock / 2 * kGemmNR : kQBlock * kGemmNR;
+  V acc[MR][NV];
+  tile_begin<V, MR>(acc, first, c, ldc, nr_valid);
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* sc = scales + b * kScale;
+    const uint8_t* cb = codes + b * kCodes;
+    for (int64_t j = 0; j < kCodes; j += 64) __builtin_prefetch(cb + 2 * kCodes + j);
+    V d[NV];
+    for (int j = 0; j < NV; ++j) d[j] = V::load(sc + j * L);
+    const float* ab = a + b * kQBlock;
+    if constexpr (FMT == kPanelQ4) {
+      V m[NV];
+      for (int j = 0; j < NV; ++j) m[j] = V::load(sc + kGemmNR + j * L);
+      for (int i = 0; i < kQBlock / 2; ++i) {
+        const uint8_t* row = cb + i * kGemmNR;
+        V b0[NV], b1[NV];
+        for (int j = 0; j < NV; ++j) {
+          b0[j] = V::fma(d[j], V::template from_u4<0>(row + j * L), m[j]);
+          b1[j] = V::fma(d[j], V::template from_u4<4>(row + j * L), m[j]);
+        }
+        tile_fma_k<V, MR>(acc, ab, lda, 2 * i, b0);
+        tile_fma_k<V, MR>(acc, ab, lda, 2 * i + 1, b1);
+      }
+    } else {
+      for (int i = 0; i < kQBlock; ++i) {
+        const int8_t* row = reinterpret_cast<const int8_t*>(cb + i * kGemmNR);
+        V bk[NV];
+        for (int j = 0; j < NV; ++j) bk[j] = V::mul(d[j], V::from_i8(row + j * L));
+        tile_fma_k<V, MR>(acc, ab, lda, i, bk);
+      }
+    }
+  }
+  tile_end<V, MR>(acc, last, bias, c, ldc, nr_valid);
+}
+
+// Rebuild blocks [b0, b1) of panel p of a compact matrix as float32 panel rows (out: (k, kGemmNR)),
+// with the kernels' own operations: prefill rebuilds a K block once and reuses it for every row
+// block, then runs the float32 tiles on it (the same weight values, so the same bits).
+template <class V, int FMT>
+inline void unpack_blocks(const PackedMatrix& w, int64_t p, int64_t b0, int64_t b1, float* out) {
+  constexpr int L = V::kLanes;
+  const int64_t nkb = w.k_blocks();
+  for (int64_t b = b0; b < b1; ++b) {
+    const float* sc = w.data.data() + (p * nkb + b) * w.scale_floats();
+    const uint8_t* cb = w.codes.data() + (p * nkb + b) * w.code_bytes();
+    float* o = out + (b - b0) * kQBlock * kGemmNR;
+    for (int j = 0; j < kGemmNR; j += L) {
+      const V d = V::load(sc + j);
+      if constexpr (FMT == kPanelQ4) {
+        const V m = V::load(sc + kGemmNR + j);
+        for (int i = 0; i < kQBlock / 2; ++i) {
+          V::fma(d, V::template from_u4<0>(cb + i * kGemmNR + j), m).store(o + 2 * i * kGemmNR + j);
+          V::fma(d, V::template from_u4<4>(cb + i * kGemmNR + j), m).store(o + (2 * i + 1) * kGemmNR + j);
+        }
+      } else {
+        for (int i = 0; i < kQBlock; ++i)
+          V::mul(d, V::from_i8(reinterpret_cast<const int8_t*>(cb + i * kGemmNR + j)))
+              .store(o + i * kGemmNR + j);
+      }
+    }
+  }
+}
+
+template <class V, int MR>
+inline void gemm_rows(int rows, const float* a, int64_t lda, const float* panel, int64_t kn,
+                      bool first, bool last, const float* bias, float* c, int64_t ldc,
+                      int nr_valid) {
   if constexpr (MR > 0) {
     if (rows == MR) {
-      gemm_tile<V, MR>(a, lda, panel, k0, k1, first, last, bias, c, ldc, nr_valid);
+      gemm_tile<V, MR>(a, lda, panel, kn, first, last, bias, c, ldc, nr_valid);
     } else {
-      gemm_rows<V, MR - 1>(rows, a, lda, panel, k0, k1, first, last, bias, c, ldc, nr_valid);
+      gemm_rows<V, MR - 1>(rows, a, lda, panel, kn, first, last, bias, c, ldc, nr_valid);
+    }
+  }
+}
+
+template <class V, int MR, int FMT>
+inline void gemm_rows_q(int rows, const float* a, int64_t lda, const float* scales,
+                        const uint8_t* codes, int64_t nb, bool first, bool last,
+                        const float* bias, float* c, int64_t ldc, int nr_valid) {
+  if constexpr (MR > 0) {
+    if (rows == MR) {
+      gemm_tile_q<V, MR, FMT>(a, lda, scales, codes, nb, first, last, bias, c, ldc, nr_valid);
+    } else {
+      gemm_rows_q<V, MR - 1, FMT>(rows, a, lda, scales, codes, nb, first, last, bias, c, ldc,
+                                  nr_valid);
     }
   }
 }
 
 // c (m, ldc) = a (m, lda) * W^T (+ bias). Tasks (panel, row block) are split over threads in
-// contiguous ranges; a thread walks its tasks panel by panel, K block by K block.
-template <class V>
-void gemm(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, float* c, int64_t ldc,
-          int n_threads) {
+// contiguous ranges; a thread walks its tasks panel by panel, K block by K block. A compact
+// matrix is rebuilt K block by K block into a float32 buffer when the thread has several row
+// blocks of the panel (prefill), and rebuilt in registers inside the tile when it has one
+// (decode): the weight values, and so the bits, are the same either way.
+template <class V, int FMT>
+void gemm_fmt(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, float* c,
+              int64_t ldc, int n_threads) {
   constexpr int MR = GemmTraits<V>::kMR;
   constexpr int NC = GemmTraits<V>::kCols;
   const int64_t n_mb = (m + MR - 1) / MR;
@@ -135,23 +290,54 @@ void gemm(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, float* 
       const int64_t t1 = std::min(end, (p + 1) * n_mb);  // this thread's tasks of panel p
       const int64_t n0 = p * kGemmNR;
       const int nr_valid = static_cast<int>(std::min<int64_t>(kGemmNR, w.n_out - n0));
-      const float* panel = w.data.data() + p * kk * kGemmNR;
       const float* bias = w.has_bias() ? w.bias.data() + n0 : nullptr;
       for (int64_t k0 = 0; k0 < kk || k0 == 0; k0 += kGemmKC) {
         const int64_t k1 = std::min(kk, k0 + kGemmKC);
+        const float* panel = nullptr;
+        if constexpr (FMT == kPanelF32) {
+          panel = w.data.data() + p * kk * kGemmNR + k0 * kGemmNR;
+        } else if (t1 - t0 > 1) {
+          float* rebuilt = gemm_rebuild_buffer();
+          unpack_blocks<V, FMT>(w, p, k0 / kQBlock, k1 / kQBlock, rebuilt);
+          panel = rebuilt;
+        }
         for (int64_t t = t0; t < t1; ++t) {
           const int64_t r0 = (t % n_mb) * MR;
           const int rows = static_cast<int>(std::min<int64_t>(MR, m - r0));
-          for (int c0 = 0; c0 < nr_valid; c0 += NC)
-            gemm_rows<V, MR>(rows, a + r0 * lda, lda, panel + c0, k0, k1, k0 == 0, k1 == kk,
-                             bias ? bias + c0 : nullptr, c + r0 * ldc + n0 + c0, ldc,
-                             std::min(NC, nr_valid - c0));
+          for (int c0 = 0; c0 < nr_valid; c0 += NC) {
+            const float* bias_c = bias ? bias + c0 : nullptr;
+            float* c_t = c + r0 * ldc + n0 + c0;
+            const int nv = std::min(NC, nr_valid - c0);
+            if (panel != nullptr) {
+              gemm_rows<V, MR>(rows, a + r0 * lda + k0, lda, panel + c0, k1 - k0, k0 == 0,
+                               k1 == kk, bias_c, c_t, ldc, nv);
+            } else {
+              const int64_t blk = p * w.k_blocks() + k0 / kQBlock;
+              gemm_rows_q<V, MR, FMT>(rows, a + r0 * lda + k0, lda,
+                                      w.data.data() + blk * w.scale_floats() + c0,
+                                      w.codes.data() + blk * w.code_bytes() + c0,
+                                      (k1 - k0) / kQBlock, k0 == 0, k1 == kk, bias_c, c_t, ldc,
+                                      nv);
+            }
+          }
         }
         if (k1 == kk) break;
       }
       t0 = t1;
     }
   });
+}
+
+template <class V>
+void gemm(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, float* c, int64_t ldc,
+          int n_threads) {
+  if (w.format == kPanelQ4) {
+    gemm_fmt<V, kPanelQ4>(a, m, lda, w, c, ldc, n_threads);
+  } else if (w.format == kPanelQ8) {
+    gemm_fmt<V, kPanelQ8>(a, m, lda, w, c, ldc, n_threads);
+  } else {
+    gemm_fmt<V, kPanelF32>(a, m, lda, w, c, ldc, n_threads);
+  }
 }
 
 }  // namespace eb::ops

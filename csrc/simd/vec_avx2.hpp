@@ -81,6 +81,16 @@ struct VecAvx2 {
   // max(a, b) keeping b when either is NaN (maxps returns its second operand then).
   static VecAvx2 max(VecAvx2 a, VecAvx2 b) { return {_mm256_max_ps(a.v, b.v)}; }
   static VecAvx2 mul(VecAvx2 a, VecAvx2 b) { return {_mm256_mul_ps(a.v, b.v)}; }
+  // Exact small-integer loads of compact weight codes (ops/gemm.hpp): kLanes int8 -> float,
+  // and kLanes bytes -> ((byte >> Shift) & 15) -> float.
+  static VecAvx2 from_i8(const int8_t* p) {
+    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))))};
+  }
+  template <int Shift>
+  static VecAvx2 from_u4(const uint8_t* p) {
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return {_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(b, Shift), _mm256_set1_epi32(15)))};
+  }
 };
 
 }  // namespace eb::simd

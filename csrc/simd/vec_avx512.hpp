@@ -99,6 +99,16 @@ struct VecAvx512 {
   // max(a, b) keeping b when either is NaN (maxps returns its second operand then).
   static VecAvx512 max(VecAvx512 a, VecAvx512 b) { return {_mm512_max_ps(a.v, b.v)}; }
   static VecAvx512 mul(VecAvx512 a, VecAvx512 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+  // Exact small-integer loads of compact weight codes (ops/gemm.hpp): kLanes int8 -> float,
+  // and kLanes bytes -> ((byte >> Shift) & 15) -> float.
+  static VecAvx512 from_i8(const int8_t* p) {
+    return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+  }
+  template <int Shift>
+  static VecAvx512 from_u4(const uint8_t* p) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return {_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(b, Shift), _mm512_set1_epi32(15)))};
+  }
 };
 
 }  // namespace eb::simd

@@ -8,6 +8,7 @@
 #include <arm_neon.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "math/exp.hpp"
 
@@ -27,6 +28,22 @@ struct VecNeon {
   // where the kernels use it, so this equals the x86 and scalar versions.
   static VecNeon max(VecNeon a, VecNeon b) { return {vmaxnmq_f32(a.v, b.v)}; }
   static VecNeon mul(VecNeon a, VecNeon b) { return {vmulq_f32(a.v, b.v)}; }
+  // Exact small-integer loads of compact weight codes (ops/gemm.hpp): kLanes int8 -> float,
+  // and kLanes bytes -> ((byte >> Shift) & 15) -> float.
+  static VecNeon from_i8(const int8_t* p) {
+    uint32_t t;
+    std::memcpy(&t, p, 4);
+    const int8x8_t b = vreinterpret_s8_u64(vcreate_u64(t));
+    return {vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(b))))};
+  }
+  template <int Shift>
+  static VecNeon from_u4(const uint8_t* p) {
+    uint32_t t;
+    std::memcpy(&t, p, 4);
+    uint32x4_t w = vmovl_u16(vget_low_u16(vmovl_u8(vcreate_u8(t))));
+    if constexpr (Shift != 0) w = vshrq_n_u32(w, Shift);
+    return {vcvtq_f32_u32(vandq_u32(w, vdupq_n_u32(15)))};
+  }
 
   // y[i] = exp_f32(x[i]) (math/exp.hpp, detail::exp_dd with lo = 0) in two float64x2 halves,
   // the same operations in the same order as the scalar routine (as vec_avx2.hpp):

@@ -38,6 +38,11 @@ struct VecScalar {
   // max(a, b) that keeps b when a is NaN (a > b ? a : b); exact, so order-free.
   static VecScalar max(VecScalar a, VecScalar b) { return {a.v > b.v ? a.v : b.v}; }
   static VecScalar mul(VecScalar a, VecScalar b) { return {a.v * b.v}; }
+  // Exact small-integer loads of compact weight codes (ops/gemm.hpp): an int8 -> float, and
+  // a byte -> ((byte >> Shift) & 15) -> float.
+  static VecScalar from_i8(const int8_t* p) { return {static_cast<float>(p[0])}; }
+  template <int Shift>
+  static VecScalar from_u4(const uint8_t* p) { return {static_cast<float>((p[0] >> Shift) & 15)}; }
 };
 
 }  // namespace eb::simd
