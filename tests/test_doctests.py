@@ -8,7 +8,7 @@ import importlib
 
 import pytest
 
-MODULES = ["exactblocks.transformer", "exactblocks.mamba2", "exactblocks.state",
+MODULES = ["exactblocks._block", "exactblocks.transformer", "exactblocks.mamba2", "exactblocks.state",
            "exactblocks.mamba2_state", "exactblocks.session", "exactblocks.runtime",
            "exactblocks._validation", "exactblocks.weights", "exactblocks.loaders.gguf",
            "exactblocks.tokenizer", "exactblocks.cli", "exactblocks.bench"]

@@ -139,6 +139,45 @@ class BlockCommon:
         raw.update(st["options"])  # every constructor check runs again on unpickling
         object.__setattr__(self, "_impl", self._build(raw, where, canonical=weights))
 
+    def weight_storage(self) -> list:
+        """How each packed projection matrix is stored in the compiled core.
+
+        A matrix whose every weight is exactly a GGUF block-quantised value (the float32 values
+        of Q4_1, or of Q8_0, Q4_0 and Q5_0, as ``gguf`` dequantises them) is stored as 4- or
+        8-bit codes with one float32 scale (and offset) per 32 inputs, which the kernels turn
+        back into the same float32 weight before each use. The arithmetic, and every output
+        bit, is the same as with float32 storage; a decode step reads 5x (Q4_1) or 3.6x (Q8_0)
+        fewer bytes. Any other matrix is stored as float32 panels.
+
+        Returns
+        -------
+        list of (str, str, int)
+            One ``(matrix, format, nbytes)`` per packed matrix, in call order: matrix names
+            ``'qkv_proj'``, ``'o_proj'``, ``'gate_up_proj'`` (``'up_proj'`` for ungated MLPs)
+            and ``'down_proj'`` for a Transformer block, ``'in_proj'`` and ``'out_proj'`` for
+            Mamba-2; format ``'q4_1'`` (w = d*q + m, q in 0..15), ``'q8_0'`` (w = d*q, q int8)
+            or ``'float32'``; nbytes the bytes held, including scales and biases.
+
+        Examples
+        --------
+        Weights as ``gguf`` dequantises a Q8_0 tensor (needs the ``gguf`` package):
+
+        >>> import numpy as np, gguf, exactblocks as eb
+        >>> from gguf.quants import quantize, dequantize
+        >>> rng = np.random.default_rng(0)
+        >>> w = {"block_norm.weight": np.ones(64, np.float32),
+        ...      "in_proj.weight": rng.standard_normal((2 * 128 + 2 * 16 + 4, 64), dtype=np.float32),
+        ...      "conv1d.weight": rng.standard_normal((128 + 32, 1, 4), dtype=np.float32),
+        ...      "dt_bias": np.zeros(4, np.float32), "A_log": np.zeros(4, np.float32),
+        ...      "D": np.ones(4, np.float32), "norm.weight": np.ones(128, np.float32),
+        ...      "out_proj.weight": rng.standard_normal((64, 128), dtype=np.float32)}
+        >>> q8 = gguf.GGMLQuantizationType.Q8_0
+        >>> w["out_proj.weight"] = dequantize(quantize(w["out_proj.weight"], q8), q8)
+        >>> eb.Mamba2BlockInference(w).weight_storage()
+        [('in_proj', 'float32', 86016), ('out_proj', 'q8_0', 13824)]
+        """
+        return [(str(n), str(f), int(b)) for n, f, b in self._impl.core.weight_storage]
+
     def numeric_mode_used(self) -> str:
         """Return the numeric mode of the compiled extension.
 

@@ -2,15 +2,16 @@
 // Builds small eb::TransformerModel and eb::Mamba2Model instances with deterministic weights
 // (an integer hash of (tensor, index), no RNG), and for every kernel table this build has
 // (eb::available_isas()) runs: ragged batched forwards that carry the KV cache / the conv and
-// SSM state over three calls (prefill, continuation, decode), the L16 dot/sum kernels, a
-// packed GEMM and elementwise sweeps of exp, log1p, tanh, erf, sin, cos, silu, softplus, gelu,
-// gelu_tanh and the vectorised exp. Everything (outputs and final states) is folded into a
+// SSM state over three calls (prefill, continuation, decode), the L16 dot/sum kernels, packed
+// GEMMs (float32 panels, and compact Q4_1/Q8_0 panels checked against them) and elementwise
+// sweeps of exp, log1p, tanh, erf, sin, cos, silu, softplus, gelu, gelu_tanh and the
+// vectorised exp. Everything (outputs and final states) is folded into a
 // 64-bit FNV-1a over the raw bytes.
 //
 // Output (stdout): one line per ISA, `<isa> <16 hex digits>`; every line must carry the same
 // digest on every ISA and every architecture (SPEC 3.1). stderr: one `# <isa> <case> <digest>`
 // line per case, to locate a mismatch. Exit status 1 if a self-check fails inside one ISA:
-// the vectorised exp differs from exp_f32, 1 and 2 threads give different bits, or a block
+// the vectorised exp differs from exp_f32, compact panels differ from float32 panels, 1 and 2 threads give different bits, or a block
 // output is non-finite, all zero, or written at a padding position.
 //
 // Build (x86-64, see the test for the full command; every kernels_isa.cpp object needs
@@ -348,6 +349,50 @@ uint64_t run_gemm(int n_threads) {
   return f.h;
 }
 
+// Compact exact storage (ops/gemm.hpp PanelFormat): matrices built as GGUF Q4_1 / Q8_0 values
+// (d with 10 fraction bits, like binary16; each block holds its extreme codes, as llama.cpp's
+// quantiser makes them) must pack compactly and give the float32 panels' bits at every row
+// count (1 and 8: rebuilt in registers; 9 and 20: rebuilt K block by K block).
+uint64_t run_gemm_compact(int n_threads, const std::string& isa) {
+  const int64_t k = 2048 + 64, n = 100, m = 20;
+  const std::vector<float> a = tensor("gemmq.a", m * k, 1.0f);
+  Fnv1a f;
+  for (int format : {eb::ops::kPanelQ4, eb::ops::kPanelQ8}) {
+    std::vector<float> w(static_cast<size_t>(n * k));
+    const uint64_t id = name_id(format == eb::ops::kPanelQ4 ? "gemmq.q4" : "gemmq.q8");
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t b = 0; b < k / 32; ++b) {
+        const uint64_t hb = mix(id + static_cast<uint64_t>(r * k + b));
+        const float d = std::ldexp(1.0f + static_cast<float>(hb % 1024) / 1024.0f, -8);
+        const float mn = -0.25f * static_cast<float>((hb >> 10) % 4096) / 4096.0f;
+        for (int i = 0; i < 32; ++i) {
+          const uint64_t hq = mix(hb + static_cast<uint64_t>(i));
+          float& x = w[static_cast<size_t>(r * k + b * 32 + i)];
+          if (format == eb::ops::kPanelQ4) {
+            const int q = i == 0 ? 0 : (i == 1 ? 15 : static_cast<int>(hq % 16));
+            x = std::fma(d, static_cast<float>(q), mn);
+          } else {
+            const int q = i == 0 ? 127 : static_cast<int>(hq % 255) - 127;
+            x = d * static_cast<float>(q);
+          }
+        }
+      }
+    const eb::ops::PackedMatrix pq = eb::ops::pack_matrices({w.data()}, {n}, k, {nullptr});
+    const eb::ops::PackedMatrix pf = eb::ops::pack_matrices({w.data()}, {n}, k, {nullptr}, false);
+    if (pq.format != format || pf.format != eb::ops::kPanelF32)
+      fail(isa, std::string("gemm_compact: packed as ") + pq.format_name());
+    for (int64_t rows : {1, 8, 9, 20}) {
+      std::vector<float> cq(static_cast<size_t>(rows * n)), cf(cq.size());
+      eb::kernels().gemm(a.data(), rows, k, pq, cq.data(), n, n_threads);
+      eb::kernels().gemm(a.data(), rows, k, pf, cf.data(), n, n_threads);
+      if (std::memcmp(cq.data(), cf.data(), cq.size() * sizeof(float)) != 0)
+        fail(isa, std::string("gemm_compact: ") + pq.format_name() + " != float32 panels");
+      f.floats(cq);
+    }
+  }
+  return f.h;
+}
+
 float from_bits(uint32_t u) {
   float x;
   std::memcpy(&x, &u, sizeof x);
@@ -463,6 +508,11 @@ int main(int argc, char** argv) {
       const uint64_t h2 = run_gemm(2), h1 = run_gemm(1);
       if (h1 != h2) fail(isa, "gemm: 1 and 2 threads differ");
       record("gemm_norm", h2);
+    }
+    {
+      const uint64_t h2 = run_gemm_compact(2, isa), h1 = run_gemm_compact(1, isa);
+      if (h1 != h2) fail(isa, "gemm_compact: 1 and 2 threads differ");
+      record("gemm_compact", h2);
     }
     record("elementwise", run_elementwise(sweep, isa));
     std::printf("%s %s\n", isa.c_str(), hex(total.h).c_str());
