@@ -11,8 +11,9 @@
 // Output (stdout): one line per ISA, `<isa> <16 hex digits>`; every line must carry the same
 // digest on every ISA and every architecture (SPEC 3.1). stderr: one `# <isa> <case> <digest>`
 // line per case, to locate a mismatch. Exit status 1 if a self-check fails inside one ISA:
-// the vectorised exp differs from exp_f32, compact panels differ from float32 panels, 1 and 2 threads give different bits, or a block
-// output is non-finite, all zero, or written at a padding position.
+// the vectorised exp differs from exp_f32, compact panels differ from float32 panels, 1 and
+// 2 threads give different bits, or a block output is non-finite, all zero, or written at a
+// padding position.
 //
 // Build (x86-64, see the test for the full command; every kernels_isa.cpp object needs
 // -DEB_ISA_<isa>=1 -DEB_ISA_NAME=isa_<isa> and the ISA's flags, the rest -DEB_HAVE_<ISA>=1):
