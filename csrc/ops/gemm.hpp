@@ -26,7 +26,8 @@ constexpr int kGemmNR = 48;
 //              d*q is exact in float32 (the packer checks it), so mul rounds nothing.
 //   kPanelQ4:  per block: w = fma(d, q, m), q in 0..15 (GGUF Q4_1's values: d*q + m, where
 //              d*q is exact, so fma and mul-then-add agree; the packer checks every weight).
-enum PanelFormat : int { kPanelF32 = 0, kPanelQ8 = 1, kPanelQ4 = 2 };
+//   kPanelBF16: w's top 16 bits (weights whose low 16 bits are zero: bfloat16 checkpoints).
+enum PanelFormat : int { kPanelF32 = 0, kPanelQ8 = 1, kPanelQ4 = 2, kPanelBF16 = 3 };
 constexpr int64_t kQBlock = 32;
 
 // W (n_out, k_in) row-major (torch [out, in]) packed into ceil(n_out / kGemmNR) panels of
@@ -34,7 +35,8 @@ constexpr int64_t kQBlock = 32;
 // F32: data holds each panel as (k_in, kGemmNR) floats. Q8/Q4: per (panel, k block) in panel
 // order, data holds d[kGemmNR] (Q4: then m[kGemmNR]) and codes the block's codes, k-major:
 // Q8 kQBlock rows of kGemmNR int8; Q4 kQBlock/2 rows of kGemmNR bytes, byte (i, n) = code of
-// k = 2i in the low nibble, of k = 2i+1 in the high nibble.
+// k = 2i in the low nibble, of k = 2i+1 in the high nibble. BF16: no scales; codes hold
+// kQBlock rows of kGemmNR uint16 per block. Compact formats need k_in % kQBlock == 0.
 struct PackedMatrix {
   int64_t n_out = 0, k_in = 0, n_panels = 0;
   int format = kPanelF32;
@@ -43,10 +45,17 @@ struct PackedMatrix {
   std::vector<float> bias;
   bool has_bias() const { return !bias.empty(); }
   int64_t k_blocks() const { return k_in / kQBlock; }
-  int64_t scale_floats() const { return format == kPanelQ4 ? 2 * kGemmNR : kGemmNR; }  // per block
-  int64_t code_bytes() const { return format == kPanelQ4 ? kQBlock / 2 * kGemmNR : kQBlock * kGemmNR; }
+  int64_t scale_floats() const { return scale_floats_of(format); }  // per block
+  int64_t code_bytes() const { return code_bytes_of(format); }
+  static constexpr int64_t scale_floats_of(int f) {
+    return f == kPanelQ4 ? 2 * kGemmNR : (f == kPanelQ8 ? kGemmNR : 0);
+  }
+  static constexpr int64_t code_bytes_of(int f) {
+    return f == kPanelQ4 ? kQBlock / 2 * kGemmNR : (f == kPanelQ8 ? kQBlock * kGemmNR : 2 * kQBlock * kGemmNR);
+  }
   const char* format_name() const {
-    return format == kPanelQ4 ? "q4_1" : (format == kPanelQ8 ? "q8_0" : "float32");
+    return format == kPanelQ4 ? "q4_1"
+                              : (format == kPanelQ8 ? "q8_0" : (format == kPanelBF16 ? "bf16" : "float32"));
   }
   int64_t bytes() const {
     return static_cast<int64_t>(data.size() * sizeof(float) + codes.size() + bias.size() * sizeof(float));
@@ -180,17 +189,26 @@ inline void gemm_tile_q(const float* a, int64_t lda, const float* scales, const 
                         int64_t ldc, int nr_valid) {
   constexpr int NV = GemmTraits<V>::kNV;
   constexpr int L = V::kLanes;
-  constexpr int64_t kScale = FMT == kPanelQ4 ? 2 * kGemmNR : kGemmNR;
-  constexpr int64_t kCodes = FMT == kPanelQ4 ? kQBlock / 2 * kGemmNR : kQBlock * kGemmNR;
+  constexpr int64_t kScale = PackedMatrix::scale_floats_of(FMT);
+  constexpr int64_t kCodes = PackedMatrix::code_bytes_of(FMT);
   V acc[MR][NV];
   tile_begin<V, MR>(acc, first, c, ldc, nr_valid);
   for (int64_t b = 0; b < nb; ++b) {
     const float* sc = scales + b * kScale;
     const uint8_t* cb = codes + b * kCodes;
     for (int64_t j = 0; j < kCodes; j += 64) __builtin_prefetch(cb + 2 * kCodes + j);
+    const float* ab = a + b * kQBlock;
+    if constexpr (FMT == kPanelBF16) {
+      const uint16_t* cw = reinterpret_cast<const uint16_t*>(cb);
+      for (int i = 0; i < kQBlock; ++i) {
+        V bk[NV];
+        for (int j = 0; j < NV; ++j) bk[j] = V::from_bf16(cw + i * kGemmNR + j * L);
+        tile_fma_k<V, MR>(acc, ab, lda, i, bk);
+      }
+      continue;
+    }
     V d[NV];
     for (int j = 0; j < NV; ++j) d[j] = V::load(sc + j * L);
-    const float* ab = a + b * kQBlock;
     if constexpr (FMT == kPanelQ4) {
       V m[NV];
       for (int j = 0; j < NV; ++j) m[j] = V::load(sc + kGemmNR + j * L);
@@ -224,9 +242,14 @@ inline void unpack_blocks(const PackedMatrix& w, int64_t p, int64_t b0, int64_t 
   constexpr int L = V::kLanes;
   const int64_t nkb = w.k_blocks();
   for (int64_t b = b0; b < b1; ++b) {
-    const float* sc = w.data.data() + (p * nkb + b) * w.scale_floats();
+    const float* sc = FMT == kPanelBF16 ? nullptr : w.data.data() + (p * nkb + b) * w.scale_floats();
     const uint8_t* cb = w.codes.data() + (p * nkb + b) * w.code_bytes();
     float* o = out + (b - b0) * kQBlock * kGemmNR;
+    if constexpr (FMT == kPanelBF16) {
+      const uint16_t* cw = reinterpret_cast<const uint16_t*>(cb);
+      for (int i = 0; i < kQBlock * kGemmNR; i += L) V::from_bf16(cw + i).store(o + i);
+      continue;
+    }
     for (int j = 0; j < kGemmNR; j += L) {
       const V d = V::load(sc + j);
       if constexpr (FMT == kPanelQ4) {
@@ -314,8 +337,8 @@ void gemm_fmt(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, flo
             } else {
               const int64_t blk = p * w.k_blocks() + k0 / kQBlock;
               gemm_rows_q<V, MR, FMT>(rows, a + r0 * lda + k0, lda,
-                                      w.data.data() + blk * w.scale_floats() + c0,
-                                      w.codes.data() + blk * w.code_bytes() + c0,
+                                      FMT == kPanelBF16 ? nullptr : w.data.data() + blk * w.scale_floats() + c0,
+                                      w.codes.data() + blk * w.code_bytes() + c0 * (FMT == kPanelBF16 ? 2 : 1),
                                       (k1 - k0) / kQBlock, k0 == 0, k1 == kk, bias_c, c_t, ldc,
                                       nv);
             }
@@ -335,6 +358,8 @@ void gemm(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, float* 
     gemm_fmt<V, kPanelQ4>(a, m, lda, w, c, ldc, n_threads);
   } else if (w.format == kPanelQ8) {
     gemm_fmt<V, kPanelQ8>(a, m, lda, w, c, ldc, n_threads);
+  } else if (w.format == kPanelBF16) {
+    gemm_fmt<V, kPanelBF16>(a, m, lda, w, c, ldc, n_threads);
   } else {
     gemm_fmt<V, kPanelF32>(a, m, lda, w, c, ldc, n_threads);
   }

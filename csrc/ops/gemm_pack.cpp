@@ -106,7 +106,14 @@ bool pack_compact(PackedMatrix& pm, const Rows& rows, int format) {
       float* sc = pm.data.data() + (p * nkb + b) * pm.scale_floats();
       uint8_t* cb = pm.codes.data() + (p * nkb + b) * pm.code_bytes();
       const float* x = rows.row(n) + b * kQBlock;
-      if (format == kPanelQ4) {
+      if (format == kPanelBF16) {
+        uint16_t* cw = reinterpret_cast<uint16_t*>(cb);
+        for (int i = 0; i < kQBlock; ++i) {
+          const uint32_t u = bits(x[i]);
+          if ((u & 0xFFFFu) != 0) return false;
+          cw[i * kGemmNR + col] = static_cast<uint16_t>(u >> 16);
+        }
+      } else if (format == kPanelQ4) {
         uint8_t q[kQBlock];
         if (!fit_q4(x, 1, sc + col, sc + kGemmNR + col, q)) return false;
         for (int i = 0; i < kQBlock / 2; ++i)
@@ -153,7 +160,7 @@ PackedMatrix pack_matrices(const std::vector<const float*>& parts, const std::ve
         if (biases[part]) pm.bias[static_cast<size_t>(n)] = biases[part][r];
   }
   if (allow_compact && compact_packing() && k_in > 0 && k_in % kQBlock == 0 && pm.n_out > 0) {
-    for (int format : {kPanelQ4, kPanelQ8})
+    for (int format : {kPanelQ4, kPanelQ8, kPanelBF16})
       if (pack_compact(pm, all, format)) return pm;
     pm.codes = AlignedVector<uint8_t>();
   }

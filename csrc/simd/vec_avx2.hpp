@@ -91,6 +91,11 @@ struct VecAvx2 {
     const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
     return {_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(b, Shift), _mm256_set1_epi32(15)))};
   }
+  // kLanes bfloat16 bit patterns -> the float32 values they are the top halves of (exact).
+  static VecAvx2 from_bf16(const uint16_t* p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(w, 16))};
+  }
 };
 
 }  // namespace eb::simd

@@ -109,6 +109,11 @@ struct VecAvx512 {
     const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return {_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(b, Shift), _mm512_set1_epi32(15)))};
   }
+  // kLanes bfloat16 bit patterns -> the float32 values they are the top halves of (exact).
+  static VecAvx512 from_bf16(const uint16_t* p) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
+  }
 };
 
 }  // namespace eb::simd

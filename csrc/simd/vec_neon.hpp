@@ -44,6 +44,10 @@ struct VecNeon {
     if constexpr (Shift != 0) w = vshrq_n_u32(w, Shift);
     return {vcvtq_f32_u32(vandq_u32(w, vdupq_n_u32(15)))};
   }
+  // kLanes bfloat16 bit patterns -> the float32 values they are the top halves of (exact).
+  static VecNeon from_bf16(const uint16_t* p) {
+    return {vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16))};
+  }
 
   // y[i] = exp_f32(x[i]) (math/exp.hpp, detail::exp_dd with lo = 0) in two float64x2 halves,
   // the same operations in the same order as the scalar routine (as vec_avx2.hpp):

@@ -4,6 +4,7 @@
 #include "simd/vec_common.hpp"
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "math/exp.hpp"
 
@@ -43,6 +44,13 @@ struct VecScalar {
   static VecScalar from_i8(const int8_t* p) { return {static_cast<float>(p[0])}; }
   template <int Shift>
   static VecScalar from_u4(const uint8_t* p) { return {static_cast<float>((p[0] >> Shift) & 15)}; }
+  // A bfloat16 bit pattern -> the float32 value it is the top half of (exact).
+  static VecScalar from_bf16(const uint16_t* p) {
+    const uint32_t u = static_cast<uint32_t>(p[0]) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return {f};
+  }
 };
 
 }  // namespace eb::simd

@@ -145,9 +145,11 @@ class BlockCommon:
         A matrix whose every weight is exactly a GGUF block-quantised value (the float32 values
         of Q4_1, or of Q8_0, Q4_0 and Q5_0, as ``gguf`` dequantises them) is stored as 4- or
         8-bit codes with one float32 scale (and offset) per 32 inputs, which the kernels turn
-        back into the same float32 weight before each use. The arithmetic, and every output
-        bit, is the same as with float32 storage; a decode step reads 5x (Q4_1) or 3.6x (Q8_0)
-        fewer bytes. Any other matrix is stored as float32 panels.
+        back into the same float32 weight before each use; one whose weights all have zero
+        low 16 bits (a bfloat16 checkpoint widened to float32) is stored as bfloat16. The
+        arithmetic, and every output bit, is the same as with float32 storage; a decode step
+        reads 5.3x (Q4_1), 3.6x (Q8_0) or 2x (bfloat16) fewer bytes. Any other matrix, or one
+        whose input size is not a multiple of 32, is stored as float32 panels.
 
         Returns
         -------
@@ -155,8 +157,8 @@ class BlockCommon:
             One ``(matrix, format, nbytes)`` per packed matrix, in call order: matrix names
             ``'qkv_proj'``, ``'o_proj'``, ``'gate_up_proj'`` (``'up_proj'`` for ungated MLPs)
             and ``'down_proj'`` for a Transformer block, ``'in_proj'`` and ``'out_proj'`` for
-            Mamba-2; format ``'q4_1'`` (w = d*q + m, q in 0..15), ``'q8_0'`` (w = d*q, q int8)
-            or ``'float32'``; nbytes the bytes held, including scales and biases.
+            Mamba-2; format ``'q4_1'`` (w = d*q + m, q in 0..15), ``'q8_0'`` (w = d*q, q int8),
+            ``'bf16'`` or ``'float32'``; nbytes the bytes held, including scales and biases.
 
         Examples
         --------

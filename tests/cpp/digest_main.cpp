@@ -3,7 +3,7 @@
 // (an integer hash of (tensor, index), no RNG), and for every kernel table this build has
 // (eb::available_isas()) runs: ragged batched forwards that carry the KV cache / the conv and
 // SSM state over three calls (prefill, continuation, decode), the L16 dot/sum kernels, packed
-// GEMMs (float32 panels, and compact Q4_1/Q8_0 panels checked against them) and elementwise
+// GEMMs (float32 panels, and compact Q4_1/Q8_0/bfloat16 panels checked against them) and elementwise
 // sweeps of exp, log1p, tanh, erf, sin, cos, silu, softplus, gelu, gelu_tanh and the
 // vectorised exp. Everything (outputs and final states) is folded into a
 // 64-bit FNV-1a over the raw bytes.
@@ -351,6 +351,7 @@ uint64_t run_gemm(int n_threads) {
 }
 
 // Compact exact storage (ops/gemm.hpp PanelFormat): matrices built as GGUF Q4_1 / Q8_0 values
+// or bfloat16 values
 // (d with 10 fraction bits, like binary16; each block holds its extreme codes, as llama.cpp's
 // quantiser makes them) must pack compactly and give the float32 panels' bits at every row
 // count (1 and 8: rebuilt in registers; 9 and 20: rebuilt K block by K block).
@@ -358,8 +359,17 @@ uint64_t run_gemm_compact(int n_threads, const std::string& isa) {
   const int64_t k = 2048 + 64, n = 100, m = 20;
   const std::vector<float> a = tensor("gemmq.a", m * k, 1.0f);
   Fnv1a f;
-  for (int format : {eb::ops::kPanelQ4, eb::ops::kPanelQ8}) {
+  for (int format : {eb::ops::kPanelQ4, eb::ops::kPanelQ8, eb::ops::kPanelBF16}) {
     std::vector<float> w(static_cast<size_t>(n * k));
+    if (format == eb::ops::kPanelBF16) {  // bfloat16 values: the top halves of float32 values
+      w = tensor("gemmq.bf16", n * k, inv_sqrt(k));
+      for (float& x : w) {
+        uint32_t u;
+        std::memcpy(&u, &x, sizeof u);
+        u &= 0xFFFF0000u;
+        std::memcpy(&x, &u, sizeof u);
+      }
+    }
     const uint64_t id = name_id(format == eb::ops::kPanelQ4 ? "gemmq.q4" : "gemmq.q8");
     for (int64_t r = 0; r < n; ++r)
       for (int64_t b = 0; b < k / 32; ++b) {
@@ -369,7 +379,9 @@ uint64_t run_gemm_compact(int n_threads, const std::string& isa) {
         for (int i = 0; i < 32; ++i) {
           const uint64_t hq = mix(hb + static_cast<uint64_t>(i));
           float& x = w[static_cast<size_t>(r * k + b * 32 + i)];
-          if (format == eb::ops::kPanelQ4) {
+          if (format == eb::ops::kPanelBF16) {
+            continue;
+          } else if (format == eb::ops::kPanelQ4) {
             const int q = i == 0 ? 0 : (i == 1 ? 15 : static_cast<int>(hq % 16));
             x = std::fma(d, static_cast<float>(q), mn);
           } else {

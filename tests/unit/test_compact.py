@@ -100,12 +100,12 @@ def test_what_is_not_exactly_compact_stays_float32(core):
         bad[r, c] = np.nextafter(bad[r, c], np.float32(np.inf))
         cases[f"one ulp at ({r}, {c})"] = bad
     neg_zero = np.zeros((4, 32), np.float32)
-    neg_zero[2, 5] = -0.0
+    neg_zero[2, 5] = -0.0  # not d*q (+ m) of any block, but a bfloat16 value
     cases["a -0.0 among zeros"] = neg_zero
     for what, m in cases.items():
         aa = np.ascontiguousarray(a[:, :m.shape[1]])
         got, fmt = core.gemm(aa, np.ascontiguousarray(m))
-        assert fmt == "float32", what
+        assert fmt == ("bf16" if what.startswith("a -0.0") else "float32"), what
         assert np.array_equal(u32(got), u32(core.gemm_ref(aa, np.ascontiguousarray(m), None))), what
 
 
@@ -188,5 +188,47 @@ def test_mamba2_block_compact_equals_float32():
             y = blk.forward(x[:, :33], st, lengths=np.array([33, 20]))
             ys = [blk.step(x[:, 33 + i], st) for i in range(2)]
             outs.append((y, *ys, st.h, st.conv_window))
+        for got, want in zip(*outs):
+            assert np.array_equal(u32(got), u32(want)), (isa, nt)
+
+
+# ---- bfloat16 checkpoints: float32 weights whose low 16 bits are zero ----------------------
+
+def bf16_values(x: np.ndarray) -> np.ndarray:
+    """x rounded to bfloat16 (nearest even) and widened back: float32 with low 16 bits zero."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 70, 32), (8, 100, 2048 + 96), (9, 49, 64), (33, 130, 128)])
+def test_bf16_gemm_equals_float32_panels_and_reference(core, m, n, k):
+    rng = np.random.default_rng(m + n + k)
+    w = bf16_values(0.05 * rng.standard_normal((n, k)))
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    ref = core.gemm_ref(a, w, None)
+    for isa, nt in each_isa_and_threads(core):
+        got, fmt = core.gemm(a, w)
+        assert fmt == "bf16", (isa, nt)
+        assert np.array_equal(u32(got), u32(ref)), f"bf16 {isa} {nt} threads: != gemm_ref"
+    w[3, 5] = np.nextafter(w[3, 5], np.float32(1))  # one weight that is not bfloat16
+    assert core.gemm(a, w)[1] == "float32"
+
+
+def test_transformer_block_bf16_equals_float32():
+    rng = np.random.default_rng(13)
+    opts = dict(n_heads=4, n_kv_heads=2, head_dim=16, o_bias=True)
+    w = make_transformer_weights(rng, d_model=64, intermediate=96, **opts)
+    w = {n: bf16_values(v) for n, v in w.items()}
+    compact, plain = build_twice(lambda: eb.TransformerBlockInference(w, **opts, max_positions=64))
+    assert [f for _, f, _ in compact.weight_storage()] == ["bf16"] * 4
+    x = rng.standard_normal((2, 20, 64)).astype(np.float32)
+    for isa, nt in each_isa_and_threads(_ext.core()):
+        outs = []
+        for blk in (compact, plain):
+            st = blk.allocate_state(2, 32)
+            y = blk.forward(x[:, :17], st)
+            ys = [blk.step(x[:, 17 + i], st) for i in range(3)]
+            outs.append((y, *ys, st.k_cache, st.v_cache))
         for got, want in zip(*outs):
             assert np.array_equal(u32(got), u32(want)), (isa, nt)
