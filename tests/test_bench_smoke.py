@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-LAYERS = ("smollm2-layer", "llama1b-layer", "mamba2-layer")
+LAYERS = ("smollm2-layer", "smollm2-layer-bf16", "llama1b-layer", "mamba2-layer")
 CASES = ("prefill_b1", "prefill_ragged", "decode_b1", "decode_b8")
 HAS_TORCH = (importlib.util.find_spec("torch") is not None
              and importlib.util.find_spec("transformers") is not None)
@@ -86,7 +86,7 @@ def test_quick_run_times_the_pytorch_peers(quick_run):
         if r["name"] == "mamba2-layer":
             assert r["peers"]["torch_sdpa"] is None
     torch_checks = [c for c in data["checks"] if c["peer"].startswith("torch")]
-    assert len(torch_checks) == 4 * (2 + 2 + 1)
+    assert len(torch_checks) == 4 * (2 + 2 + 2 + 1)
     assert all(c["ok"] for c in torch_checks)
 
 
@@ -105,12 +105,20 @@ def test_numpy_ceiling_runs_without_openblas_coretype(quick_run):
             100 * g["seconds"] / r["peers"]["exactblocks"]["seconds"])
 
 
+def test_weight_storage_is_reported(quick_run):
+    """The bf16 variant's matrices are stored as bfloat16, the float32 workload's as float32."""
+    _, data, _ = quick_run
+    notes = "\n".join(data["notes"])
+    assert "smollm2-layer-bf16: exactblocks stores its matrices as bf16 (" in notes
+    assert "smollm2-layer: exactblocks stores its matrices as float32 (" in notes
+
+
 def test_report_files(quick_run):
     _, data, out = quick_run
     md = (out / "bench.md").read_text()
     assert ("| workload | case | exactblocks ms/call | exactblocks ms/token | exactblocks tok/s |"
             in md)
-    assert md.count("\n| ") >= 1 + 12  # header + 12 layer rows (and the targets table)
+    assert md.count("\n| ") >= 1 + 16  # header + 16 layer rows (and the targets table)
     for key in ("command", "cpu", "isa", "threads", "versions"):
         assert data["meta"][key], key
     assert data["meta"]["command"].startswith("python -m exactblocks.bench --quick")

@@ -180,6 +180,14 @@ inline void gemm_tile(const float* a, int64_t lda, const float* panel, int64_t k
   tile_end<V, MR>(acc, last, bias, c, ldc, nr_valid);
 }
 
+// Fetch code bytes [p, p + Bytes) ahead of use, one code row per row used, kPfBlocks blocks
+// ahead (decode streams them from memory; a burst of a whole block at once was slower).
+constexpr int64_t kPfBlocks = 2;
+template <int64_t Bytes>
+inline void prefetch_row(const uint8_t* p) {
+  for (int64_t j = 0; j < Bytes; j += 64) __builtin_prefetch(p + j);
+}
+
 // The same tile on compact weights, rebuilding each weight just before its FMAs (decode: the
 // codes are streamed once and never written out). a points at k0; scales and codes at the
 // first of nb = (k1 - k0) / kQBlock blocks, at the tile's first column.
@@ -191,16 +199,19 @@ inline void gemm_tile_q(const float* a, int64_t lda, const float* scales, const 
   constexpr int L = V::kLanes;
   constexpr int64_t kScale = PackedMatrix::scale_floats_of(FMT);
   constexpr int64_t kCodes = PackedMatrix::code_bytes_of(FMT);
+  constexpr int64_t kRowBytes = FMT == kPanelBF16 ? 2 * kGemmNR : kGemmNR;  // one code row
   V acc[MR][NV];
   tile_begin<V, MR>(acc, first, c, ldc, nr_valid);
   for (int64_t b = 0; b < nb; ++b) {
     const float* sc = scales + b * kScale;
     const uint8_t* cb = codes + b * kCodes;
-    for (int64_t j = 0; j < kCodes; j += 64) __builtin_prefetch(cb + 2 * kCodes + j);
+    for (int64_t j = 0; j < kScale * 4; j += 64)
+      __builtin_prefetch(reinterpret_cast<const char*>(sc + kPfBlocks * kScale) + j);
     const float* ab = a + b * kQBlock;
     if constexpr (FMT == kPanelBF16) {
       const uint16_t* cw = reinterpret_cast<const uint16_t*>(cb);
       for (int i = 0; i < kQBlock; ++i) {
+        prefetch_row<kRowBytes>(cb + i * kRowBytes + kPfBlocks * kCodes);
         V bk[NV];
         for (int j = 0; j < NV; ++j) bk[j] = V::from_bf16(cw + i * kGemmNR + j * L);
         tile_fma_k<V, MR>(acc, ab, lda, i, bk);
@@ -214,6 +225,7 @@ inline void gemm_tile_q(const float* a, int64_t lda, const float* scales, const 
       for (int j = 0; j < NV; ++j) m[j] = V::load(sc + kGemmNR + j * L);
       for (int i = 0; i < kQBlock / 2; ++i) {
         const uint8_t* row = cb + i * kGemmNR;
+        prefetch_row<kRowBytes>(row + kPfBlocks * kCodes);
         V b0[NV], b1[NV];
         for (int j = 0; j < NV; ++j) {
           b0[j] = V::fma(d[j], V::template from_u4<0>(row + j * L), m[j]);
@@ -224,6 +236,7 @@ inline void gemm_tile_q(const float* a, int64_t lda, const float* scales, const 
       }
     } else {
       for (int i = 0; i < kQBlock; ++i) {
+        prefetch_row<kRowBytes>(cb + i * kGemmNR + kPfBlocks * kCodes);
         const int8_t* row = reinterpret_cast<const int8_t*>(cb + i * kGemmNR);
         V bk[NV];
         for (int j = 0; j < NV; ++j) bk[j] = V::mul(d[j], V::from_i8(row + j * L));

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import ctypes
 import importlib
 import importlib.util
@@ -71,7 +72,8 @@ CASES = ("prefill_b1", "prefill_ragged", "decode_b1", "decode_b8")
 PEERS = ("exactblocks", "torch_eager", "torch_sdpa", "mojolearn")
 PEER_LABELS = {"exactblocks": "exactblocks", "torch_eager": "torch eager",
                "torch_sdpa": "torch sdpa", "mojolearn": "mojolearn"}
-WORKLOAD_NAMES = ("smollm2-layer", "llama1b-layer", "mamba2-layer", "smollm2-model")
+WORKLOAD_NAMES = ("smollm2-layer", "smollm2-layer-bf16", "llama1b-layer", "llama1b-layer-bf16",
+                  "mamba2-layer", "smollm2-model")
 
 MEASURE_BUDGET_S = 4.0  # default repeats shrink so that one measurement takes about this long
 MIN_REPEATS = 3
@@ -114,6 +116,10 @@ class LayerSpec:
         RMSNorm epsilon.
     d_state, expand, n_groups, conv_kernel : int
         Mamba-2 sizes (HF ``Mamba2Config`` state_size, expand, n_groups, conv_kernel).
+    bf16_weights : bool
+        Round every weight to a bfloat16 value (widened back to float32), as the released
+        SmolLM2-135M and Llama-3.2-1B checkpoints hold them. Every peer gets the same float32
+        values; exactblocks stores such matrices as bfloat16 (same bits, half the bytes).
     """
 
     name: str
@@ -131,6 +137,7 @@ class LayerSpec:
     expand: int = 2
     n_groups: int = 1
     conv_kernel: int = 4
+    bf16_weights: bool = False
 
     @property
     def d_inner(self) -> int:
@@ -157,6 +164,14 @@ class LayerSpec:
     def gemm_params(self) -> int:
         """Number of matrix weights (sum of out * in over :meth:`gemm_shapes`)."""
         return sum(n * k for _, n, k in self.gemm_shapes())
+
+    def weight_bytes(self) -> int:
+        """Bytes per matrix weight that exactblocks streams: 2 for bfloat16 values, else 4."""
+        return 2 if self.bf16_weights else 4
+
+    def variant(self, name: str, label: str) -> "LayerSpec":
+        """The same sizes with bfloat16-valued weights, under another name and label."""
+        return dataclasses.replace(self, name=name, label=label, bf16_weights=True)
 
 
 @dataclass(frozen=True)
@@ -199,6 +214,11 @@ QUICK_LAYERS = {
     "mamba2-layer": LayerSpec("mamba2-layer", "mamba2-130m layer (quick: tiny)", "mamba2", 64,
                               n_heads=2, head_dim=64, d_state=128, expand=2),
 }
+# bfloat16-valued weights, as the released checkpoints: the same layers, the same peers
+for _layers in (FULL_LAYERS, QUICK_LAYERS):
+    for _base in ("smollm2-layer", "llama1b-layer"):
+        _layers[f"{_base}-bf16"] = _layers[_base].variant(
+            f"{_base}-bf16", _layers[_base].label.replace(" layer", " layer, bf16 weights", 1))
 FULL_SHAPES = Shapes()
 QUICK_SHAPES = Shapes(prefill_len=32, ragged_lengths=(16, 12, 8, 4), context=32, decode_batch=8,
                       decode_steps=2, model_new_tokens=4, default_repeats=2, bandwidth_mib=16)
@@ -437,13 +457,37 @@ def _numpy_ceiling(groups: dict, threads: int, repeats: int, bandwidth_mib: int)
 # ============================================================================ weights / inputs
 
 
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """x rounded to the nearest bfloat16 value (ties to even), as float32 (low 16 bits zero).
+
+    Parameters
+    ----------
+    x : ndarray of float32 (finite)
+
+    Returns
+    -------
+    ndarray of float32, the shape of x
+
+    Examples
+    --------
+    >>> bf16_round(np.array([1.0, 1.00390625, 1.01171875, 3.14159], np.float32)).tolist()
+    [1.0, 1.0, 1.015625, 3.140625]
+    """
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32).reshape(np.shape(x))
+
+
 def _transformer_weights(spec: LayerSpec, rng: np.random.Generator) -> dict:
-    """Short-name weights (SPEC.md 4.2): matrices N(0, 1/in), norms 1 + 0.1 N."""
+    """Short-name weights (SPEC.md 4.2): matrices N(0, 1/in), norms 1 + 0.1 N (bfloat16
+    values when ``spec.bf16_weights``)."""
     w = {f"{n}_proj.weight": (rng.standard_normal((o, i), dtype=np.float32)
                                * np.float32(1.0 / math.sqrt(i)))
          for n, o, i in spec.gemm_shapes()}
     for n in ("input_layernorm.weight", "post_attention_layernorm.weight"):
         w[n] = (1.0 + 0.1 * rng.standard_normal(spec.d_model)).astype(np.float32)
+    if spec.bf16_weights:
+        w = {n: bf16_round(a) for n, a in w.items()}
     return w
 
 
@@ -958,8 +1002,8 @@ def _build_peers(spec: LayerSpec, weights: dict, max_positions: int, avail: dict
                 peers["torch_eager"] = _TorchMamba2Peer(spec, weights)
             except Exception as exc:  # noqa: BLE001
                 rec.note(f"{spec.name}: HF Mamba2Block could not be built: {exc!r}")
-    if avail["mojolearn"] is not None:
-        try:
+    if avail["mojolearn"] is not None and not spec.bf16_weights:  # its time does not
+        try:                                                       # depend on the values
             peers["mojolearn"] = _MojolearnPeer(avail["mojolearn"], spec, weights, max_positions)
         except Exception as exc:  # noqa: BLE001
             rec.note(f"{spec.name}: mojolearn block could not be built: {exc!r}")
@@ -983,6 +1027,9 @@ def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recor
     rec.log(f"[{spec.name}] building peers ...")
     peers = _build_peers(spec, weights, max_pos, avail, rec)
     eb = peers["exactblocks"]
+    storage = sorted({f for _, f, _ in eb.blk.weight_storage()})
+    rec.note(f"{spec.name}: exactblocks stores its matrices as {', '.join(storage)} "
+             f"({sum(b for *_, b in eb.blk.weight_storage()) / 2 ** 20:.1f} MiB)")
     res: dict = {c: {} for c in CASES}
     name = spec.name
 
@@ -1310,7 +1357,8 @@ def _layer_rows(results: dict, specs: dict, sh: Shapes, ceiling: dict | None) ->
                 if eb is not None:
                     row["pct_of_numpy"] = 100.0 * g["seconds"] / eb.seconds
             if case.startswith("decode") and ceiling:
-                floor = 4.0 * spec.gemm_params() / (ceiling["read_bandwidth_gbs"] * 1e9)
+                floor = (spec.weight_bytes() * spec.gemm_params()
+                         / (ceiling["read_bandwidth_gbs"] * 1e9))
                 row["bandwidth_time_s"] = floor
             rows.append(row)
     return rows
@@ -1356,14 +1404,16 @@ def _targets(rows: list[dict], model: dict | None, ceiling: dict | None) -> str:
         if r["case"] == "decode_b1" and "torch_sdpa" in r.get("speed_vs", {}):
             lines.append(f"| decode B=1 speed vs torch sdpa, {r['workload']} | "
                          f"{_ratio(r['speed_vs']['torch_sdpa'])} |")
-    r = by.get(("llama1b-layer", "decode_b1"))
-    if r and "numpy_gemm_s" in r and isinstance(r["peers"].get("exactblocks"), dict):
+    for lname in ("llama1b-layer", "llama1b-layer-bf16"):
+        r = by.get((lname, "decode_b1"))
+        if not (r and "numpy_gemm_s" in r and isinstance(r["peers"].get("exactblocks"), dict)):
+            continue
         t = r["peers"]["exactblocks"]["seconds"]
-        lines.append(f"| Llama-3.2-1B layer decode B=1 time / NumPy's 7 GEMVs alone | "
+        lines.append(f"| {r['workload']} decode B=1 time / NumPy's 7 GEMVs alone | "
                      f"{t / r['numpy_gemm_s']:.2f} ({1e3 * t:.2f} ms vs "
                      f"{1e3 * r['numpy_gemm_s']:.2f} ms) |")
         if "bandwidth_time_s" in r:
-            lines.append("| Llama-3.2-1B layer decode B=1 time / (matrix bytes / read "
+            lines.append(f"| {r['workload']} decode B=1 time / (matrix bytes / read "
                          "bandwidth) | "
                          f"{t / r['bandwidth_time_s']:.2f} ("
                          f"{1e3 * r['bandwidth_time_s']:.2f} ms at "
