@@ -112,6 +112,17 @@ class _Progress:
         self.stream.flush()
 
 
+def _storage_note(blocks, head) -> str:
+    """One line on how the blocks' matrices and the head are stored (README "Weight storage")."""
+    by_format: dict = {}
+    for blk in blocks:
+        for _, fmt, nbytes in blk.weight_storage():
+            by_format[fmt] = by_format.get(fmt, 0) + nbytes
+    parts = [f"{fmt} {nbytes / 1e6:.0f} MB" for fmt, nbytes in sorted(by_format.items())]
+    return (f"weights stored as: blocks {', '.join(parts)}; head {head.format} "
+            f"{head.nbytes / 1e6:.0f} MB (the bits are those of float32 storage)")
+
+
 def _first_difference(a: np.ndarray, b: np.ndarray) -> str:
     idx = np.argwhere(a.view(np.uint32) != b.view(np.uint32))[0]
     return f"position {idx[0]}, channel {idx[1]}: {a[tuple(idx)]!r} vs {b[tuple(idx)]!r}"
@@ -209,6 +220,7 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
     stop |= {i for i in tokenizer.special_token_ids if tokenizer.id_to_token(i) == "<|endoftext|>"}
 
     head_w = pack_head(head_w)
+    progress.note(_storage_note(blocks, head_w))
     n_threads = exactblocks.get_num_threads()
     name = os.path.basename(config["path"])
     name = name[:-5] if name.endswith(".gguf") else name

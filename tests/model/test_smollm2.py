@@ -244,6 +244,31 @@ def test_every_layer_matches_hf_on_real_text(blocks, hf_reference, loaded):
     assert not bad, f"layers above ROW_RTOL={ROW_RTOL}: {bad}"
 
 
+def test_real_blocks_are_stored_compactly_with_float32_bits(eb, blocks, hf_reference, loaded):
+    """The GGUF's Q4_1 matrices are stored as q4_1 codes, and every block gives the bits of the
+    same block built with float32 storage (prefill and token-by-token decode)."""
+    from exactblocks import _ext
+
+    config, layers, _ = loaded
+    core = _ext.core()
+    opts = {n: v for n, v in blocks[0].get_params().items() if n != "weights"}
+    core._set_compact_packing(False)
+    try:
+        plain = [eb.TransformerBlockInference(layers[n], **opts) for n in (0, 1, 2, len(blocks) - 1)]
+    finally:
+        core._set_compact_packing(True)
+    for n, ref in zip([0, 1, 2, len(blocks) - 1], plain):
+        blk = blocks[n]
+        assert {f for _, f, _ in blk.weight_storage()} == {"q4_1"}, blk.weight_storage()
+        assert {f for _, f, _ in ref.weight_storage()} == {"float32"}
+        x = np.ascontiguousarray(hf_reference["hidden_in"][n][None, :40])
+        assert np.array_equal(blk.forward(x).view(np.uint32), ref.forward(x).view(np.uint32)), n
+        st_a, st_b = blk.allocate_state(1, 8), ref.allocate_state(1, 8)
+        for t in range(4):
+            a, b = blk.step(x[:, t], st_a), ref.step(x[:, t], st_b)
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), (n, t)
+
+
 @pytest.mark.slow
 def test_whole_stack_tracks_hf_logits(blocks, hf_reference, loaded):
     """30 chained blocks + the demo's NumPy final norm and tied head track HF's logits.
@@ -290,3 +315,5 @@ def test_demo_smoke(eb, gguf_path):
     assert re.search(r"^prefill: \d+ tokens in [\d.]+ s = [\d.]+ tokens/s", out, re.M), out
     assert re.search(r"^decode: \d+ tokens in [\d.]+ s = [\d.]+ tokens/s", out, re.M), out
     assert re.search(r"^bitwise identical: yes\b", out, re.M), out
+    # the GGUF's Q4_1 blocks and Q8_0 head are stored compactly (README "Weight storage")
+    assert "weights stored as: blocks q4_1 80 MB; head q8_0 32 MB" in proc.stderr, proc.stderr
