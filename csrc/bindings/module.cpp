@@ -251,11 +251,18 @@ NB_MODULE(_core, m) {
     }
     return hit.offset;
   });
-  m.def("exp_f64", [](double x) { return math::exp_f64(x); });
-  m.def("log_f64", [](double x) { return math::log_f64(x); });
+  m.def("exp_f64", [](double x) {
+    FpEnvGuard guard;
+    return math::exp_f64(x);
+  });
+  m.def("log_f64", [](double x) {
+    FpEnvGuard guard;
+    return math::log_f64(x);
+  });
   m.def("rope_inv_freq", [](int64_t rope_dim, double theta, int kind, double factor, double low,
                             double high, double original_max) {
     OutArr y = new_array({static_cast<size_t>(rope_dim / 2)});
+    FpEnvGuard guard;  // the table must not depend on the caller's rounding mode
     ops::rope_inv_freq(rope_dim, theta, kind, factor, low, high, original_max, y.data());
     return y;
   });
@@ -301,6 +308,7 @@ NB_MODULE(_core, m) {
   m.def("norm", [](int kind, nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu> x,
                    CArr w, nb::object bias, double eps) {
     const int64_t rows = static_cast<int64_t>(x.shape(0)), n = static_cast<int64_t>(x.shape(1));
+    FpEnvGuard guard;
     std::vector<float> wv(w.data(), w.data() + n);
     if (kind == 2)
       for (float& v : wv) v = 1.0f + v;

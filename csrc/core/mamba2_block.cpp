@@ -5,6 +5,7 @@
 #include "core/check.hpp"
 #include "core/weight_map.hpp"
 #include "math/exp.hpp"
+#include "threading/fpenv.hpp"
 
 namespace eb {
 namespace {
@@ -16,6 +17,7 @@ std::vector<float> copy(const float* p, int64_t n) { return std::vector<float>(p
 Mamba2Model::Mamba2Model(const Mamba2Config& c,
                          const std::unordered_map<std::string, const float*>& w)
     : cfg(c) {
+  FpEnvGuard guard;  // A = -exp(A_log) and the packer's checks ignore the caller's FP mode
   EB_CHECK(c.n_groups > 0 && c.n_heads % c.n_groups == 0 && c.d_inner % c.n_groups == 0,
            "bad n_groups");
   EB_CHECK(c.conv_dim == c.d_inner + 2 * c.n_groups * c.d_state, "bad conv_dim");

@@ -8,6 +8,7 @@
 #include "core/weight_map.hpp"
 #include "ops/norm.hpp"
 #include "ops/rope.hpp"
+#include "threading/fpenv.hpp"
 
 namespace eb {
 namespace {
@@ -24,6 +25,8 @@ std::vector<float> norm_weight(const float* w, int64_t n, int kind) {
 TransformerModel::TransformerModel(const TransformerConfig& c,
                                    const std::unordered_map<std::string, const float*>& w)
     : cfg(c) {
+  FpEnvGuard guard;  // the RoPE table, (1 + w) and the packer's checks: the caller's FTZ/rounding
+                     // mode must not change them (SPEC 3.2)
   EB_CHECK(c.n_heads > 0 && c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0, "bad head counts");
   EB_CHECK(c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim, "bad rope_dim");
   const int64_t d = c.d_model, qw = c.n_heads * c.head_dim, kw = c.n_kv_heads * c.head_dim;

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "ops/gemm.hpp"
+#include "threading/fpenv.hpp"
 
 namespace eb::ops {
 namespace {
@@ -48,9 +49,9 @@ bool fit_q4(const float* x, int64_t stride, float* d_out, float* m_out, uint8_t*
     for (int i = 0; i < kQBlock && ok; ++i) {
       const float v = x[i * stride];
       float q = d > 0.0f ? std::nearbyint((v - lo) / d) : 0.0f;
-      q = std::min(15.0f, std::max(0.0f, q));
-      ok = bits(std::fma(d, q, lo)) == bits(v);
-      q_out[i] = static_cast<uint8_t>(q);
+      q_out[i] = static_cast<uint8_t>(std::min(15.0f, std::max(0.0f, q)));
+      // verify with the stored code, exactly as the kernels rebuild the weight
+      ok = bits(std::fma(d, static_cast<float>(q_out[i]), lo)) == bits(v);
     }
     if (ok) {
       *d_out = d;
@@ -62,23 +63,25 @@ bool fit_q4(const float* x, int64_t stride, float* d_out, float* m_out, uint8_t*
 }
 
 // One block as w = d * q (the kernels' float32 product), q int8. The largest |q| is 127 in
-// GGUF Q8_0, 8 or 7 in Q4_0 (d * (q - 8)), 16 or 15 in Q5_0: d is tried from each.
+// GGUF Q8_0, 8 or 7 in Q4_0 (d * (q - 8)), 16 or 15 in Q5_0: d is tried from each. Q4_0 and
+// Q5_0 scales are negative when the block's extreme is positive (d = max / -8), and then a
+// zero code is -0.0: negative d is tried too.
 bool fit_q8(const float* x, int64_t stride, float* d_out, int8_t* q_out) {
   float amax = 0.0f;
   for (int i = 0; i < kQBlock; ++i) amax = std::max(amax, std::fabs(x[i * stride]));
-  for (float qmax : {127.0f, 8.0f, 7.0f, 16.0f, 15.0f}) {
+  for (float qmax : {127.0f, 8.0f, 7.0f, 16.0f, 15.0f, -8.0f, -7.0f, -16.0f, -15.0f}) {
     float cand[8];
-    const int nc = scale_candidates(amax / qmax, cand);
+    const int nc = scale_candidates(amax / std::fabs(qmax), cand);
     for (int c = 0; c < nc; ++c) {
-      const float d = cand[c];
-      if (!std::isfinite(d) || d < 0.0f) continue;
+      const float d = qmax < 0.0f ? -cand[c] : cand[c];
+      if (!std::isfinite(d)) continue;
       bool ok = true;
       for (int i = 0; i < kQBlock && ok; ++i) {
         const float v = x[i * stride];
-        float q = d > 0.0f ? std::nearbyint(v / d) : 0.0f;
-        q = std::min(127.0f, std::max(-128.0f, q));
-        ok = bits(d * q) == bits(v);
-        q_out[i] = static_cast<int8_t>(q);
+        const float q = d != 0.0f ? std::nearbyint(v / d) : 0.0f;
+        q_out[i] = static_cast<int8_t>(std::min(127.0f, std::max(-128.0f, q)));
+        // verify with the stored code (an int8 0 rebuilds +0.0, never -0.0)
+        ok = bits(d * static_cast<float>(q_out[i])) == bits(v);
       }
       if (ok) {
         *d_out = d;
@@ -143,6 +146,7 @@ bool compact_packing() { return g_compact.load(); }
 PackedMatrix pack_matrices(const std::vector<const float*>& parts, const std::vector<int64_t>& rows,
                            int64_t k_in, const std::vector<const float*>& biases,
                            bool allow_compact) {
+  FpEnvGuard guard;  // the format checks must see the kernels' FP mode, not the caller's
   PackedMatrix pm;
   pm.k_in = k_in;
   Rows all;

@@ -104,10 +104,15 @@ struct VecAvx512 {
   static VecAvx512 from_i8(const int8_t* p) {
     return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
   }
+  // The nibble indexes a table of 0.0f..15.0f (vpermps reads only an index's low 4 bits), which
+  // saves the mask and the int-to-float conversion.
   template <int Shift>
   static VecAvx512 from_u4(const uint8_t* p) {
-    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return {_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(b, Shift), _mm512_set1_epi32(15)))};
+    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    if constexpr (Shift != 0) b = _mm512_srli_epi32(b, Shift);
+    const __m512 table = _mm512_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f, 9.0f,
+                                        10.0f, 11.0f, 12.0f, 13.0f, 14.0f, 15.0f);
+    return {_mm512_permutexvar_ps(b, table)};
   }
   // kLanes bfloat16 bit patterns -> the float32 values they are the top halves of (exact).
   static VecAvx512 from_bf16(const uint16_t* p) {

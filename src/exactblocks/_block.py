@@ -148,8 +148,11 @@ class BlockCommon:
         back into the same float32 weight before each use; one whose weights all have zero
         low 16 bits (a bfloat16 checkpoint widened to float32) is stored as bfloat16. The
         arithmetic, and every output bit, is the same as with float32 storage; a decode step
-        reads 5.3x (Q4_1), 3.6x (Q8_0) or 2x (bfloat16) fewer bytes. Any other matrix, or one
-        whose input size is not a multiple of 32, is stored as float32 panels.
+        reads 5.3x (Q4_1), 3.6x (Q8_0) or 2x (bfloat16) fewer bytes. The fused q|k|v and
+        gate|up matrices are stored as one matrix each, so all their parts must fit one format.
+        Any other matrix, or one whose input size is not a multiple of 32, is stored as float32
+        panels. The packer checks every weight against what the kernels rebuild, so what it
+        picks never changes an output bit.
 
         Returns
         -------

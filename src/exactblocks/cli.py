@@ -112,6 +112,27 @@ class _Progress:
         self.stream.flush()
 
 
+def _cpu_ticks():
+    """(all CPUs' busy seconds from /proc/stat, this process's CPU seconds, wall seconds)."""
+    try:
+        with open("/proc/stat", encoding="utf-8") as f:
+            v = [int(t) for t in f.readline().split()[1:]]
+        busy = (sum(v[:8]) - v[3] - (v[4] if len(v) > 4 else 0)) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    t = os.times()
+    return busy, t.user + t.system, time.perf_counter()
+
+
+def _other_cpu_share(t0, t1) -> float | None:
+    """Fraction of all CPUs that other processes kept busy between two :func:`_cpu_ticks`."""
+    if t0 is None or t1 is None or t1[2] <= t0[2]:
+        return None
+    n_cpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    other = (t1[0] - t0[0]) - (t1[1] - t0[1])
+    return max(0.0, other) / (n_cpu * (t1[2] - t0[2]))
+
+
 def _storage_note(blocks, head) -> str:
     """One line on how the blocks' matrices and the head are stored (README "Weight storage")."""
     by_format: dict = {}
@@ -225,13 +246,14 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
     name = os.path.basename(config["path"])
     name = name[:-5] if name.endswith(".gguf") else name
     print(f"exactblocks {exactblocks.__version__} demo: {name} ({len(blocks)} blocks, d_model "
-          f"{config['hidden_size']}, float32), {n_threads} thread{'s' if n_threads != 1 else ''}, "
+          f"{config['hidden_size']}, float32 arithmetic), {n_threads} thread{'s' if n_threads != 1 else ''}, "
           f"arithmetic {exactblocks.arithmetic_version()}", file=out)
     print(f"user: {prompt}", file=out)
     out.write("assistant: ")
     out.flush()
 
     # prefill
+    busy0 = _cpu_ticks()
     t_p = time.perf_counter()
     states = [blk.allocate_state(1, capacity) for blk in blocks]
     x = embed[np.asarray(prompt_ids)][None]  # (1, T, d)
@@ -269,11 +291,10 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
     text = tokenizer.decode(generated)
     out.write(text[len(printed):] + "\n")
 
-    load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    n_cpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if load1 > 0.5 * n_cpu + n_threads:
-        print(f"note: load average {load1:.1f} on {n_cpu} CPUs while this ran: other work shared "
-              "the cores, so the speeds below are lower than on an idle machine", file=out)
+    other = _other_cpu_share(busy0, _cpu_ticks())
+    if other is not None and other > 0.2:
+        print(f"note: other processes kept {100 * other:.0f}% of the CPUs busy while this ran, "
+              "so the speeds below are lower than on an idle machine", file=out)
     print(f"prefill: {n_prompt} tokens in {t_prefill:.3f} s = {n_prompt / t_prefill:.1f} tokens/s",
           file=out)
     if n_steps:

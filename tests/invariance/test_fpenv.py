@@ -51,3 +51,57 @@ def test_subnormal_sums_are_kept():
     finally:
         core._set_caller_ftz_daz(False)
     assert np.float32(ref) == np.float32(got) > 0
+
+
+def _subnormal_q4_block() -> np.ndarray:
+    """32 Q4_1-like weights whose code-1 values are 2^-127 (subnormal), written as 0.0: with
+    FTZ on, fma(d, 1, m) flushes to 0.0, so a packer that checked its guess in the caller's
+    mode would take the block for Q4_1 and the kernels (subnormals kept) would rebuild 2^-127."""
+    q = np.arange(32) % 16
+    w = np.float32(-2.0 ** -120 + (2.0 ** -120 + 2.0 ** -127) * q)
+    w[q == 1] = 0.0
+    return w.astype(np.float32)
+
+
+def _libm_fesetround():
+    import ctypes
+    import ctypes.util
+    import platform
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    return libm.fesetround, libm.fegetround
+
+
+@pytest.mark.parametrize("mode", ["ftz_daz", "round_upward"])
+def test_construction_ignores_the_callers_fp_mode(mode):
+    """Building a block (RoPE table, packing and its exactness checks, A = -exp(A_log)) under
+    another FP mode gives the same storage and the same bits (SPEC 3.2)."""
+    core = _ext.core()
+    rng = np.random.default_rng(4)
+    w = make_transformer_weights(rng, 64, 4, 2, 16, 64)
+    w["down_proj.weight"] = np.tile(_subnormal_q4_block(), (64, 2))
+    x = (0.5 * rng.standard_normal((1, 6, 64))).astype(np.float32)
+    x[..., ::2] = 0.0
+    ref = eb.TransformerBlockInference(w, n_heads=4, n_kv_heads=2)
+    if mode == "ftz_daz":
+        if not core._set_caller_ftz_daz(True):
+            pytest.skip("FTZ/DAZ control is x86-only in this test")
+        try:
+            other = eb.TransformerBlockInference(w, n_heads=4, n_kv_heads=2)
+        finally:
+            core._set_caller_ftz_daz(False)
+    else:
+        fns = _libm_fesetround()
+        if fns is None:
+            pytest.skip("fesetround constants are x86-only in this test")
+        fesetround, fegetround = fns
+        saved = fegetround()
+        assert fesetround(0x800) == 0  # FE_UPWARD
+        try:
+            other = eb.TransformerBlockInference(w, n_heads=4, n_kv_heads=2)
+        finally:
+            fesetround(saved)
+    assert ref.weight_storage() == other.weight_storage()
+    assert ref.weight_storage()[-1][1] == "float32"  # the block is not exactly Q4_1
+    assert np.array_equal(ref.forward(x).view(np.uint32), other.forward(x).view(np.uint32))

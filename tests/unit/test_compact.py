@@ -99,6 +99,10 @@ def test_what_is_not_exactly_compact_stays_float32(core):
         bad = w.copy()
         bad[r, c] = np.nextafter(bad[r, c], np.float32(np.inf))
         cases[f"one ulp at ({r}, {c})"] = bad
+    q8_neg_zero = gguf_values(0.05 * rng.standard_normal((50, 64)), "Q8_0")
+    q8_neg_zero[q8_neg_zero == 0] = -0.0  # Q8_0 scales are positive: code 0 rebuilds +0.0
+    assert (np.signbit(q8_neg_zero) & (q8_neg_zero == 0)).any()
+    cases["-0.0 in a Q8_0 matrix"] = q8_neg_zero
     neg_zero = np.zeros((4, 32), np.float32)
     neg_zero[2, 5] = -0.0  # not d*q (+ m) of any block, but a bfloat16 value
     cases["a -0.0 among zeros"] = neg_zero
