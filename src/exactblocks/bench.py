@@ -1478,7 +1478,8 @@ def _plot(rows: list[dict], model: dict | None, sh: Shapes, path: str) -> str:
               "mojolearn": "#9467bd", "hf_generate": "#2ca02c"}
     fig, axes = plt.subplots(2, 3, figsize=(16, 9))
     names = list(dict.fromkeys(r["name"] for r in rows))
-    labels = {r["name"]: r["workload"].replace(" layer", "\nlayer") for r in rows}
+    labels = {r["name"]: r["workload"].replace(" layer", "\nlayer").replace(", ", "\n")
+              for r in rows}
     for ax, case in zip(axes.flat, CASES):
         sub = {r["name"]: r for r in rows if r["case"] == case}
         width = 0.8 / len(PEERS)
@@ -1501,7 +1502,7 @@ def _plot(rows: list[dict], model: dict | None, sh: Shapes, path: str) -> str:
             if fl:
                 ax.hlines(r["tokens"] / fl, i - 0.45, i + 0.45, colors="r", linestyles=":",
                           label="read-bandwidth bound" if i == 0 else None)
-        ax.set_xticks(range(len(names)), [labels[n] for n in names], fontsize=8)
+        ax.set_xticks(range(len(names)), [labels[n] for n in names], fontsize=7)
         ax.set_yscale("log")
         ax.set_ylabel("tokens/s (higher is better)")
         ax.set_title(_case_label(case, sh))
