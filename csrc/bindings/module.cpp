@@ -370,6 +370,7 @@ NB_MODULE(_core, m) {
       .def("__init__", [](TransformerModel* self, nb::dict cfg, nb::dict weights) {
         std::vector<CArr> keep;
         auto ptrs = weight_ptrs(weights, keep);
+        FpEnvGuard guard;  // double -> float option casts round to nearest, whatever the caller set
         TransformerConfig c = transformer_config(cfg);
         nb::gil_scoped_release release;
         new (self) TransformerModel(c, ptrs);
@@ -421,6 +422,7 @@ NB_MODULE(_core, m) {
       .def("__init__", [](Mamba2Model* self, nb::dict cfg, nb::dict weights) {
         std::vector<CArr> keep;
         auto ptrs = weight_ptrs(weights, keep);
+        FpEnvGuard guard;  // double -> float option casts round to nearest, whatever the caller set
         Mamba2Config c = mamba2_config(cfg);
         nb::gil_scoped_release release;
         new (self) Mamba2Model(c, ptrs);

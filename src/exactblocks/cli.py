@@ -101,9 +101,9 @@ class _Progress:
         elapsed = time.perf_counter() - self.t0
         if self.tty:
             end = "\n" if done == total and stage != "read" else ""
-            self.stream.write(f"\r\033[Kloading: {label} {done}/{total} ({elapsed:.1f} s){end}")
+            self.stream.write(f"\r\033[Kloading: {label} {done}/{total} (at {elapsed:.1f} s){end}")
         elif stage != self.stage:
-            self.stream.write(f"loading: {label} ... ({elapsed:.1f} s)\n")
+            self.stream.write(f"loading: {label} ... (started at {elapsed:.1f} s)\n")
         self.stage = stage
         self.stream.flush()
 
@@ -293,8 +293,10 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
 
     other = _other_cpu_share(busy0, _cpu_ticks())
     if other is not None and other > 0.2:
+        hint = (f"; while other work holds cores, try --threads {n_threads - 1} (a call waits "
+                "for its slowest thread)" if n_threads > 1 else "")
         print(f"note: other processes kept {100 * other:.0f}% of the CPUs busy while this ran, "
-              "so the speeds below are lower than on an idle machine", file=out)
+              f"so the speeds below are lower than on an idle machine{hint}", file=out)
     print(f"prefill: {n_prompt} tokens in {t_prefill:.3f} s = {n_prompt / t_prefill:.1f} tokens/s",
           file=out)
     if n_steps:

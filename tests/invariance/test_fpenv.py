@@ -105,3 +105,38 @@ def test_construction_ignores_the_callers_fp_mode(mode):
     assert ref.weight_storage() == other.weight_storage()
     assert ref.weight_storage()[-1][1] == "float32"  # the block is not exactly Q4_1
     assert np.array_equal(ref.forward(x).view(np.uint32), other.forward(x).view(np.uint32))
+
+
+@pytest.mark.parametrize("kind", ["transformer", "mamba2"])
+def test_float_options_ignore_the_callers_rounding_mode(kind):
+    """norm_eps, attn_softcap and dt_limit become float32 under round-to-nearest, whatever the
+    caller's rounding mode while the block is built."""
+    from helpers import make_mamba2_weights
+
+    fns = _libm_fesetround()
+    if fns is None:
+        pytest.skip("fesetround constants are x86-only in this test")
+    fesetround, fegetround = fns
+    rng = np.random.default_rng(5)
+    if kind == "transformer":
+        w = make_transformer_weights(rng, 64, 4, 2, 16, 64)
+
+        def build():
+            return eb.TransformerBlockInference(w, n_heads=4, n_kv_heads=2, norm_eps=1e-5,
+                                                attn_softcap=50.1)
+        x = (1e-4 * rng.standard_normal((1, 5, 64))).astype(np.float32)
+    else:
+        w = make_mamba2_weights(6)
+
+        def build():
+            return eb.Mamba2BlockInference(w, dt_limit=(0.0011, 0.0913), norm_eps=1e-5)
+        x = (1e-4 * rng.standard_normal((1, 5, 24))).astype(np.float32)  # eps then matters
+    ref = build()
+    saved = fegetround()
+    for mode in (0x800, 0x400, 0xC00):  # FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO
+        assert fesetround(mode) == 0
+        try:
+            other = build()
+        finally:
+            fesetround(saved)
+        assert np.array_equal(ref.forward(x).view(np.uint32), other.forward(x).view(np.uint32)), mode
