@@ -185,7 +185,9 @@ inline void gemm_tile(const float* a, int64_t lda, const float* panel, int64_t k
 constexpr int64_t kPfBlocks = 2;
 template <int64_t Bytes>
 inline void prefetch_row(const uint8_t* p) {
-  for (int64_t j = 0; j < Bytes; j += 64) __builtin_prefetch(p + j);
+  static_assert(Bytes <= 128, "a code row spans at most 2 lines");
+  __builtin_prefetch(p);  // straight-line: a prefetch loop here made GCC keep the
+  if constexpr (Bytes > 64) __builtin_prefetch(p + 64);  // accumulators on the stack
 }
 
 // The same tile on compact weights, rebuilding each weight just before its FMAs (decode: the
@@ -199,7 +201,7 @@ inline void gemm_tile_q(const float* a, int64_t lda, const float* scales, const 
   constexpr int L = V::kLanes;
   constexpr int64_t kScale = PackedMatrix::scale_floats_of(FMT);
   constexpr int64_t kCodes = PackedMatrix::code_bytes_of(FMT);
-  constexpr int64_t kRowBytes = FMT == kPanelBF16 ? 2 * kGemmNR : kGemmNR;  // one code row
+  constexpr int64_t kRowBytes = kGemmNR;  // one code row
   V acc[MR][NV];
   tile_begin<V, MR>(acc, first, c, ldc, nr_valid);
   for (int64_t b = 0; b < nb; ++b) {
@@ -208,38 +210,29 @@ inline void gemm_tile_q(const float* a, int64_t lda, const float* scales, const 
     for (int64_t j = 0; j < kScale * 4; j += 64)
       __builtin_prefetch(reinterpret_cast<const char*>(sc + kPfBlocks * kScale) + j);
     const float* ab = a + b * kQBlock;
-    if constexpr (FMT == kPanelBF16) {
-      const uint16_t* cw = reinterpret_cast<const uint16_t*>(cb);
-      for (int i = 0; i < kQBlock; ++i) {
-        prefetch_row<kRowBytes>(cb + i * kRowBytes + kPfBlocks * kCodes);
-        V bk[NV];
-        for (int j = 0; j < NV; ++j) bk[j] = V::from_bf16(cw + i * kGemmNR + j * L);
-        tile_fma_k<V, MR>(acc, ab, lda, i, bk);
-      }
-      continue;
-    }
-    V d[NV];
-    for (int j = 0; j < NV; ++j) d[j] = V::load(sc + j * L);
+    // Each branch keeps only the accumulators and one k-row of weights live; d and m are read
+    // from L1 at each use (register copies of them made the compiler spill the accumulators).
+    static_assert(FMT != kPanelBF16, "bfloat16 panels run gemm_tile_bf16");
     if constexpr (FMT == kPanelQ4) {
-      V m[NV];
-      for (int j = 0; j < NV; ++j) m[j] = V::load(sc + kGemmNR + j * L);
       for (int i = 0; i < kQBlock / 2; ++i) {
         const uint8_t* row = cb + i * kGemmNR;
         prefetch_row<kRowBytes>(row + kPfBlocks * kCodes);
-        V b0[NV], b1[NV];
-        for (int j = 0; j < NV; ++j) {
-          b0[j] = V::fma(d[j], V::template from_u4<0>(row + j * L), m[j]);
-          b1[j] = V::fma(d[j], V::template from_u4<4>(row + j * L), m[j]);
-        }
-        tile_fma_k<V, MR>(acc, ab, lda, 2 * i, b0);
-        tile_fma_k<V, MR>(acc, ab, lda, 2 * i + 1, b1);
+        V bk[NV];
+        for (int j = 0; j < NV; ++j)
+          bk[j] = V::fma(V::load(sc + j * L), V::template from_u4<0>(row + j * L),
+                         V::load(sc + kGemmNR + j * L));
+        tile_fma_k<V, MR>(acc, ab, lda, 2 * i, bk);
+        for (int j = 0; j < NV; ++j)
+          bk[j] = V::fma(V::load(sc + j * L), V::template from_u4<4>(row + j * L),
+                         V::load(sc + kGemmNR + j * L));
+        tile_fma_k<V, MR>(acc, ab, lda, 2 * i + 1, bk);
       }
     } else {
       for (int i = 0; i < kQBlock; ++i) {
         prefetch_row<kRowBytes>(cb + i * kGemmNR + kPfBlocks * kCodes);
         const int8_t* row = reinterpret_cast<const int8_t*>(cb + i * kGemmNR);
         V bk[NV];
-        for (int j = 0; j < NV; ++j) bk[j] = V::mul(d[j], V::from_i8(row + j * L));
+        for (int j = 0; j < NV; ++j) bk[j] = V::mul(V::load(sc + j * L), V::from_i8(row + j * L));
         tile_fma_k<V, MR>(acc, ab, lda, i, bk);
       }
     }
@@ -293,13 +286,38 @@ inline void gemm_rows(int rows, const float* a, int64_t lda, const float* panel,
   }
 }
 
+// bfloat16 panels are k-major rows of kGemmNR codes, contiguous across blocks: one flat k loop,
+// as gemm_tile (nested block loops made GCC store every accumulator to the stack each k).
+template <class V, int MR>
+inline void gemm_tile_bf16(const float* a, int64_t lda, const uint16_t* codes, int64_t kn,
+                           bool first, bool last, const float* bias, float* c, int64_t ldc,
+                           int nr_valid) {
+  constexpr int NV = GemmTraits<V>::kNV;
+  constexpr int L = V::kLanes;
+  constexpr int64_t kAhead = kPfBlocks * kQBlock * kGemmNR;  // codes, as the other formats
+  V acc[MR][NV];
+  tile_begin<V, MR>(acc, first, c, ldc, nr_valid);
+  for (int64_t k = 0; k < kn; ++k) {
+    prefetch_row<2 * kGemmNR>(reinterpret_cast<const uint8_t*>(codes + k * kGemmNR + kAhead));
+    V bk[NV];
+    for (int j = 0; j < NV; ++j) bk[j] = V::from_bf16(codes + k * kGemmNR + j * L);
+    tile_fma_k<V, MR>(acc, a, lda, k, bk);
+  }
+  tile_end<V, MR>(acc, last, bias, c, ldc, nr_valid);
+}
+
 template <class V, int MR, int FMT>
 inline void gemm_rows_q(int rows, const float* a, int64_t lda, const float* scales,
                         const uint8_t* codes, int64_t nb, bool first, bool last,
                         const float* bias, float* c, int64_t ldc, int nr_valid) {
   if constexpr (MR > 0) {
     if (rows == MR) {
-      gemm_tile_q<V, MR, FMT>(a, lda, scales, codes, nb, first, last, bias, c, ldc, nr_valid);
+      if constexpr (FMT == kPanelBF16) {
+        gemm_tile_bf16<V, MR>(a, lda, reinterpret_cast<const uint16_t*>(codes), nb * kQBlock,
+                              first, last, bias, c, ldc, nr_valid);
+      } else {
+        gemm_tile_q<V, MR, FMT>(a, lda, scales, codes, nb, first, last, bias, c, ldc, nr_valid);
+      }
     } else {
       gemm_rows_q<V, MR - 1, FMT>(rows, a, lda, scales, codes, nb, first, last, bias, c, ldc,
                                   nr_valid);
