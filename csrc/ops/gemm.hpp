@@ -22,8 +22,9 @@ constexpr int kGemmNR = 48;
 // (and every output bit) is the same whatever the format. Compact formats cut the bytes a
 // decode step streams: weights dequantised from GGUF blocks are exactly such values.
 //   kPanelF32: panels (k_in, kGemmNR) of float.
-//   kPanelQ8:  per block of kQBlock k's and output n: w = d * q, q int8 (GGUF Q8_0's values);
-//              d*q is exact in float32 (the packer checks it), so mul rounds nothing.
+//   kPanelQ8:  per block of kQBlock k's and output n: w = d * q, q int8 (GGUF Q8_0's values;
+//              Q4_0's and Q5_0's too); the packer checks that the kernels' float32 product
+//              of d and the stored code gives every weight's bits.
 //   kPanelQ4:  per block: w = fma(d, q, m), q in 0..15 (GGUF Q4_1's values: d*q + m, where
 //              d*q is exact, so fma and mul-then-add agree; the packer checks every weight).
 //   kPanelBF16: w's top 16 bits (weights whose low 16 bits are zero: bfloat16 checkpoints).
@@ -36,7 +37,8 @@ constexpr int64_t kQBlock = 32;
 // order, data holds d[kGemmNR] (Q4: then m[kGemmNR]) and codes the block's codes, k-major:
 // Q8 kQBlock rows of kGemmNR int8; Q4 kQBlock/2 rows of kGemmNR bytes, byte (i, n) = code of
 // k = 2i in the low nibble, of k = 2i+1 in the high nibble. BF16: no scales; codes hold
-// kQBlock rows of kGemmNR uint16 per block. Compact formats need k_in % kQBlock == 0.
+// kQBlock rows of kGemmNR uint16 per block, so a panel's rows are contiguous and k-major.
+// Compact formats need k_in % kQBlock == 0.
 struct PackedMatrix {
   int64_t n_out = 0, k_in = 0, n_panels = 0;
   int format = kPanelF32;
@@ -51,8 +53,10 @@ struct PackedMatrix {
     return f == kPanelQ4 ? 2 * kGemmNR : (f == kPanelQ8 ? kGemmNR : 0);
   }
   static constexpr int64_t code_bytes_of(int f) {
-    return f == kPanelQ4 ? kQBlock / 2 * kGemmNR : (f == kPanelQ8 ? kQBlock * kGemmNR : 2 * kQBlock * kGemmNR);
+    return f == kPanelQ4 ? kQBlock / 2 * kGemmNR : kQBlock * kGemmNR * code_col_bytes_of(f);
   }
+  // Bytes per output column in one code row (the offset of a tile's first column).
+  static constexpr int64_t code_col_bytes_of(int f) { return f == kPanelBF16 ? 2 : 1; }
   const char* format_name() const {
     return format == kPanelQ4 ? "q4_1"
                               : (format == kPanelQ8 ? "q8_0" : (format == kPanelBF16 ? "bf16" : "float32"));
@@ -202,6 +206,7 @@ inline void gemm_tile_q(const float* a, int64_t lda, const float* scales, const 
   constexpr int64_t kScale = PackedMatrix::scale_floats_of(FMT);
   constexpr int64_t kCodes = PackedMatrix::code_bytes_of(FMT);
   constexpr int64_t kRowBytes = kGemmNR;  // one code row
+  static_assert(FMT == kPanelQ4 || FMT == kPanelQ8, "bfloat16 panels run gemm_tile_bf16");
   V acc[MR][NV];
   tile_begin<V, MR>(acc, first, c, ldc, nr_valid);
   for (int64_t b = 0; b < nb; ++b) {
@@ -212,7 +217,6 @@ inline void gemm_tile_q(const float* a, int64_t lda, const float* scales, const 
     const float* ab = a + b * kQBlock;
     // Each branch keeps only the accumulators and one k-row of weights live; d and m are read
     // from L1 at each use (register copies of them made the compiler spill the accumulators).
-    static_assert(FMT != kPanelBF16, "bfloat16 panels run gemm_tile_bf16");
     if constexpr (FMT == kPanelQ4) {
       for (int i = 0; i < kQBlock / 2; ++i) {
         const uint8_t* row = cb + i * kGemmNR;
@@ -247,27 +251,28 @@ template <class V, int FMT>
 inline void unpack_blocks(const PackedMatrix& w, int64_t p, int64_t b0, int64_t b1, float* out) {
   constexpr int L = V::kLanes;
   const int64_t nkb = w.k_blocks();
-  for (int64_t b = b0; b < b1; ++b) {
-    const float* sc = FMT == kPanelBF16 ? nullptr : w.data.data() + (p * nkb + b) * w.scale_floats();
-    const uint8_t* cb = w.codes.data() + (p * nkb + b) * w.code_bytes();
-    float* o = out + (b - b0) * kQBlock * kGemmNR;
-    if constexpr (FMT == kPanelBF16) {
-      const uint16_t* cw = reinterpret_cast<const uint16_t*>(cb);
-      for (int i = 0; i < kQBlock * kGemmNR; i += L) V::from_bf16(cw + i).store(o + i);
-      continue;
-    }
-    for (int j = 0; j < kGemmNR; j += L) {
-      const V d = V::load(sc + j);
-      if constexpr (FMT == kPanelQ4) {
-        const V m = V::load(sc + kGemmNR + j);
-        for (int i = 0; i < kQBlock / 2; ++i) {
-          V::fma(d, V::template from_u4<0>(cb + i * kGemmNR + j), m).store(o + 2 * i * kGemmNR + j);
-          V::fma(d, V::template from_u4<4>(cb + i * kGemmNR + j), m).store(o + (2 * i + 1) * kGemmNR + j);
+  const uint8_t* codes = w.codes.data() + (p * nkb + b0) * w.code_bytes();
+  if constexpr (FMT == kPanelBF16) {  // contiguous rows: one flat pass
+    const uint16_t* cw = reinterpret_cast<const uint16_t*>(codes);
+    for (int64_t i = 0; i < (b1 - b0) * kQBlock * kGemmNR; i += L) V::from_bf16(cw + i).store(out + i);
+  } else {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* sc = w.data.data() + (p * nkb + b) * w.scale_floats();
+      const uint8_t* cb = codes + (b - b0) * w.code_bytes();
+      float* o = out + (b - b0) * kQBlock * kGemmNR;
+      for (int j = 0; j < kGemmNR; j += L) {
+        const V d = V::load(sc + j);
+        if constexpr (FMT == kPanelQ4) {
+          const V m = V::load(sc + kGemmNR + j);
+          for (int i = 0; i < kQBlock / 2; ++i) {
+            V::fma(d, V::template from_u4<0>(cb + i * kGemmNR + j), m).store(o + 2 * i * kGemmNR + j);
+            V::fma(d, V::template from_u4<4>(cb + i * kGemmNR + j), m).store(o + (2 * i + 1) * kGemmNR + j);
+          }
+        } else {
+          for (int i = 0; i < kQBlock; ++i)
+            V::mul(d, V::from_i8(reinterpret_cast<const int8_t*>(cb + i * kGemmNR + j)))
+                .store(o + i * kGemmNR + j);
         }
-      } else {
-        for (int i = 0; i < kQBlock; ++i)
-          V::mul(d, V::from_i8(reinterpret_cast<const int8_t*>(cb + i * kGemmNR + j)))
-              .store(o + i * kGemmNR + j);
       }
     }
   }
@@ -365,11 +370,13 @@ void gemm_fmt(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, flo
             if (panel != nullptr) {
               gemm_rows<V, MR>(rows, a + r0 * lda + k0, lda, panel + c0, k1 - k0, k0 == 0,
                                k1 == kk, bias_c, c_t, ldc, nv);
-            } else {
+            } else if constexpr (FMT != kPanelF32) {  // float32 always has a panel
               const int64_t blk = p * w.k_blocks() + k0 / kQBlock;
-              gemm_rows_q<V, MR, FMT>(rows, a + r0 * lda + k0, lda,
-                                      FMT == kPanelBF16 ? nullptr : w.data.data() + blk * w.scale_floats() + c0,
-                                      w.codes.data() + blk * w.code_bytes() + c0 * (FMT == kPanelBF16 ? 2 : 1),
+              const float* sc = nullptr;  // bfloat16 has no scales
+              if constexpr (FMT != kPanelBF16) sc = w.data.data() + blk * w.scale_floats() + c0;
+              gemm_rows_q<V, MR, FMT>(rows, a + r0 * lda + k0, lda, sc,
+                                      w.codes.data() + blk * w.code_bytes() +
+                                          c0 * PackedMatrix::code_col_bytes_of(FMT),
                                       (k1 - k0) / kQBlock, k0 == 0, k1 == kk, bias_c, c_t, ldc,
                                       nv);
             }

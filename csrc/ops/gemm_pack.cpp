@@ -33,12 +33,12 @@ int scale_candidates(float est, float* out) {
   return n;
 }
 
-// One block of kQBlock weights x (stride apart) as w = fma(d, q, m), q in 0..15.
-bool fit_q4(const float* x, int64_t stride, float* d_out, float* m_out, uint8_t* q_out) {
+// One block of kQBlock consecutive weights x as w = fma(d, q, m), q in 0..15.
+bool fit_q4(const float* x, float* d_out, float* m_out, uint8_t* q_out) {
   float lo = x[0], hi = x[0];
   for (int i = 1; i < kQBlock; ++i) {
-    lo = std::min(lo, x[i * stride]);
-    hi = std::max(hi, x[i * stride]);
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
   }
   float cand[8];
   const int nc = scale_candidates((hi - lo) / 15.0f, cand);
@@ -47,7 +47,7 @@ bool fit_q4(const float* x, int64_t stride, float* d_out, float* m_out, uint8_t*
     if (!std::isfinite(d) || d < 0.0f) continue;
     bool ok = true;
     for (int i = 0; i < kQBlock && ok; ++i) {
-      const float v = x[i * stride];
+      const float v = x[i];
       float q = d > 0.0f ? std::nearbyint((v - lo) / d) : 0.0f;
       q_out[i] = static_cast<uint8_t>(std::min(15.0f, std::max(0.0f, q)));
       // verify with the stored code, exactly as the kernels rebuild the weight
@@ -66,9 +66,9 @@ bool fit_q4(const float* x, int64_t stride, float* d_out, float* m_out, uint8_t*
 // GGUF Q8_0, 8 or 7 in Q4_0 (d * (q - 8)), 16 or 15 in Q5_0: d is tried from each. Q4_0 and
 // Q5_0 scales are negative when the block's extreme is positive (d = max / -8), and then a
 // zero code is -0.0: negative d is tried too.
-bool fit_q8(const float* x, int64_t stride, float* d_out, int8_t* q_out) {
+bool fit_q8(const float* x, float* d_out, int8_t* q_out) {
   float amax = 0.0f;
-  for (int i = 0; i < kQBlock; ++i) amax = std::max(amax, std::fabs(x[i * stride]));
+  for (int i = 0; i < kQBlock; ++i) amax = std::max(amax, std::fabs(x[i]));
   for (float qmax : {127.0f, 8.0f, 7.0f, 16.0f, 15.0f, -8.0f, -7.0f, -16.0f, -15.0f}) {
     float cand[8];
     const int nc = scale_candidates(amax / std::fabs(qmax), cand);
@@ -77,7 +77,7 @@ bool fit_q8(const float* x, int64_t stride, float* d_out, int8_t* q_out) {
       if (!std::isfinite(d)) continue;
       bool ok = true;
       for (int i = 0; i < kQBlock && ok; ++i) {
-        const float v = x[i * stride];
+        const float v = x[i];
         const float q = d != 0.0f ? std::nearbyint(v / d) : 0.0f;
         q_out[i] = static_cast<int8_t>(std::min(127.0f, std::max(-128.0f, q)));
         // verify with the stored code (an int8 0 rebuilds +0.0, never -0.0)
@@ -118,12 +118,12 @@ bool pack_compact(PackedMatrix& pm, const Rows& rows, int format) {
         }
       } else if (format == kPanelQ4) {
         uint8_t q[kQBlock];
-        if (!fit_q4(x, 1, sc + col, sc + kGemmNR + col, q)) return false;
+        if (!fit_q4(x, sc + col, sc + kGemmNR + col, q)) return false;
         for (int i = 0; i < kQBlock / 2; ++i)
           cb[i * kGemmNR + col] = static_cast<uint8_t>(q[2 * i] | (q[2 * i + 1] << 4));
       } else {
         int8_t q[kQBlock];
-        if (!fit_q8(x, 1, sc + col, q)) return false;
+        if (!fit_q8(x, sc + col, q)) return false;
         for (int i = 0; i < kQBlock; ++i) cb[i * kGemmNR + col] = static_cast<uint8_t>(q[i]);
       }
     }

@@ -58,7 +58,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .cli import _positive_int  # the argparse type of the CLI's integer options
+from .cli import _cpu_ticks, _other_cpu_share, _positive_int  # shared with the CLI
 
 __all__ = ["LayerSpec", "ROW_RTOL", "main", "run_bench"]
 
@@ -314,18 +314,10 @@ def _loadavg() -> list[float] | None:
 
 def _cpu_busy(seconds: float = 0.5) -> float | None:
     """Fraction of all CPUs busy (user + system + steal) over ``seconds`` while we sleep."""
-    def read():
-        with open("/proc/stat", encoding="utf-8") as f:
-            v = [int(t) for t in f.readline().split()[1:]]
-        idle = v[3] + (v[4] if len(v) > 4 else 0)
-        return sum(v[:8]), idle
-    try:
-        t0, i0 = read()
-        time.sleep(seconds)
-        t1, i1 = read()
-    except (OSError, ValueError, IndexError):
-        return None
-    return round(1.0 - (i1 - i0) / max(1, t1 - t0), 3)
+    t0 = _cpu_ticks()
+    time.sleep(seconds)
+    share = _other_cpu_share(t0, _cpu_ticks())  # we sleep: everything busy is someone else
+    return None if share is None else round(share, 3)
 
 
 def _version(module: str) -> str | None:

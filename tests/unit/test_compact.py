@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import exactblocks as eb
-from exactblocks import _ext
+from exactblocks import _ext, bench
 from helpers import make_mamba2_weights, make_transformer_weights
 
 gguf = pytest.importorskip("gguf")
@@ -199,10 +199,8 @@ def test_mamba2_block_compact_equals_float32():
 # ---- bfloat16 checkpoints: float32 weights whose low 16 bits are zero ----------------------
 
 def bf16_values(x: np.ndarray) -> np.ndarray:
-    """x rounded to bfloat16 (nearest even) and widened back: float32 with low 16 bits zero."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-    return u.astype(np.uint32).view(np.float32)
+    """x rounded to bfloat16 and widened back (float32 with low 16 bits zero)."""
+    return bench.bf16_round(np.asarray(x, dtype=np.float32))
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 70, 32), (8, 100, 2048 + 96), (9, 49, 64), (33, 130, 128)])
