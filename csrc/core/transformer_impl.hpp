@@ -239,10 +239,12 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
         }
         continue;
       }
-      if (check_cache && tok_t[m] == 0 && readable_bad(b, g)) {
-        cache_bad.store(1, std::memory_order_relaxed);
-        continue;
-      }
+      // SPEC 5 reading rule for a row's first token, fused into its attention: a non-finite
+      // key makes a raw score of the first head non-finite, a non-finite value makes that
+      // head's output non-finite (a NaN or infinity stays in the fma chain: 0 * inf is NaN).
+      // Either sign is then confirmed (or cleared: an overflow) by the exact check.
+      const bool check_row = check_cache && tok_t[m] == 0;
+      bool raw_bad = false;
       const int64_t j0 = c.window > 0 ? std::max<int64_t>(0, p - c.window + 1) : 0;
       const float* kc = call.k_cache + (b * n_kv + g) * cap * hd;
       const float* vc = call.v_cache + (b * n_kv + g) * cap * hd;
@@ -263,13 +265,17 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
           qs[r] = &qkv[m * n_qkv + (h0 + r) * hd];
           os[r] = &att[m * qw + (h0 + r) * hd];
         }
+        bool* raw = check_row && h0 == g * n_rep ? &raw_bad : nullptr;
         switch (r_n) {
-          case 1: ops::attention_heads<V, 1>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os); break;
-          case 2: ops::attention_heads<V, 2>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os); break;
-          case 3: ops::attention_heads<V, 3>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os); break;
-          default: ops::attention_heads<V, 4>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os); break;
+          case 1: ops::attention_heads<V, 1>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os, raw); break;
+          case 2: ops::attention_heads<V, 2>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os, raw); break;
+          case 3: ops::attention_heads<V, 3>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os, raw); break;
+          default: ops::attention_heads<V, 4>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os, raw); break;
         }
       }
+      if (check_row && (raw_bad || ops::any_nonfinite<V>(&att[m * qw + g * n_rep * hd], hd)) &&
+          readable_bad(b, g))
+        cache_bad.store(1, std::memory_order_relaxed);
     }
   });
   if (cache_bad.load()) {  // nothing of the caller's has been written yet

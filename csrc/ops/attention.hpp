@@ -15,6 +15,7 @@
 
 #include "math/exp.hpp"
 #include "math/tanh.hpp"
+#include "ops/finite_bits.hpp"
 #include "ops/reduce.hpp"
 
 namespace eb::ops {
@@ -127,12 +128,17 @@ inline void pv_heads(int rg, const float* const* sc, float* const* oo, ValAt val
 // R query heads that share one KV head (GQA, R <= 4) run together: every key and value vector
 // is loaded once for the R heads, and the R independent chains hide the FMA latency. Each
 // head's arithmetic is exactly the order above, whatever R is (so any grouping, any ISA and
-// any thread split give the same bits; the twin is <VecScalar, 1>).
+// any thread split give the same bits; the twin is <VecScalar, 1>). The lane sums of 16
+// consecutive keys are reduced together (V::reduce16_x16: reduce16's adds, fewer shuffles).
 // q[r], o[r]: the heads' query and output (head_dim); scores: R rows of `stride` floats.
+// raw_nonfinite (may be null): set to whether a raw score q[0] . k_j is not finite, which every
+// non-finite key element makes it (an infinite or NaN product poisons the L16 sum); the caller
+// uses it, with the outputs, to find a non-finite cache slot without a separate pass.
 template <class V, int R, class KeyAt, class ValAt>
 inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0, int64_t p,
                             KeyAt key_at, ValAt val_at, float scale, float softcap,
-                            float* scores, int64_t stride, float* const* o) {
+                            float* scores, int64_t stride, float* const* o,
+                            bool* raw_nonfinite = nullptr) {
   constexpr int NV = kReduceLanes / V::kLanes;
   const int64_t n = p - j0 + 1;
   const int64_t full = head_dim - head_dim % kReduceLanes;
@@ -142,6 +148,7 @@ inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0,
     if (full < head_dim)
       std::memcpy(qt[r], q[r] + full, sizeof(float) * static_cast<size_t>(head_dim - full));
   }
+  alignas(64) float lanes[R][kReduceLanes][kReduceLanes];  // the last 16 keys' lane sums
   constexpr int64_t kAhead = 8;  // keys prefetched ahead (the cache rows arrive from L3/DRAM)
   for (int64_t i = 0; i < n; ++i) {
     const float* k = key_at(j0 + i);
@@ -166,8 +173,19 @@ inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0,
         for (int r = 0; r < R; ++r) acc[r][j] = V::fma(V::load(qt[r] + j * V::kLanes), kv, acc[r][j]);
       }
     }
-    for (int r = 0; r < R; ++r) scores[r * stride + i] = V::reduce16(acc[r]);
+    const int64_t slot = i % kReduceLanes;
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < NV; ++j) acc[r][j].store(&lanes[r][slot][j * V::kLanes]);
+    if (slot == kReduceLanes - 1)
+      for (int r = 0; r < R; ++r) V::reduce16_x16(&lanes[r][0][0], scores + r * stride + i - slot);
   }
+  for (int64_t i = n - n % kReduceLanes; i < n; ++i)  // the last n % 16 keys one by one
+    for (int r = 0; r < R; ++r) {
+      V acc[NV];
+      for (int j = 0; j < NV; ++j) acc[j] = V::load(&lanes[r][i % kReduceLanes][j * V::kLanes]);
+      scores[r * stride + i] = V::reduce16(acc);
+    }
+  if (raw_nonfinite) *raw_nonfinite = any_nonfinite<V>(scores, n);
   for (int r = 0; r < R; ++r) softmax_scores<V>(scores + r * stride, n, scale, softcap);
   const float* sc[R];
   for (int r = 0; r < R; ++r) sc[r] = scores + r * stride;

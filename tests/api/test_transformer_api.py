@@ -860,6 +860,48 @@ def test_nonfinite_readable_state(block, x, buf):
     assert st.row_tokens.tolist() == [6, 5]
 
 
+@pytest.fixture(params=exactblocks._ext.core().available_isas())
+def isa(request, core):
+    saved = core.get_isa()
+    core.set_isa(request.param)
+    yield request.param
+    core.set_isa(saved)
+
+
+@pytest.mark.parametrize("softcap", [None, 0.5])
+@pytest.mark.parametrize("buf,value", [("k_cache", np.inf), ("k_cache", -np.inf),
+                                       ("v_cache", np.inf), ("v_cache", -np.inf)])
+def test_nonfinite_slot_the_softmax_would_hide(core, weights, x, isa, softcap, buf, value):
+    # A decode step finds a non-finite cache slot inside its attention (no second pass over the
+    # cache): by the raw scores for keys, by the outputs for values. These infinities vanish
+    # from the softmax's output (a -inf score weighs 0; a softcapped +inf score becomes the
+    # cap), so only the raw scores show them. Every element of the key row is hit in turn.
+    blk = build(weights, attn_softcap=softcap)
+    for d in range(SIZES["head_dim"]):
+        st = primed_state(blk, x)
+        getattr(st, buf)[0, 1, 2, d] = value
+        snap = snapshot(st)
+        with raises(ValueError, f"state.{buf}[0, 1, 2, {d}]", "position 2", repr(value)):
+            blk.step(x[:, 0], st)
+        assert_unchanged(st, snap)
+
+
+def test_attention_overflow_is_not_a_nonfinite_slot(core, weights, x, isa):
+    # Finite values near the float32 limit make the attention output overflow to infinity,
+    # which the fused check takes for a sign of a bad slot; the exact check then clears it
+    # and the step runs, with the bits of a step that skips the check.
+    blk = build(weights)
+    st = primed_state(blk, x)
+    st.v_cache[:, :, :5] = np.float32(3e38)
+    ref = primed_state(blk, x)
+    ref.v_cache[:] = st.v_cache
+    y = blk.step(x[:, 0], st)
+    assert not np.isfinite(y).all() and st.row_tokens.tolist() == [6, 6]
+    want = blk._impl.core.forward(x[:, :1], np.ones(2, np.int64), ref.row_tokens.copy(),
+                                  ref.k_cache, ref.v_cache, None, check_cache=False)
+    assert_bitwise_equal(y, want)
+
+
 def test_unreadable_state_slots_not_checked(block, x):
     st = primed_state(block, x)
     st.k_cache[:, :, 5:] = np.nan  # slots of positions not held yet
