@@ -42,6 +42,9 @@ class BlockCommon:
         if state is not None and not isinstance(state, state_cls):
             raise type_error(where, state)
         lens = check_lengths(lengths, bsz, n_tok, where)
+        if lengths is None:  # every row full: one pass, the same first element and message
+            check_finite(xa, "x", where)
+            return xa, lens
         for b in range(bsz):
             n = int(lens[b])
             if n:

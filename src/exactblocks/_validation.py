@@ -462,6 +462,20 @@ def check_state_buffers(buffers: Sequence[tuple[str, object, tuple, object]],
                 "(its contents may be edited in place; it must not be reshaped, retyped, "
                 "made read-only or replaced)")
 
+    # Fast path (every decode step): each buffer an intact ndarray that owns its memory, and no
+    # two the same object. Arrays that own their allocations cannot share memory, so the
+    # overlap test is needed only when a buffer is a view or was swapped for another one.
+    owners = True
+    for _, buf, shape, dtype in buffers:
+        if type(buf) is not np.ndarray or buf.dtype != dtype or buf.shape != tuple(shape):
+            break
+        f = buf.flags
+        if not (f.c_contiguous and f.aligned and f.writeable and buf.dtype.isnative):
+            break
+        owners = owners and f.owndata
+    else:
+        if owners and len({id(b) for _, b, _, _ in buffers}) == len(buffers):
+            return
     for name, buf, shape, dtype in buffers:
         dt = np.dtype(dtype)
         if not isinstance(buf, np.ndarray):
@@ -521,7 +535,9 @@ def check_lengths(lengths: object, batch: int, n_tokens: int, where: str) -> np.
     SPEC.md 9: padding ``x[b, lengths[b]:]`` is never read and its output is exactly +0.0.
     """
     if lengths is None:
-        return np.full(batch, n_tokens, dtype=np.int64)
+        full = np.empty(batch, dtype=np.int64)
+        full.fill(n_tokens)
+        return full
     if isinstance(lengths, np.ndarray):
         if lengths.ndim == 0:
             raise TypeError(f"{where}: lengths must be None, a sequence of ints or a 1-D integer "
@@ -578,7 +594,7 @@ def check_tokens(x: object, d_model: int, where: str, *, step: bool = False) -> 
         the message gives the shape got and the shape expected.
     """
     xa = check_array(x, "x", where)
-    got, got_ndim = format_shape(xa.shape), xa.ndim
+    got_shape, got_ndim = xa.shape, xa.ndim
     if step:
         if xa.ndim == 2:
             xa = xa.reshape(xa.shape[0], 1, xa.shape[1])
@@ -592,5 +608,5 @@ def check_tokens(x: object, d_model: int, where: str, *, step: bool = False) -> 
     if dx != d_model or bsz < 1 or n_tok < 1:
         expected = (f"(batch, d_model) = (>=1, {d_model})" if got_ndim == 2
                     else f"(batch, n_tokens, d_model) = (>=1, >=1, {d_model})")
-        raise ValueError(f"{where}: x has shape {got}; expected {expected}")
+        raise ValueError(f"{where}: x has shape {format_shape(got_shape)}; expected {expected}")
     return xa

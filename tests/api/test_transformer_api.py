@@ -1306,6 +1306,9 @@ TAMPERINGS = {
                               "state.k_cache", "non-C-contiguous"),
     "v_cache is k_cache": (lambda st: _replace(st, "v_cache", st.k_cache),
                            "state.k_cache and state.v_cache", "share memory"),
+    "v_cache a view of k_cache": (
+        lambda st: _replace(st, "v_cache", st.k_cache.reshape(-1).reshape(st.k_cache.shape)),
+        "state.k_cache and state.v_cache", "share memory"),
     "k_cache a list": (lambda st: _replace(st, "k_cache", st.k_cache.tolist()),
                        "state.k_cache", "got list"),
 }
