@@ -192,32 +192,47 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   // (v -> 0, last, 1, last-1, ...): contiguous thread ranges then carry similar work. The
   // order of tasks never changes a bit: each (token, head) output is computed by one thread.
   // A task is one (token, KV head): its n_rep query heads run together, up to 4 at a time.
-  // Tasks: (first token, count, KV head). Prefill rows (with transposed keys) go in blocks of
-  // kQBlock consecutive tokens, other rows token by token.
-  int64_t n_att = 0;
-  for (int64_t b = 0; b < B; ++b)
-    n_att += (kt_off[b + 1] > kt_off[b] ? (call.lengths[b] + kQBlock - 1) / kQBlock
-                                        : call.lengths[b]) * n_kv;
-  int64_t* att_tasks = ws.ints(5, static_cast<size_t>(3 * std::max<int64_t>(n_att, 1)));
+  // Tasks: (first token, count, KV head, first query head, query heads). Prefill rows (with
+  // transposed keys) go in blocks of kQBlock consecutive tokens, other rows token by token.
+  // When the (token, KV head) pairs of other rows are too few to keep every thread busy (a
+  // decode step of a row with 3 KV heads on 2 threads, one KV head on any), each one's query
+  // heads are split into `parts` tasks: attention_heads gives every head the same bits
+  // whatever heads run beside it.
+  int64_t n_att = 0, n_single = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    if (kt_off[b + 1] > kt_off[b]) n_att += (call.lengths[b] + kQBlock - 1) / kQBlock * n_kv;
+    else n_single += call.lengths[b] * n_kv;
+  }
+  const int64_t parts =
+      n_single > 0 && n_single < 2 * nt ? std::min<int64_t>(n_rep, (2 * nt + n_single - 1) / n_single) : 1;
+  n_att += n_single * parts;
+  constexpr int kTaskInts = 5;
+  int64_t* att_tasks = ws.ints(5, static_cast<size_t>(kTaskInts * std::max<int64_t>(n_att, 1)));
   {
     int64_t k = 0;
     for (int64_t b = 0; b < B; ++b) {
       const int64_t len = call.lengths[b];
-      const int64_t step_t = kt_off[b + 1] > kt_off[b] ? kQBlock : 1;
+      const bool blocked = kt_off[b + 1] > kt_off[b];
+      const int64_t step_t = blocked ? kQBlock : 1, n_parts = blocked ? 1 : parts;
       for (int64_t t0 = 0; t0 < len; t0 += step_t)
-        for (int64_t g = 0; g < n_kv; ++g, ++k) {
-          att_tasks[3 * k] = row_off[b] + t0;
-          att_tasks[3 * k + 1] = std::min(step_t, len - t0);
-          att_tasks[3 * k + 2] = g;
-        }
+        for (int64_t g = 0; g < n_kv; ++g)
+          for (int64_t pt = 0; pt < n_parts; ++pt, ++k) {
+            int64_t* tk = &att_tasks[kTaskInts * k];
+            tk[0] = row_off[b] + t0;
+            tk[1] = std::min(step_t, len - t0);
+            tk[2] = g;
+            tk[3] = g * n_rep + pt * n_rep / n_parts;
+            tk[4] = g * n_rep + (pt + 1) * n_rep / n_parts - tk[3];
+          }
     }
   }
   parallel_for(n_att, nt, [&](int64_t b0, int64_t b1, int tid) {
     float* scores = &score_scratch[static_cast<size_t>(tid) * static_cast<size_t>(score_rows * max_keys)];
     for (int64_t v = b0; v < b1; ++v) {
       const int64_t task = (v % 2 == 0) ? v / 2 : n_att - 1 - v / 2;
-      const int64_t m = att_tasks[3 * task], nq = att_tasks[3 * task + 1];
-      const int64_t g = att_tasks[3 * task + 2];
+      const int64_t* tk = &att_tasks[kTaskInts * task];
+      const int64_t m = tk[0], nq = tk[1], g = tk[2], h_lo = tk[3], h_hi = tk[3] + tk[4];
+      if (h_hi == h_lo) continue;  // more parts than heads
       const int64_t b = tok_row[m], start = call.start[b];
       const int64_t p = start + tok_t[m];
       const int64_t kt_len = (kt_off[b + 1] - kt_off[b]) / n_kv;
@@ -243,7 +258,7 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
       // key makes a raw score of the first head non-finite, a non-finite value makes that
       // head's output non-finite (a NaN or infinity stays in the fma chain: 0 * inf is NaN).
       // Either sign is then confirmed (or cleared: an overflow) by the exact check.
-      const bool check_row = check_cache && tok_t[m] == 0;
+      const bool check_row = check_cache && tok_t[m] == 0 && h_lo == g * n_rep;
       bool raw_bad = false;
       const int64_t j0 = c.window > 0 ? std::max<int64_t>(0, p - c.window + 1) : 0;
       const float* kc = call.k_cache + (b * n_kv + g) * cap * hd;
@@ -257,8 +272,8 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
         return j < start ? vc + (j < cap ? j : j % cap) * hd
                          : fresh + (j - start) * n_qkv + qw + kw + g * hd;
       };
-      for (int64_t h0 = g * n_rep; h0 < (g + 1) * n_rep; h0 += 4) {
-        const int r_n = static_cast<int>(std::min<int64_t>(4, (g + 1) * n_rep - h0));
+      for (int64_t h0 = h_lo; h0 < h_hi; h0 += 4) {
+        const int r_n = static_cast<int>(std::min<int64_t>(4, h_hi - h0));
         const float* qs[4];
         float* os[4];
         for (int r = 0; r < r_n; ++r) {

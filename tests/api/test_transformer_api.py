@@ -868,22 +868,30 @@ def isa(request, core):
     core.set_isa(saved)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("softcap", [None, 0.5])
 @pytest.mark.parametrize("buf,value", [("k_cache", np.inf), ("k_cache", -np.inf),
                                        ("v_cache", np.inf), ("v_cache", -np.inf)])
-def test_nonfinite_slot_the_softmax_would_hide(core, weights, x, isa, softcap, buf, value):
+def test_nonfinite_slot_the_softmax_would_hide(core, weights, x, isa, softcap, buf, value,
+                                               threads):
     # A decode step finds a non-finite cache slot inside its attention (no second pass over the
     # cache): by the raw scores for keys, by the outputs for values. These infinities vanish
     # from the softmax's output (a -inf score weighs 0; a softcapped +inf score becomes the
     # cap), so only the raw scores show them. Every element of the key row is hit in turn.
+    # On 3 threads the 4 (row, KV head) pairs are split into 8 tasks of one query head each.
     blk = build(weights, attn_softcap=softcap)
-    for d in range(SIZES["head_dim"]):
-        st = primed_state(blk, x)
-        getattr(st, buf)[0, 1, 2, d] = value
-        snap = snapshot(st)
-        with raises(ValueError, f"state.{buf}[0, 1, 2, {d}]", "position 2", repr(value)):
-            blk.step(x[:, 0], st)
-        assert_unchanged(st, snap)
+    saved = exactblocks.get_num_threads()
+    exactblocks.set_num_threads(threads)
+    try:
+        for d in range(SIZES["head_dim"]):
+            st = primed_state(blk, x)
+            getattr(st, buf)[0, 1, 2, d] = value
+            snap = snapshot(st)
+            with raises(ValueError, f"state.{buf}[0, 1, 2, {d}]", "position 2", repr(value)):
+                blk.step(x[:, 0], st)
+            assert_unchanged(st, snap)
+    finally:
+        exactblocks.set_num_threads(saved)
 
 
 def test_attention_overflow_is_not_a_nonfinite_slot(core, weights, x, isa):

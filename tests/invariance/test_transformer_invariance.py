@@ -314,6 +314,33 @@ def test_hypothesis_shapes(data):
             assert_bitwise_equal(yr[b, :n], blk.forward(x[b:b + 1, :n])[0], "ragged row")
 
 
+@pytest.mark.parametrize("n_kv,n_rep", [(1, 8), (1, 3), (3, 3), (2, 5), (3, 1)])
+def test_decode_heads_split_over_threads(n_kv, n_rep):
+    """A decode step with fewer (token, KV head) pairs than 2 per thread splits each KV head's
+    query heads over tasks (csrc/core/transformer_impl.hpp): one row decoded token by token
+    on 1, 2, 3 and 8 threads and on every ISA has the bits of one prefill of the same tokens
+    (which keeps every KV head's queries together)."""
+    core = _ext.core()
+    opts = dict(SIZES, n_kv_heads=n_kv, n_heads=n_kv * n_rep, head_dim=16)
+    w = make_transformer_weights(np.random.default_rng(n_kv * 10 + n_rep), **opts)
+    blk = eb.TransformerBlockInference(
+        w, **{k: v for k, v in opts.items() if k not in ("d_model", "intermediate")})
+    x = inputs(np.random.default_rng(3), 1, 24, blk.d_model)
+    ref = blk.forward(x)
+    saved_isa, saved_nt = core.get_isa(), eb.get_num_threads()
+    try:
+        for isa in core.available_isas():
+            core.set_isa(isa)
+            for n in (1, 2, 3, 8):
+                eb.set_num_threads(n)
+                st = blk.allocate_state(1, 24)
+                steps = np.concatenate([blk.step(x[:, t], st) for t in range(24)], axis=1)
+                assert_bitwise_equal(ref, steps, f"n_kv={n_kv} n_rep={n_rep} {isa} {n} threads")
+    finally:
+        core.set_isa(saved_isa)
+        eb.set_num_threads(saved_nt)
+
+
 @pytest.mark.parametrize("name", ["default", "gqa_window", "odd_head_dim", "softcap", "gemma_like"])
 def test_long_prefill_paths_agree_on_every_isa(name):
     """Rows with >= 16 tokens in a call score their keys from transposed key blocks, shorter
