@@ -323,6 +323,12 @@ NB_MODULE(_core, m) {
     return kernels().dot_l16(a.data(), b.data(), static_cast<int64_t>(a.size()));
   });
   m.def("sum_l16", [](CArr a) { return kernels().sum_l16(a.data(), static_cast<int64_t>(a.size())); });
+  m.def("reduce16_x16", [](CArr acc) {
+    if (acc.size() != 256) throw nb::value_error("reduce16_x16: acc must hold 16 x 16 floats");
+    OutArr out = new_array({16});
+    kernels().reduce16_x16(acc.data(), out.data());
+    return out;
+  });
 
   // A linear layer packed once (the demo's tied output head): y = x W^T (+ b) with the same
   // GEMM/GEMV arithmetic as the blocks' projections.

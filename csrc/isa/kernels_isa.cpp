@@ -80,12 +80,17 @@ float sum_l16(const float* a, int64_t n) {
   return ops::sum_l16<V>(a, n);
 }
 
+void reduce16_x16(const float* acc, float* out) {
+  FpEnvGuard guard;
+  V::reduce16_x16(acc, out);
+}
+
 bool any_nonfinite(const float* p, int64_t n) { return ops::any_nonfinite<V>(p, n); }
 
 }  // namespace
 
 extern const KernelTable kTable;
 const KernelTable kTable = {EB_ISA_STR, transformer_forward, mamba2_forward, elementwise, gemm,
-                            norm_rows, dot_l16, sum_l16, any_nonfinite};
+                            norm_rows, dot_l16, sum_l16, reduce16_x16, any_nonfinite};
 
 }  // namespace eb::EB_ISA_NAME

@@ -26,6 +26,8 @@ struct KernelTable {
                     const float* b, float eps, float* y);
   float (*dot_l16)(const float* a, const float* b, int64_t n);
   float (*sum_l16)(const float* a, int64_t n);
+  // out[i] = the L16 tree over acc[16 i .. 16 i + 15], i = 0..15 (V::reduce16_x16; tests only).
+  void (*reduce16_x16)(const float* acc, float* out);
   // True when p[0..n) holds a NaN or an infinity (reads only; the state and x checks).
   bool (*any_nonfinite)(const float* p, int64_t n);
 };

@@ -67,8 +67,27 @@ struct VecAvx2 {
   }
   // The L16 tree: acc[0] holds lanes 0..7, acc[1] lanes 8..15; s_j += s_(j+w), w = 8, 4, 2, 1.
   // out[i] = reduce16 of the 16 lanes at acc + 16 * i, for i = 0..15.
+  // The same tree for 16 accumulators at once, pairing them across registers with shuffles;
+  // each lane add is one of reduce16's adds (same operands, same order), so the bits are equal.
   static void reduce16_x16(const float* acc, float* out) {
-    reduce16_x16_by_lanes<VecAvx2>(acc, out);
+    __m256 t[16], u[8], v[4], w[2];
+    for (int i = 0; i < 16; ++i)  // w = 8
+      t[i] = _mm256_add_ps(_mm256_loadu_ps(acc + 16 * i), _mm256_loadu_ps(acc + 16 * i + 8));
+    for (int k = 0; k < 8; ++k)  // w = 4: halves hold a_k, a_(k+8)
+      u[k] = _mm256_add_ps(_mm256_permute2f128_ps(t[k], t[k + 8], 0x20),
+                           _mm256_permute2f128_ps(t[k], t[k + 8], 0x31));
+    for (int k = 0; k < 4; ++k)  // w = 2: lo (a_k, a_(k+4)), hi (a_(k+8), a_(k+12))
+      v[k] = _mm256_add_ps(_mm256_shuffle_ps(u[k], u[k + 4], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm256_shuffle_ps(u[k], u[k + 4], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int k = 0; k < 2; ++k)  // w = 1: lo (a_k, a_(k+4), a_(k+2), a_(k+6)), hi the same + 8
+      w[k] = _mm256_add_ps(_mm256_shuffle_ps(v[k], v[k + 2], _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm256_shuffle_ps(v[k], v[k + 2], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m256 x = _mm256_unpacklo_ps(w[0], w[1]);  // lo a0 a1 a4 a5, hi a8 a9 a12 a13
+    const __m256 y = _mm256_unpackhi_ps(w[0], w[1]);  // lo a2 a3 a6 a7, hi a10 a11 a14 a15
+    const __m256 p = _mm256_shuffle_ps(x, y, _MM_SHUFFLE(1, 0, 1, 0));  // a0..a3 | a8..a11
+    const __m256 q = _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 2, 3, 2));  // a4..a7 | a12..a15
+    _mm256_storeu_ps(out, _mm256_permute2f128_ps(p, q, 0x20));
+    _mm256_storeu_ps(out + 8, _mm256_permute2f128_ps(p, q, 0x31));
   }
   static float reduce16(const VecAvx2* acc) {
     const __m256 t8 = _mm256_add_ps(acc[0].v, acc[1].v);           // w = 8

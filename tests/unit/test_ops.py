@@ -91,6 +91,32 @@ def test_l16_reductions(core, n):
         assert abs(d - exact) <= gamma(n) * float(np.abs(a) @ np.abs(b)) + 1e-45, isa
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_reduce16_x16_is_sixteen_l16_trees(core, seed):
+    """The 16-at-once lane reduction (attention's key scores, the SSM scan's outputs) gives each
+    row the bits of the L16 tree s_j += s_(j+w), w = 8, 4, 2, 1 (emulated in NumPy float32), on
+    every ISA: rounding, signed zeros, infinities and NaN included."""
+    rng = np.random.default_rng(seed)
+    acc = (rng.standard_normal((16, 16)) * 10.0 ** rng.integers(-40, 38, (16, 16))).astype(np.float32)
+    if seed >= 2:  # cancellations, -0.0, subnormals, overflow, inf - inf
+        acc[0] = -0.0  # (sum_l16 would start its lanes at +0.0; the tree alone keeps -0.0)
+        acc[1, ::2], acc[1, 1::2] = 1e30, -1e30
+        acc[2] = np.float32(1e-45) * rng.integers(-3, 4, 16)
+        acc[3, :8] = 3e38
+        acc[4, 3], acc[4, 11] = np.inf, -np.inf
+        acc[5, 7] = np.nan
+        acc[6, rng.integers(0, 16)] = -np.inf
+    for isa in each_isa(core):
+        got = core.reduce16_x16(acc.reshape(-1))
+        want = np.empty(16, np.float32)
+        for i in range(16):
+            lanes = acc[i].copy()
+            for w in (8, 4, 2, 1):
+                lanes[:w] = lanes[:w] + lanes[w:2 * w]
+            want[i] = lanes[0]
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), isa
+
+
 @pytest.mark.parametrize("kind", [0, 1, 2])
 @pytest.mark.parametrize("n", [1, 7, 16, 33, 576])
 def test_norms_match_float64(core, kind, n):
