@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 
+import numpy as np
 import pytest
 
 LAYERS = ("smollm2-layer", "smollm2-layer-bf16", "llama1b-layer", "mamba2-layer")
@@ -103,6 +104,12 @@ def test_numpy_ceiling_runs_without_openblas_coretype(quick_run):
         assert g["m"] == r["peers"]["exactblocks"]["tokens"] and g["gflops"] > 0
         assert r["pct_of_numpy"] == pytest.approx(
             100 * g["seconds"] / r["peers"]["exactblocks"]["seconds"])
+        # NumPy is sampled once per round, in the same rounds as the peers: its median and
+        # exactblocks' come from the same stretch of time.
+        per_round = data["meta"]["shapes"]["decode_steps"] if r["case"].startswith("decode") else 1
+        assert len(g["samples"]) * per_round == len(r["peers"]["exactblocks"]["samples"])
+        assert g["seconds"] == pytest.approx(float(np.median(g["samples"])))
+        assert g["best_seconds"] == min(g["samples"])
 
 
 def test_weight_storage_is_reported(quick_run):

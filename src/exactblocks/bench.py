@@ -8,7 +8,8 @@ One run, one process (plus one NumPy subprocess), the same thread count for ever
   of a Llama layer; in_proj and out_proj of a Mamba-2 layer): the practical GEMM ceiling of the
   machine; at decode shapes the same products as matrix-vector products; plus a STREAM-like read
   bandwidth (float32 GEMV over a 256 MiB matrix), the decode ceiling. Measured in a subprocess
-  without ``OPENBLAS_CORETYPE`` / ``OPENBLAS_L2_SIZE`` (both can force a slow OpenBLAS kernel);
+  without ``OPENBLAS_CORETYPE`` / ``OPENBLAS_L2_SIZE`` (both can force a slow OpenBLAS kernel),
+  driven one sample at a time so that its matmuls are timed in the same rounds as the peers;
 - **PyTorch CPU** when torch and transformers import: HF ``LlamaDecoderLayer`` with
   ``attn_implementation`` "eager" and "sdpa", HF ``Mamba2Block`` (its torch path);
 - **mojolearn** CPU binding when ``mojolearn-core`` is installed and loads
@@ -52,6 +53,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -362,88 +364,153 @@ def _blas_info() -> list[dict]:
 # ============================================================================ NumPy ceiling
 
 
-def _numpy_worker(spec: dict) -> dict:
-    """Time NumPy float32 GEMMs / GEMVs and a read bandwidth (runs in the subprocess)."""
+def _numpy_worker() -> None:
+    """Serve NumPy timings, one JSON request per stdin line (runs in the subprocess).
+
+    Requests (``cmd``): ``info`` (BLAS and variables); ``bandwidth`` (the STREAM-like read,
+    best of ``repeats`` passes); ``prepare`` (one workload's GEMM groups: weights, inputs and a
+    warm-up pass each; replaces the previous workload's); ``time`` (one sample of a group:
+    seconds per pass, over enough passes to last about 2 ms); ``quit``. One JSON reply per
+    request on stdout; an error is a reply with ``"error"``.
+    """
     rng = np.random.default_rng(0)
-    repeats = max(5, int(spec["repeats"]))
-    mats: dict = {}
+    groups: dict = {}  # name -> (ops, passes per sample)
 
-    def weight(n: int, k: int) -> np.ndarray:
-        if (n, k) not in mats:
-            mats[(n, k)] = rng.standard_normal((n, k), dtype=np.float32)
-        return mats[(n, k)]
+    def run(ops: list) -> None:
+        for op in ops:
+            op()
 
-    def timed(ops: list[Callable[[], None]]) -> float:
-        """Best (smallest) seconds per pass over ``ops``: a ceiling is what the machine can do."""
-        def once():
-            for op in ops:
-                op()
-        once()  # warm-up
-        t0 = time.perf_counter()
-        once()
-        one = max(time.perf_counter() - t0, 1e-7)
-        inner = max(1, int(math.ceil(2e-3 / one)))  # each sample >= ~2 ms
-        samples = []
-        for _ in range(repeats):
+    def prepare(spec: dict) -> dict:
+        groups.clear()
+        mats: dict = {}
+        warm = {}
+        for name, g in spec.items():
+            m = int(g["m"])
+            ops = []
+            for _, n, k in g["shapes"]:
+                if (n, k) not in mats:
+                    mats[(n, k)] = rng.standard_normal((n, k), dtype=np.float32)
+                w = mats[(n, k)]
+                if m == 1:  # a matrix-vector product (BLAS gemv), as a decode step needs
+                    x = rng.standard_normal(k, dtype=np.float32)
+                    out = np.empty(n, np.float32)
+                    ops.append(lambda w=w, x=x, out=out: np.matmul(w, x, out=out))
+                else:  # x (m, k) @ W^T, W in torch (out, in) layout
+                    x = rng.standard_normal((m, k), dtype=np.float32)
+                    out = np.empty((m, n), np.float32)
+                    ops.append(lambda w=w, x=x, out=out: np.matmul(x, w.T, out=out))
+            run(ops)  # warm-up
             t0 = time.perf_counter()
-            for _ in range(inner):
-                once()
-            samples.append((time.perf_counter() - t0) / inner)
-        return min(samples)
+            run(ops)
+            one = max(time.perf_counter() - t0, 1e-7)
+            groups[name] = (ops, max(1, int(math.ceil(2e-3 / one))))
+            warm[name] = one
+        return {"warm": warm}
 
-    groups = {}
-    for name, g in spec["groups"].items():
-        m = int(g["m"])
-        ops = []
-        for _, n, k in g["shapes"]:
-            w = weight(n, k)
-            if m == 1:  # a matrix-vector product (BLAS gemv), as a decode step needs
-                x = rng.standard_normal(k, dtype=np.float32)
-                out = np.empty(n, np.float32)
-                ops.append(lambda w=w, x=x, out=out: np.matmul(w, x, out=out))
-            else:  # x (m, k) @ W^T, W in torch (out, in) layout
-                x = rng.standard_normal((m, k), dtype=np.float32)
-                out = np.empty((m, n), np.float32)
-                ops.append(lambda w=w, x=x, out=out: np.matmul(x, w.T, out=out))
-        sec = timed(ops)
-        flops = 2.0 * m * sum(n * k for _, n, k in g["shapes"])
-        groups[name] = {"m": m, "seconds": sec, "gflops": flops / sec / 1e9}
-    mats.clear()
+    def sample(name: str) -> dict:
+        ops, passes = groups[name]
+        t0 = time.perf_counter()
+        for _ in range(passes):
+            run(ops)
+        return {"seconds": (time.perf_counter() - t0) / passes}
 
-    # STREAM-like read: y = A @ v over a float32 matrix of bandwidth_mib MiB (A read once).
-    cols = 2048
-    rows = max(1, int(spec["bandwidth_mib"]) * (1 << 20) // (4 * cols))
-    a = rng.standard_normal((rows, cols), dtype=np.float32)
-    v = rng.standard_normal(cols, dtype=np.float32)
-    y = np.empty(rows, np.float32)
-    sec = timed([lambda: np.matmul(a, v, out=y)])
-    return {
-        "groups": groups,
-        "read_bandwidth_gbs": a.nbytes / sec / 1e9,
-        "read_bandwidth_bytes": int(a.nbytes),
-        "blas": _blas_info(),
-        "numpy": np.__version__,
-        "env": {k: os.environ.get(k) for k in (*OPENBLAS_SLOW_VARS, "OPENBLAS_NUM_THREADS")},
-    }
+    def bandwidth(mib: int, repeats: int) -> dict:
+        # y = A @ v over a float32 matrix of `mib` MiB (A read once per pass); best pass.
+        cols = 2048
+        rows = max(1, int(mib) * (1 << 20) // (4 * cols))
+        a = rng.standard_normal((rows, cols), dtype=np.float32)
+        v = rng.standard_normal(cols, dtype=np.float32)
+        y = np.empty(rows, np.float32)
+        np.matmul(a, v, out=y)
+        best = math.inf
+        for _ in range(max(5, int(repeats))):
+            t0 = time.perf_counter()
+            np.matmul(a, v, out=y)
+            best = min(best, time.perf_counter() - t0)
+        return {"read_bandwidth_gbs": a.nbytes / best / 1e9, "read_bandwidth_bytes": int(a.nbytes)}
+
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            cmd = req["cmd"]
+            if cmd == "quit":
+                break
+            if cmd == "info":
+                reply = {"blas": _blas_info(), "numpy": np.__version__,
+                         "env": {k: os.environ.get(k)
+                                 for k in (*OPENBLAS_SLOW_VARS, "OPENBLAS_NUM_THREADS")}}
+            elif cmd == "bandwidth":
+                reply = bandwidth(req["mib"], req["repeats"])
+            elif cmd == "prepare":
+                reply = prepare(req["groups"])
+            elif cmd == "time":
+                reply = sample(req["group"])
+            else:
+                reply = {"error": f"unknown request {cmd!r}"}
+        except Exception as exc:  # noqa: BLE001 - reported to the driving process
+            reply = {"error": repr(exc)}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
 
 
-def _numpy_ceiling(groups: dict, threads: int, repeats: int, bandwidth_mib: int) -> dict:
-    """Run :func:`_numpy_worker` in a subprocess without ``OPENBLAS_SLOW_VARS``."""
-    env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_SLOW_VARS}
-    env["OPENBLAS_NUM_THREADS"] = str(threads)
-    env["OMP_NUM_THREADS"] = str(threads)
-    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    spec = {"groups": groups, "repeats": repeats, "bandwidth_mib": bandwidth_mib}
-    proc = subprocess.run([sys.executable, "-m", "exactblocks.bench", "--numpy-worker"],
-                          input=json.dumps(spec), capture_output=True, text=True, env=env,
-                          timeout=900, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"NumPy ceiling subprocess failed ({proc.returncode}): "
-                           f"{proc.stderr.strip()[-2000:]}")
-    out = json.loads(proc.stdout)
-    out["unset"] = {k: os.environ[k] for k in OPENBLAS_SLOW_VARS if k in os.environ}
-    return out
+class _NumpyPeer:
+    """NumPy's float32 matmuls at a block's GEMM shapes: the machine's practical GEMM ceiling.
+
+    They run in a subprocess (:func:`_numpy_worker`) with ``threads`` BLAS threads and without
+    ``OPENBLAS_SLOW_VARS``, so OpenBLAS picks its own kernel and its threads never share a
+    process with exactblocks' or torch's. The process is driven one request at a time, so its
+    samples are taken in the same rounds as the peers' (``_time_interleaved``): a slow spell
+    of a shared machine hits NumPy and exactblocks alike, and both sides are medians.
+    """
+
+    name = "numpy"
+
+    def __init__(self, threads: int):
+        env = {k: v for k, v in os.environ.items() if k not in OPENBLAS_SLOW_VARS}
+        env["OPENBLAS_NUM_THREADS"] = str(threads)
+        env["OMP_NUM_THREADS"] = str(threads)
+        src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+        self.unset = {k: os.environ[k] for k in OPENBLAS_SLOW_VARS if k in os.environ}
+        self._err = tempfile.TemporaryFile(mode="w+")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "exactblocks.bench", "--numpy-worker"], env=env, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err)
+
+    def request(self, **req) -> dict:
+        """Send one request and return its reply; RuntimeError when the worker fails."""
+        try:
+            self._proc.stdin.write(json.dumps(req) + "\n")
+            self._proc.stdin.flush()
+            line = self._proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            self._err.seek(0)
+            raise RuntimeError(f"NumPy subprocess ended ({self._proc.poll()}): "
+                               f"{self._err.read().strip()[-2000:]}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"NumPy subprocess: {reply['error']}")
+        return reply
+
+    def sampler(self, group: str):
+        """One timed sample of ``group`` for :func:`_time_interleaved`: (seconds, cpu = 0)."""
+        def sample():
+            return [self.request(cmd="time", group=group)["seconds"]], 0.0
+        return sample
+
+    def close(self) -> None:
+        """Stop the subprocess."""
+        try:
+            self.request(cmd="quit")
+        except RuntimeError:
+            pass
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+        self._err.close()
 
 
 # ============================================================================ weights / inputs
@@ -936,7 +1003,10 @@ def _time_interleaved(jobs: dict, opts: dict, rec, workload: str, case: str) -> 
             except Exception as exc:  # noqa: BLE001
                 if pname == "exactblocks":
                     raise
-                rec.check(workload, case, pname, "runs", False, repr(exc))
+                if pname == "numpy":  # the ceiling is context, not a check
+                    rec.note(f"{workload} {case}: NumPy matmuls not measured: {exc}")
+                else:
+                    rec.check(workload, case, pname, "runs", False, repr(exc))
                 out[pname] = f"error: {type(exc).__name__}"
                 continue
             samples[pname] += ts
@@ -1002,8 +1072,13 @@ def _build_peers(spec: LayerSpec, weights: dict, max_positions: int, avail: dict
     return peers
 
 
-def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recorder) -> dict:
-    """Checks, then timings, of one layer workload: ``{case: {peer: Measurement | str}}``."""
+def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recorder,
+               numpy_peer: _NumpyPeer | None = None, ceiling: dict | None = None) -> dict:
+    """Checks, then timings, of one layer workload: ``{case: {peer: Measurement | str}}``.
+
+    With ``numpy_peer``, NumPy's matmuls at the block's GEMM shapes are timed in the same
+    rounds, and ``ceiling["groups"]["<workload>/<case>"]`` gets their median (``seconds``),
+    best pass (``best_seconds``) and GFLOP/s."""
     rng = np.random.default_rng(1234)
     d, L, C, K, B8 = spec.d_model, sh.prefill_len, sh.context, sh.decode_steps, sh.decode_batch
     lens = np.asarray(sh.ragged_lengths, np.int64)
@@ -1132,10 +1207,25 @@ def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recor
             for c in CASES:
                 jobs[c].pop(pname, None)
                 res[c].setdefault(pname, f"error: {type(exc).__name__}")
+    gemm_shapes = spec.gemm_shapes()
+    if numpy_peer is not None and ceiling is not None:
+        try:
+            warm = numpy_peer.request(cmd="prepare", groups={
+                c: {"m": _case_tokens(c, sh), "shapes": gemm_shapes} for c in CASES})["warm"]
+            for c in CASES:
+                jobs[c]["numpy"] = (numpy_peer.sampler(c), warm[c], _case_tokens(c, sh))
+        except RuntimeError as exc:
+            rec.note(f"{name}: NumPy matmuls not measured: {exc}")
     for case in CASES:
         rec.log(f"[{name}] timing {case}, peers interleaved ...")
         for pname, m in _time_interleaved(jobs[case], opts, rec, name, case).items():
-            res[case][pname] = m
+            if pname != "numpy":
+                res[case][pname] = m
+            elif isinstance(m, Measurement):
+                flops = 2.0 * m.tokens * sum(n * k for _, n, k in gemm_shapes)
+                ceiling["groups"][f"{name}/{case}"] = {
+                    "m": m.tokens, "seconds": m.seconds, "best_seconds": min(m.samples),
+                    "samples": m.samples, "gflops": flops / m.seconds / 1e9}
     for c in CASES:
         for pname, m in res[c].items():
             if isinstance(m, Measurement):
@@ -1308,15 +1398,6 @@ def _run_model(sh: Shapes, avail: dict, opts: dict, rec: _Recorder) -> dict:
 
 
 # ============================================================================ the report
-
-
-def _ceiling_groups(specs: list[LayerSpec], sh: Shapes) -> dict:
-    groups = {}
-    for s in specs:
-        shapes = s.gemm_shapes()
-        for case in CASES:
-            groups[f"{s.name}/{case}"] = {"m": _case_tokens(case, sh), "shapes": shapes}
-    return groups
 
 
 def _mk(res: dict, case: str, peer: str):
@@ -1617,19 +1698,29 @@ def run_bench(workloads: Sequence[str] = WORKLOAD_NAMES, *, quick: bool = False,
     if quick and "smollm2-model" in workloads and not run_model:
         rec.note("--quick: the whole-model workload is left out (name it in --workloads to run it)")
 
-    rec.log(f"NumPy ceiling subprocess ({n_threads} BLAS threads) ...")
-    ceiling = None
+    rec.log(f"NumPy subprocess ({n_threads} BLAS threads) ...")
+    ceiling, numpy_peer = None, None
     try:
-        ceiling = _numpy_ceiling(_ceiling_groups(list(specs.values()), sh), n_threads,
-                                 opts["repeats"], sh.bandwidth_mib)
+        numpy_peer = _NumpyPeer(n_threads)
+        ceiling = {**numpy_peer.request(cmd="info"),
+                   **numpy_peer.request(cmd="bandwidth", mib=sh.bandwidth_mib,
+                                        repeats=opts["repeats"]),
+                   "unset": numpy_peer.unset, "groups": {}}
         if ceiling["unset"]:
             rec.note(f"NumPy ceiling measured in a subprocess without {ceiling['unset']}")
     except Exception as exc:  # noqa: BLE001 - the ceiling is context, not a check
         rec.note(f"NumPy ceiling not measured: {exc}")
+        if numpy_peer is not None:
+            numpy_peer.close()
+        numpy_peer = None
 
     results = {}
-    for w in layer_names:
-        results[w] = _run_layer(specs[w], sh, avail, opts, rec)
+    try:
+        for w in layer_names:
+            results[w] = _run_layer(specs[w], sh, avail, opts, rec, numpy_peer, ceiling)
+    finally:
+        if numpy_peer is not None:
+            numpy_peer.close()
     model = None
     if run_model:
         try:
@@ -1692,8 +1783,8 @@ def run_bench(workloads: Sequence[str] = WORKLOAD_NAMES, *, quick: bool = False,
     md += ["Columns: ms/call is one `forward` (prefill) or one `step` of all B rows (decode); "
            "ms/token = ms/call / real tokens; tok/s = real tokens / s (ragged padding not "
            "counted). `vs <peer>` = peer time / exactblocks time for the same work (> 1: "
-           "exactblocks faster). `NumPy GEMMs ms` = best time of NumPy's float32 matmuls alone "
-           "at the block's GEMM shapes (7 for a Llama layer, in_proj + out_proj for Mamba-2; "
+           "exactblocks faster). `NumPy GEMMs ms` = median time of NumPy's float32 matmuls alone "
+           "(sampled in the same rounds as the peers) at the block's GEMM shapes (7 for a Llama layer, in_proj + out_proj for Mamba-2; "
            "B=1 decode as matrix-vector products); `% of NumPy` = that time / exactblocks' "
            "whole-block time. `read-bw ms` = the block's matrix bytes / the STREAM-like read "
            "bandwidth: about the least time a decode step can take.", ""]
@@ -1747,8 +1838,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         usage error or when exactblocks cannot be imported.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--numpy-worker"]:  # internal: the NumPy ceiling subprocess
-        print(json.dumps(_numpy_worker(json.loads(sys.stdin.read()))))
+    if argv[:1] == ["--numpy-worker"]:  # internal: the NumPy subprocess (_NumpyPeer)
+        _numpy_worker()
         return 0
     ap = argparse.ArgumentParser(
         prog="python -m exactblocks.bench",
