@@ -494,10 +494,17 @@ class _NumpyPeer:
             raise RuntimeError(f"NumPy subprocess: {reply['error']}")
         return reply
 
+    # After a call, OpenBLAS's threads spin for 2^OPENBLAS_THREAD_TIMEOUT cycles (default 2^28,
+    # about 0.1 s) before they sleep; until then they hold the cores the next peer needs.
+    IDLE_AFTER_S = 0.3
+
     def sampler(self, group: str):
-        """One timed sample of ``group`` for :func:`_time_interleaved`: (seconds, cpu = 0)."""
+        """One timed sample of ``group`` for :func:`_time_interleaved`: (seconds, cpu = 0).
+        Returns once the subprocess's BLAS threads have gone idle (``IDLE_AFTER_S``)."""
         def sample():
-            return [self.request(cmd="time", group=group)["seconds"]], 0.0
+            seconds = self.request(cmd="time", group=group)["seconds"]
+            time.sleep(self.IDLE_AFTER_S)
+            return [seconds], 0.0
         return sample
 
     def close(self) -> None:
@@ -1212,6 +1219,7 @@ def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recor
         try:
             warm = numpy_peer.request(cmd="prepare", groups={
                 c: {"m": _case_tokens(c, sh), "shapes": gemm_shapes} for c in CASES})["warm"]
+            time.sleep(numpy_peer.IDLE_AFTER_S)  # its BLAS threads go idle before the rounds
             for c in CASES:
                 jobs[c]["numpy"] = (numpy_peer.sampler(c), warm[c], _case_tokens(c, sh))
         except RuntimeError as exc:
