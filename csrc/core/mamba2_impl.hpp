@@ -48,15 +48,20 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
   float* dtb_scratch = ws.floats(7, sz(n_slots, pad_floats(ops::ssm_scan_scratch_floats(ns))));
   const int64_t gate_floats = pad_floats(di);
   float* gate_scratch = ws.floats(8, sz(n_slots, gate_floats));
+  int64_t* tok_row = ws.ints(1, static_cast<size_t>(M));  // real token m is row tok_row[m]
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < call.lengths[b]; ++t)
-      std::memcpy(&xs[(row_off[b] + t) * d], call.x + (b * L + t) * d, sizeof(float) * d);
+    for (int64_t m = row_off[b]; m < row_off[b + 1]; ++m) tok_row[m] = b;
+  // x of real token m (row b, index m - row_off[b]) in the call's (B, L, d) layout
+  const auto x_at = [&](int64_t m) { return (tok_row[m] * L + m - row_off[tok_row[m]]) * d; };
 
-  // 1-2. hn = RMSNorm(x); z | xBC | dt_raw = W_in hn (+ b_in)
+  // 1-2. hn = RMSNorm(x) (each row first copied to xs, the residual);
+  // z | xBC | dt_raw = W_in hn (+ b_in)
   parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
-    for (int64_t m = b0; m < b1; ++m)
+    for (int64_t m = b0; m < b1; ++m) {
+      std::memcpy(&xs[m * d], call.x + x_at(m), sizeof(float) * d);
       ops::norm_row<V>(ops::kRmsNorm, &xs[m * d], d, mdl.block_norm_w.data(), nullptr,
                        c.norm_eps, &hn[m * d]);
+    }
   });
   ops::gemm<V>(hn, M, d, mdl.w_in, zx, n_in, nt);
 
@@ -162,12 +167,12 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
     }
   });
   ops::gemm<V>(o, M, di, mdl.w_out, y, d, nt);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < call.lengths[b]; ++t) {
-      const int64_t m = row_off[b] + t;
-      float* dst = call.y + (b * L + t) * d;
+  parallel_for(M, M >= 64 ? nt : 1, [&](int64_t b0, int64_t b1, int) {  // short in decode
+    for (int64_t m = b0; m < b1; ++m) {
+      float* dst = call.y + x_at(m);
       for (int64_t i = 0; i < d; ++i) dst[i] = math::canon_nan(xs[m * d + i] + y[m * d + i]);
     }
+  });
 }
 
 }  // namespace eb::core

@@ -70,16 +70,15 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   static_assert(kQBlock * 32 <= 256, "qs/os arrays below");
   const int64_t score_rows = std::max<int64_t>(4, kQBlock * n_rep);
   float* score_scratch = ws.floats(9, sz(n_slots, score_rows * max_keys));
-  for (int64_t m = 0; m < M; ++m)
-    std::memcpy(&xs[m * d], call.x + (tok_row[m] * L + tok_t[m]) * d, sizeof(float) * d);
-
   const float* nb_in = mdl.norm_in_b.empty() ? nullptr : mdl.norm_in_b.data();
   const float* nb_post = mdl.norm_post_b.empty() ? nullptr : mdl.norm_post_b.data();
 
-  // 1. h = N_in(x)
+  // 1. h = N_in(x), each real token's row first copied to xs (the residual)
   parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
-    for (int64_t m = b0; m < b1; ++m)
+    for (int64_t m = b0; m < b1; ++m) {
+      std::memcpy(&xs[m * d], call.x + (tok_row[m] * L + tok_t[m]) * d, sizeof(float) * d);
       ops::norm_row<V>(c.norm, &xs[m * d], d, mdl.norm_in_w.data(), nb_in, c.norm_eps, &hn[m * d]);
+    }
   });
   // 2. q | k | v = h [Wq; Wk; Wv]^T (+ b)
   ops::gemm<V>(hn, M, d, mdl.w_qkv, qkv, n_qkv, nt);
@@ -299,29 +298,33 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   }
   // 7. x1 = x + (Wo o (+ bo))
   ops::gemm<V>(att, M, qw, mdl.w_o, x1, d, nt);
-  for (int64_t i = 0; i < M * d; ++i) x1[i] = xs[i] + x1[i];
   // 8-9. h2 = N_post(x1); u = act(g) * up (or act(up)); y = x1 + (Wd u (+ bd))
   parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
-    for (int64_t m = b0; m < b1; ++m)
-      ops::norm_row<V>(c.norm, &x1[m * d], d, mdl.norm_post_w.data(), nb_post, c.norm_eps,
-                       &hn[m * d]);
+    for (int64_t m = b0; m < b1; ++m) {
+      float* row = &x1[m * d];
+      for (int64_t i = 0; i < d; ++i) row[i] = xs[m * d + i] + row[i];
+      ops::norm_row<V>(c.norm, row, d, mdl.norm_post_w.data(), nb_post, c.norm_eps, &hn[m * d]);
+    }
   });
   ops::gemm<V>(hn, M, d, mdl.w_gu, gu, n_gu, nt);
   parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
     for (int64_t m = b0; m < b1; ++m) ops::mlp_combine<V>(c.mlp, &gu[m * n_gu], it, &u[m * it]);
   });
   ops::gemm<V>(u, M, it, mdl.w_down, y, d, nt);
-  for (int64_t m = 0; m < M; ++m) {
-    float* dst = call.y + (tok_row[m] * L + tok_t[m]) * d;
-    for (int64_t i = 0; i < d; ++i) dst[i] = math::canon_nan(x1[m * d + i] + y[m * d + i]);
-  }
+  const int nt_copy = M >= 64 ? nt : 1;  // the copies below are too short to share in decode
+  parallel_for(M, nt_copy, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t m = b0; m < b1; ++m) {
+      float* dst = call.y + (tok_row[m] * L + tok_t[m]) * d;
+      for (int64_t i = 0; i < d; ++i) dst[i] = math::canon_nan(x1[m * d + i] + y[m * d + i]);
+    }
+  });
   // Cache: the row's new positions p go to slot p % cap; only the last `cap` survive.
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t len = call.lengths[b];
-    for (int64_t t = std::max<int64_t>(0, len - cap); t < len; ++t) {
-      const int64_t slot = (call.start[b] + t) % cap;
-      const float* src = &qkv[(row_off[b] + t) * n_qkv];
-      for (int64_t g = 0; g < n_kv; ++g) {
+  parallel_for(B * n_kv, nt_copy, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t task = b0; task < b1; ++task) {
+      const int64_t b = task / n_kv, g = task % n_kv, len = call.lengths[b];
+      for (int64_t t = std::max<int64_t>(0, len - cap); t < len; ++t) {
+        const int64_t slot = (call.start[b] + t) % cap;
+        const float* src = &qkv[(row_off[b] + t) * n_qkv];
         float* kd = call.k_cache + ((b * n_kv + g) * cap + slot) * hd;
         float* vd = call.v_cache + ((b * n_kv + g) * cap + slot) * hd;
         for (int64_t i = 0; i < hd; ++i) {
@@ -330,7 +333,7 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
         }
       }
     }
-  }
+  });
 }
 
 }  // namespace eb::core
