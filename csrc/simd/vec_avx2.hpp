@@ -27,43 +27,54 @@ struct VecAvx2 {
   // scalar routine. x and y may alias.
   static void exp_array(const float* x, float* y, int64_t n) {
     int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-      const __m128 xf = _mm_loadu_ps(x + i);
-      const __m128 over = _mm_cmp_ps(xf, _mm_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ);
-      const __m128 under = _mm_cmp_ps(xf, _mm_set1_ps(-110.0f), _CMP_LT_OQ);
-      const __m128 nan = _mm_cmp_ps(xf, xf, _CMP_UNORD_Q);
-      __m256d xd = _mm256_cvtps_pd(xf);
-      xd = _mm256_min_pd(_mm256_max_pd(xd, _mm256_set1_pd(-110.0)), _mm256_set1_pd(89.0));
-      const __m256d shifter = _mm256_set1_pd(0x1.8p52);
-      __m256d nd = _mm256_mul_pd(xd, _mm256_set1_pd(0x1.71547652b82fep+0));
-      nd = _mm256_sub_pd(_mm256_add_pd(nd, shifter), shifter);
-      __m256d r = _mm256_fnmadd_pd(nd, _mm256_set1_pd(0x1.62e42fefa3800p-1), xd);
-      r = _mm256_fnmadd_pd(nd, _mm256_set1_pd(0x1.ef35793c76730p-45), r);
-      r = _mm256_add_pd(r, _mm256_setzero_pd());
-      __m256d q = _mm256_set1_pd(0x1.6124613a86d09p-33);
-      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.1eed8eff8d898p-29));
-      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.ae64567f544e4p-26));
-      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.27e4fb7789f5cp-22));
-      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.71de3a556c734p-19));
-      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.a01a01a01a01ap-16));
-      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.a01a01a01a01ap-13));
-      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.6c16c16c16c17p-10));
-      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.1111111111111p-7));
-      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.5555555555555p-5));
-      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.5555555555555p-3));
-      q = _mm256_fmadd_pd(q, r, _mm256_set1_pd(0x1.0000000000000p-1));
-      const __m256d e = _mm256_fmadd_pd(_mm256_mul_pd(r, r), q, r);
+    // kExpU vectors per pass, each step applied to all before the next (as VecAvx512): the
+    // independent chains interleave in program order and keep the scheduler fed.
+    for (; i + 4 * kExpU <= n; i += 4 * kExpU) exp_vectors<kExpU>(x + i, y + i);
+    for (; i + 4 <= n; i += 4) exp_vectors<1>(x + i, y + i);
+    for (; i < n; ++i) y[i] = math::exp_f32(x[i]);
+  }
+  static constexpr int kExpU = 4;  // measured: 1 -> 2.2, 2 -> 2.2, 4 -> 1.9 ns per exp
+  template <int U>
+  static inline void exp_vectors(const float* x, float* y) {
+    __m128 xf[U], over[U], under[U], nan[U], out[U];
+    __m256d xd[U], nd[U], r[U], q[U];
+    for (int u = 0; u < U; ++u) {
+      xf[u] = _mm_loadu_ps(x + 4 * u);
+      over[u] = _mm_cmp_ps(xf[u], _mm_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ);
+      under[u] = _mm_cmp_ps(xf[u], _mm_set1_ps(-110.0f), _CMP_LT_OQ);
+      nan[u] = _mm_cmp_ps(xf[u], xf[u], _CMP_UNORD_Q);
+      xd[u] = _mm256_cvtps_pd(xf[u]);
+    }
+    for (int u = 0; u < U; ++u)
+      xd[u] = _mm256_min_pd(_mm256_max_pd(xd[u], _mm256_set1_pd(-110.0)), _mm256_set1_pd(89.0));
+    const __m256d shifter = _mm256_set1_pd(0x1.8p52);
+    for (int u = 0; u < U; ++u) nd[u] = _mm256_mul_pd(xd[u], _mm256_set1_pd(0x1.71547652b82fep+0));
+    for (int u = 0; u < U; ++u) nd[u] = _mm256_sub_pd(_mm256_add_pd(nd[u], shifter), shifter);
+    for (int u = 0; u < U; ++u) r[u] = _mm256_fnmadd_pd(nd[u], _mm256_set1_pd(0x1.62e42fefa3800p-1), xd[u]);
+    for (int u = 0; u < U; ++u) r[u] = _mm256_fnmadd_pd(nd[u], _mm256_set1_pd(0x1.ef35793c76730p-45), r[u]);
+    for (int u = 0; u < U; ++u) r[u] = _mm256_add_pd(r[u], _mm256_setzero_pd());
+    static constexpr double kC[11] = {
+        0x1.1eed8eff8d898p-29, 0x1.ae64567f544e4p-26, 0x1.27e4fb7789f5cp-22,
+        0x1.71de3a556c734p-19, 0x1.a01a01a01a01ap-16, 0x1.a01a01a01a01ap-13,
+        0x1.6c16c16c16c17p-10, 0x1.1111111111111p-7,  0x1.5555555555555p-5,
+        0x1.5555555555555p-3,  0x1.0000000000000p-1};
+    for (int u = 0; u < U; ++u) q[u] = _mm256_set1_pd(0x1.6124613a86d09p-33);
+    for (int k = 0; k < 11; ++k)
+      for (int u = 0; u < U; ++u) q[u] = _mm256_fmadd_pd(q[u], r[u], _mm256_set1_pd(kC[k]));
+    for (int u = 0; u < U; ++u) {
+      const __m256d e = _mm256_fmadd_pd(_mm256_mul_pd(r[u], r[u]), q[u], r[u]);
       const __m256d yd = _mm256_add_pd(_mm256_set1_pd(1.0), e);
-      const __m256i ni = _mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(nd));
+      const __m256i ni = _mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(nd[u]));
       const __m256d p2 = _mm256_castsi256_pd(
           _mm256_slli_epi64(_mm256_add_epi64(ni, _mm256_set1_epi64x(1023)), 52));
-      __m128 out = _mm256_cvtpd_ps(_mm256_mul_pd(yd, p2));
-      out = _mm_blendv_ps(out, _mm_set1_ps(__builtin_huge_valf()), over);
-      out = _mm_blendv_ps(out, _mm_setzero_ps(), under);
-      out = _mm_blendv_ps(out, _mm_castsi128_ps(_mm_set1_epi32(0x7FC00000)), nan);
-      _mm_storeu_ps(y + i, out);
+      out[u] = _mm256_cvtpd_ps(_mm256_mul_pd(yd, p2));
     }
-    for (; i < n; ++i) y[i] = math::exp_f32(x[i]);
+    for (int u = 0; u < U; ++u) {
+      out[u] = _mm_blendv_ps(out[u], _mm_set1_ps(__builtin_huge_valf()), over[u]);
+      out[u] = _mm_blendv_ps(out[u], _mm_setzero_ps(), under[u]);
+      out[u] = _mm_blendv_ps(out[u], _mm_castsi128_ps(_mm_set1_epi32(0x7FC00000)), nan[u]);
+      _mm_storeu_ps(y + 4 * u, out[u]);
+    }
   }
   // The L16 tree: acc[0] holds lanes 0..7, acc[1] lanes 8..15; s_j += s_(j+w), w = 8, 4, 2, 1.
   // out[i] = reduce16 of the 16 lanes at acc + 16 * i, for i = 0..15.

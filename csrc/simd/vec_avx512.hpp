@@ -27,43 +27,56 @@ struct VecAvx512 {
   // scalar routine. x and y may alias.
   static void exp_array(const float* x, float* y, int64_t n) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      const __m256 xf = _mm256_loadu_ps(x + i);
-      const __mmask8 over = _mm256_cmp_ps_mask(xf, _mm256_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ);
-      const __mmask8 under = _mm256_cmp_ps_mask(xf, _mm256_set1_ps(-110.0f), _CMP_LT_OQ);
-      const __mmask8 nan = _mm256_cmp_ps_mask(xf, xf, _CMP_UNORD_Q);
-      __m512d xd = _mm512_cvtps_pd(xf);
-      xd = _mm512_min_pd(_mm512_max_pd(xd, _mm512_set1_pd(-110.0)), _mm512_set1_pd(89.0));
-      const __m512d shifter = _mm512_set1_pd(0x1.8p52);
-      __m512d nd = _mm512_mul_pd(xd, _mm512_set1_pd(0x1.71547652b82fep+0));
-      nd = _mm512_sub_pd(_mm512_add_pd(nd, shifter), shifter);
-      __m512d r = _mm512_fnmadd_pd(nd, _mm512_set1_pd(0x1.62e42fefa3800p-1), xd);
-      r = _mm512_fnmadd_pd(nd, _mm512_set1_pd(0x1.ef35793c76730p-45), r);
-      r = _mm512_add_pd(r, _mm512_setzero_pd());
-      __m512d q = _mm512_set1_pd(0x1.6124613a86d09p-33);
-      q = _mm512_fmadd_pd(q, r, _mm512_set1_pd(0x1.1eed8eff8d898p-29));
-      q = _mm512_fmadd_pd(q, r, _mm512_set1_pd(0x1.ae64567f544e4p-26));
-      q = _mm512_fmadd_pd(q, r, _mm512_set1_pd(0x1.27e4fb7789f5cp-22));
-      q = _mm512_fmadd_pd(q, r, _mm512_set1_pd(0x1.71de3a556c734p-19));
-      q = _mm512_fmadd_pd(q, r, _mm512_set1_pd(0x1.a01a01a01a01ap-16));
-      q = _mm512_fmadd_pd(q, r, _mm512_set1_pd(0x1.a01a01a01a01ap-13));
-      q = _mm512_fmadd_pd(q, r, _mm512_set1_pd(0x1.6c16c16c16c17p-10));
-      q = _mm512_fmadd_pd(q, r, _mm512_set1_pd(0x1.1111111111111p-7));
-      q = _mm512_fmadd_pd(q, r, _mm512_set1_pd(0x1.5555555555555p-5));
-      q = _mm512_fmadd_pd(q, r, _mm512_set1_pd(0x1.5555555555555p-3));
-      q = _mm512_fmadd_pd(q, r, _mm512_set1_pd(0x1.0000000000000p-1));
-      const __m512d e = _mm512_fmadd_pd(_mm512_mul_pd(r, r), q, r);
+    // kU vectors per pass, each step applied to all of them before the next: the chain of one
+    // vector is ~100 cycles long, and interleaving independent chains in program order keeps
+    // the scheduler fed (run one after the other they fill it with waiting operations).
+    for (; i + 8 * kExpU <= n; i += 8 * kExpU) exp_vectors<kExpU>(x + i, y + i);
+    for (; i + 8 <= n; i += 8) exp_vectors<1>(x + i, y + i);
+    for (; i < n; ++i) y[i] = math::exp_f32(x[i]);
+  }
+  static constexpr int kExpU = 4;  // measured: 2 -> 1.3, 4 -> 1.2, 6 -> 1.15 ns per exp
+  template <int U>
+  static inline void exp_vectors(const float* x, float* y) {
+    __m256 xf[U], out[U];
+    __mmask8 over[U], under[U], nan[U];
+    __m512d xd[U], nd[U], r[U], q[U];
+    for (int u = 0; u < U; ++u) {
+      xf[u] = _mm256_loadu_ps(x + 8 * u);
+      over[u] = _mm256_cmp_ps_mask(xf[u], _mm256_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ);
+      under[u] = _mm256_cmp_ps_mask(xf[u], _mm256_set1_ps(-110.0f), _CMP_LT_OQ);
+      nan[u] = _mm256_cmp_ps_mask(xf[u], xf[u], _CMP_UNORD_Q);
+      xd[u] = _mm512_cvtps_pd(xf[u]);
+    }
+    for (int u = 0; u < U; ++u)
+      xd[u] = _mm512_min_pd(_mm512_max_pd(xd[u], _mm512_set1_pd(-110.0)), _mm512_set1_pd(89.0));
+    const __m512d shifter = _mm512_set1_pd(0x1.8p52);
+    for (int u = 0; u < U; ++u) nd[u] = _mm512_mul_pd(xd[u], _mm512_set1_pd(0x1.71547652b82fep+0));
+    for (int u = 0; u < U; ++u) nd[u] = _mm512_sub_pd(_mm512_add_pd(nd[u], shifter), shifter);
+    for (int u = 0; u < U; ++u) r[u] = _mm512_fnmadd_pd(nd[u], _mm512_set1_pd(0x1.62e42fefa3800p-1), xd[u]);
+    for (int u = 0; u < U; ++u) r[u] = _mm512_fnmadd_pd(nd[u], _mm512_set1_pd(0x1.ef35793c76730p-45), r[u]);
+    for (int u = 0; u < U; ++u) r[u] = _mm512_add_pd(r[u], _mm512_setzero_pd());
+    static constexpr double kC[11] = {
+        0x1.1eed8eff8d898p-29, 0x1.ae64567f544e4p-26, 0x1.27e4fb7789f5cp-22,
+        0x1.71de3a556c734p-19, 0x1.a01a01a01a01ap-16, 0x1.a01a01a01a01ap-13,
+        0x1.6c16c16c16c17p-10, 0x1.1111111111111p-7,  0x1.5555555555555p-5,
+        0x1.5555555555555p-3,  0x1.0000000000000p-1};
+    for (int u = 0; u < U; ++u) q[u] = _mm512_set1_pd(0x1.6124613a86d09p-33);
+    for (int k = 0; k < 11; ++k)
+      for (int u = 0; u < U; ++u) q[u] = _mm512_fmadd_pd(q[u], r[u], _mm512_set1_pd(kC[k]));
+    for (int u = 0; u < U; ++u) {
+      const __m512d e = _mm512_fmadd_pd(_mm512_mul_pd(r[u], r[u]), q[u], r[u]);
       const __m512d yd = _mm512_add_pd(_mm512_set1_pd(1.0), e);
-      const __m512i ni = _mm512_cvtpd_epi64(nd);
+      const __m512i ni = _mm512_cvtpd_epi64(nd[u]);
       const __m512d p2 = _mm512_castsi512_pd(
           _mm512_slli_epi64(_mm512_add_epi64(ni, _mm512_set1_epi64(1023)), 52));
-      __m256 out = _mm512_cvtpd_ps(_mm512_mul_pd(yd, p2));
-      out = _mm256_mask_blend_ps(over, out, _mm256_set1_ps(__builtin_huge_valf()));
-      out = _mm256_mask_blend_ps(under, out, _mm256_setzero_ps());
-      out = _mm256_mask_blend_ps(nan, out, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)));
-      _mm256_storeu_ps(y + i, out);
+      out[u] = _mm512_cvtpd_ps(_mm512_mul_pd(yd, p2));
     }
-    for (; i < n; ++i) y[i] = math::exp_f32(x[i]);
+    for (int u = 0; u < U; ++u) {
+      out[u] = _mm256_mask_blend_ps(over[u], out[u], _mm256_set1_ps(__builtin_huge_valf()));
+      out[u] = _mm256_mask_blend_ps(under[u], out[u], _mm256_setzero_ps());
+      out[u] = _mm256_mask_blend_ps(nan[u], out[u], _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)));
+      _mm256_storeu_ps(y + 8 * u, out[u]);
+    }
   }
   // out[i] = reduce16 of the 16 lanes at acc + 16 * i, for i = 0..15: the same L16 tree
   // (s_j += s_(j+w), w = 8, 4, 2, 1), run for 16 accumulators at once by pairing them across
