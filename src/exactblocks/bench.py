@@ -28,9 +28,10 @@ exactblocks within ``ROW_RTOL`` (per-row ``||a - b|| / ||b||``). A peer or case 
 is not timed (the table says "check failed") and the exit status is 1.
 
 Timing: the check call is the warm-up; then the median of ``--repeats`` calls (default 5, fewer
-for calls that take seconds, at least 3). Decode: each repeat copies the state prepared at 512
-cached tokens (untimed) and times 4 consecutive steps one by one; the median per step is
-reported. For the torch layers the causal mask and RoPE cos/sin (made once per model call
+for calls that take seconds, at least 3), each after one untimed call of the same peer (the
+peer timed before it has just filled the caches). Decode: each repeat copies the state
+prepared at 512 cached tokens (untimed) and times 4 consecutive steps one by one; the median per
+step is reported. For the torch layers the causal mask and RoPE cos/sin (made once per model call
 by HF, shared by all layers) are built outside the timed region; everything else a layer does is
 inside it.
 
@@ -968,8 +969,14 @@ def _run_decode(peer, snap, xs: np.ndarray) -> tuple[np.ndarray, list[float], fl
 
 
 def _prefill_sampler(fn):
-    """One timed prefill call: returns (seconds, cpu seconds)."""
+    """One untimed, then one timed prefill call: returns (seconds, cpu seconds).
+
+    The untimed call first, as for decode (:func:`_decode_sampler`): right after another peer
+    has run (mojolearn most of all), the next ~0.1 s of any peer's calls run up to 1.3x slower
+    (measured: a SmolLM2 layer's prefill takes 22 instead of 17 ms for its first few calls).
+    Each peer is thus timed warm, as when it serves requests back to back."""
     def sample():
+        fn()
         c0, t0 = time.process_time(), time.perf_counter()
         fn()
         return [time.perf_counter() - t0], time.process_time() - c0
