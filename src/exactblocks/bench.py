@@ -1767,7 +1767,8 @@ def run_bench(workloads: Sequence[str] = WORKLOAD_NAMES, *, quick: bool = False,
     }
     meta["seconds"] = round(time.perf_counter() - t_start, 1)
 
-    md = [f"## exactblocks benchmark{' (--quick: tiny shapes)' if quick else ''}", "",
+    quick_note = " (--quick: tiny shapes, a smoke run: its times and ratios are noise)"
+    md = [f"## exactblocks benchmark{quick_note if quick else ''}", "",
           f"- command: `{meta['command']}`",
           f"- CPU: {meta['cpu']}; ISA path: {meta['isa']}; threads: {n_threads} for exactblocks, "
           f"torch and NumPy's BLAS (CPUs available: {meta['cpus_available']})",

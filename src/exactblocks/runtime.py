@@ -178,7 +178,7 @@ def set_isa(name: str) -> None:
     Parameters
     ----------
     name : str
-        One of :func:`available_isas`.
+        One of :func:`available_isas` (any letter case, as ``EXACTBLOCKS_ISA``).
 
     Raises
     ------
@@ -191,7 +191,7 @@ def set_isa(name: str) -> None:
         raise TypeError(f"exactblocks.runtime.set_isa: name must be a str; got "
                         f"{describe_type(name)}")
     avail = available_isas()
-    if name not in avail:
+    if name.lower() not in avail:  # case-insensitive, as EXACTBLOCKS_ISA
         raise ValueError(f"exactblocks.runtime.set_isa: name={name!r} is not available; "
                          f"available: {avail}")
-    _ext.core().set_isa(name)
+    _ext.core().set_isa(name.lower())

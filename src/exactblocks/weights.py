@@ -8,6 +8,7 @@ option checks (``transformer.py``) and any arithmetic (the C++ core packs the we
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -136,8 +137,15 @@ def resolve_names(weights: object, where: str, short_to_hf: Mapping[str, str],
     unknown = [k for k in keys if k not in table]
     if unknown:
         spelling = "HF" if hf_form else "short"
+        hint = ""
+        layer = re.match(r"^(.*?layers\.\d+\.)", unknown[0])
+        if layer:  # a whole model's state_dict (model.layers.N..., backbone.layers.N...)
+            p = layer.group(1)
+            hint = (f"; these look like a whole model's names: pass one layer's weights without "
+                    f"the {p!r} prefix, e.g. {{k[{len(p)}:]: v for k, v in state_dict.items() "
+                    f"if k.startswith({p!r})}}")
         raise ValueError(f"{where}: unknown weight names {unknown} (weights are in {spelling} "
-                         f"form); known names: {sorted(table)}")
+                         f"form); known names: {sorted(table)}{hint}")
     by_short = {table[k]: weights[k] for k in keys}
     user_key = {table[k]: k for k in keys}
     return by_short, user_key, hf_form

@@ -197,6 +197,17 @@ def test_unknown_weight_named(weights):
         build(weights)
 
 
+def test_whole_model_names_get_a_prefix_hint(weights):
+    # A model's state_dict (model.layers.N.self_attn.q_proj.weight, ...) names the layer
+    # prefix to strip, with the one-liner that does it.
+    sd = {f"model.layers.3.{k}": v for k, v in to_hf_names(weights).items()}
+    with raises(ValueError, "unknown weight names", "'model.layers.3.'",
+                "k[15:]: v for k, v in state_dict.items() if k.startswith('model.layers.3.')"):
+        build(sd)
+    stripped = {k[15:]: v for k, v in sd.items() if k.startswith("model.layers.3.")}
+    assert build(stripped).fingerprint == build(weights).fingerprint
+
+
 @pytest.mark.parametrize("name,shape,option", [
     ("q_proj.bias", (32,), "qkv_bias"),
     ("o_proj.bias", (32,), "o_bias"),

@@ -51,3 +51,17 @@ def test_isa_name_is_case_insensitive():
     res = run(f" {isa.upper()} ")
     assert res.returncode == 0, res.stderr
     assert res.stdout.split()[0] == isa
+
+
+def test_set_isa_name_is_case_insensitive():
+    """runtime.set_isa takes the names as EXACTBLOCKS_ISA does, in any letter case."""
+    from exactblocks import runtime
+    saved = runtime.get_isa()
+    try:
+        for isa in runtime.available_isas():
+            runtime.set_isa(isa.upper())
+            assert runtime.get_isa() == isa
+    finally:
+        runtime.set_isa(saved)
+    with pytest.raises(ValueError, match="name='NEON2' is not available"):
+        runtime.set_isa("NEON2")

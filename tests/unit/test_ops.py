@@ -97,7 +97,8 @@ def test_reduce16_x16_is_sixteen_l16_trees(core, seed):
     row the bits of the L16 tree s_j += s_(j+w), w = 8, 4, 2, 1 (emulated in NumPy float32), on
     every ISA: rounding, signed zeros, infinities and NaN included."""
     rng = np.random.default_rng(seed)
-    acc = (rng.standard_normal((16, 16)) * 10.0 ** rng.integers(-40, 38, (16, 16))).astype(np.float32)
+    scale = 10.0 ** rng.integers(-40, 38, (16, 16))
+    acc = (rng.standard_normal((16, 16)) * scale).astype(np.float32)
     if seed >= 2:  # cancellations, -0.0, subnormals, overflow, inf - inf
         acc[0] = -0.0  # (sum_l16 would start its lanes at +0.0; the tree alone keeps -0.0)
         acc[1, ::2], acc[1, 1::2] = 1e30, -1e30
