@@ -202,8 +202,9 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
     if (kt_off[b + 1] > kt_off[b]) n_att += (call.lengths[b] + kQBlock - 1) / kQBlock * n_kv;
     else n_single += call.lengths[b] * n_kv;
   }
-  const int64_t parts =
-      n_single > 0 && n_single < 2 * nt ? std::min<int64_t>(n_rep, (2 * nt + n_single - 1) / n_single) : 1;
+  const int64_t parts = n_single > 0 && n_single < 2 * nt  // at most n_rep: every part has a head
+                            ? std::min<int64_t>(n_rep, (2 * nt + n_single - 1) / n_single)
+                            : 1;
   n_att += n_single * parts;
   constexpr int kTaskInts = 5;
   int64_t* att_tasks = ws.ints(5, static_cast<size_t>(kTaskInts * std::max<int64_t>(n_att, 1)));
@@ -231,7 +232,6 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
       const int64_t task = (v % 2 == 0) ? v / 2 : n_att - 1 - v / 2;
       const int64_t* tk = &att_tasks[kTaskInts * task];
       const int64_t m = tk[0], nq = tk[1], g = tk[2], h_lo = tk[3], h_hi = tk[3] + tk[4];
-      if (h_hi == h_lo) continue;  // more parts than heads
       const int64_t b = tok_row[m], start = call.start[b];
       const int64_t p = start + tok_t[m];
       const int64_t kt_len = (kt_off[b + 1] - kt_off[b]) / n_kv;

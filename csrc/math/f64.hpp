@@ -21,20 +21,17 @@ inline constexpr double kLog2e = 0x1.71547652b82fep+0;
 inline constexpr double kLn2Hi = 0x1.62e42fefa3800p-1;
 inline constexpr double kLn2Lo = 0x1.ef35793c76730p-45;
 
+// 1/k! for k = 13, 12, ..., 2 (ours: rounded to binary64), in Horner order. The vectorised
+// exps (simd/vec_*.hpp exp_array) run the same chain over this table.
+inline constexpr double kExpTaylor[12] = {
+    0x1.6124613a86d09p-33, 0x1.1eed8eff8d898p-29, 0x1.ae64567f544e4p-26, 0x1.27e4fb7789f5cp-22,
+    0x1.71de3a556c734p-19, 0x1.a01a01a01a01ap-16, 0x1.a01a01a01a01ap-13, 0x1.6c16c16c16c17p-10,
+    0x1.1111111111111p-7,  0x1.5555555555555p-5,  0x1.5555555555555p-3,  0x1.0000000000000p-1};
+
 // e^r - 1 for |r| <= ~0.35: Taylor series r + r^2 * sum_{k=2..13} r^(k-2)/k!, Horner order.
 inline double expm1_reduced(double r) {
-  double q = 0x1.6124613a86d09p-33;           // 1/13!
-  q = std::fma(q, r, 0x1.1eed8eff8d898p-29);  // 1/12!
-  q = std::fma(q, r, 0x1.ae64567f544e4p-26);  // 1/11!
-  q = std::fma(q, r, 0x1.27e4fb7789f5cp-22);  // 1/10!
-  q = std::fma(q, r, 0x1.71de3a556c734p-19);  // 1/9!
-  q = std::fma(q, r, 0x1.a01a01a01a01ap-16);  // 1/8!
-  q = std::fma(q, r, 0x1.a01a01a01a01ap-13);  // 1/7!
-  q = std::fma(q, r, 0x1.6c16c16c16c17p-10);  // 1/6!
-  q = std::fma(q, r, 0x1.1111111111111p-7);   // 1/5!
-  q = std::fma(q, r, 0x1.5555555555555p-5);   // 1/4!
-  q = std::fma(q, r, 0x1.5555555555555p-3);   // 1/3!
-  q = std::fma(q, r, 0x1.0000000000000p-1);   // 1/2!
+  double q = kExpTaylor[0];
+  for (int k = 1; k < 12; ++k) q = std::fma(q, r, kExpTaylor[k]);
   return std::fma(r * r, q, r);
 }
 

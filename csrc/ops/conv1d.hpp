@@ -17,25 +17,22 @@ template <class V, class Tap>
 inline void conv1d_token(const float* wt, int64_t ld, int64_t nc, int64_t k_taps,
                          const float* bias, Tap tap, float* out) {
   const int64_t nc_vec = nc - nc % V::kLanes;
+  const auto vectors = [&](auto tap_at) {
+    for (int64_t ch = 0; ch < nc_vec; ch += V::kLanes) {
+      V acc = V::zero();
+      for (int64_t k = 0; k < k_taps; ++k)
+        acc = V::fma(V::load(wt + k * ld + ch), V::load(tap_at(k) + ch), acc);
+      if (bias) acc = V::add(acc, V::load(bias + ch));
+      acc.store(out + ch);
+    }
+  };
   constexpr int64_t kMaxHoisted = 16;
   if (k_taps <= kMaxHoisted) {  // the usual K = 4: tap pointers looked up once per token
     const float* taps[kMaxHoisted];
     for (int64_t k = 0; k < k_taps; ++k) taps[k] = tap(k);
-    for (int64_t ch = 0; ch < nc_vec; ch += V::kLanes) {
-      V acc = V::zero();
-      for (int64_t k = 0; k < k_taps; ++k)
-        acc = V::fma(V::load(wt + k * ld + ch), V::load(taps[k] + ch), acc);
-      if (bias) acc = V::add(acc, V::load(bias + ch));
-      acc.store(out + ch);
-    }
+    vectors([&](int64_t k) { return taps[k]; });
   } else {
-    for (int64_t ch = 0; ch < nc_vec; ch += V::kLanes) {
-      V acc = V::zero();
-      for (int64_t k = 0; k < k_taps; ++k)
-        acc = V::fma(V::load(wt + k * ld + ch), V::load(tap(k) + ch), acc);
-      if (bias) acc = V::add(acc, V::load(bias + ch));
-      acc.store(out + ch);
-    }
+    vectors(tap);
   }
   for (int64_t ch = nc_vec; ch < nc; ++ch) {
     float acc = 0.0f;

@@ -7,6 +7,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/aligned.hpp"
@@ -278,15 +279,15 @@ inline void unpack_blocks(const PackedMatrix& w, int64_t p, int64_t b0, int64_t 
   }
 }
 
-template <class V, int MR>
-inline void gemm_rows(int rows, const float* a, int64_t lda, const float* panel, int64_t kn,
-                      bool first, bool last, const float* bias, float* c, int64_t ldc,
-                      int nr_valid) {
+// f(std::integral_constant<int, rows>{}) for 1 <= rows <= MR: a tile with a compile-time row
+// count for the last, short row block.
+template <int MR, class F>
+inline void with_rows(int rows, F&& f) {
   if constexpr (MR > 0) {
     if (rows == MR) {
-      gemm_tile<V, MR>(a, lda, panel, kn, first, last, bias, c, ldc, nr_valid);
+      f(std::integral_constant<int, MR>{});
     } else {
-      gemm_rows<V, MR - 1>(rows, a, lda, panel, kn, first, last, bias, c, ldc, nr_valid);
+      with_rows<MR - 1>(rows, f);
     }
   }
 }
@@ -309,25 +310,6 @@ inline void gemm_tile_bf16(const float* a, int64_t lda, const uint16_t* codes, i
     tile_fma_k<V, MR>(acc, a, lda, k, bk);
   }
   tile_end<V, MR>(acc, last, bias, c, ldc, nr_valid);
-}
-
-template <class V, int MR, int FMT>
-inline void gemm_rows_q(int rows, const float* a, int64_t lda, const float* scales,
-                        const uint8_t* codes, int64_t nb, bool first, bool last,
-                        const float* bias, float* c, int64_t ldc, int nr_valid) {
-  if constexpr (MR > 0) {
-    if (rows == MR) {
-      if constexpr (FMT == kPanelBF16) {
-        gemm_tile_bf16<V, MR>(a, lda, reinterpret_cast<const uint16_t*>(codes), nb * kQBlock,
-                              first, last, bias, c, ldc, nr_valid);
-      } else {
-        gemm_tile_q<V, MR, FMT>(a, lda, scales, codes, nb, first, last, bias, c, ldc, nr_valid);
-      }
-    } else {
-      gemm_rows_q<V, MR - 1, FMT>(rows, a, lda, scales, codes, nb, first, last, bias, c, ldc,
-                                  nr_valid);
-    }
-  }
 }
 
 // c (m, ldc) = a (m, lda) * W^T (+ bias). Tasks (panel, row block) are split over threads in
@@ -367,18 +349,28 @@ void gemm_fmt(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, flo
             const float* bias_c = bias ? bias + c0 : nullptr;
             float* c_t = c + r0 * ldc + n0 + c0;
             const int nv = std::min(NC, nr_valid - c0);
+            const float* a_t = a + r0 * lda + k0;
+            const bool first = k0 == 0, last = k1 == kk;
             if (panel != nullptr) {
-              gemm_rows<V, MR>(rows, a + r0 * lda + k0, lda, panel + c0, k1 - k0, k0 == 0,
-                               k1 == kk, bias_c, c_t, ldc, nv);
+              with_rows<MR>(rows, [&](auto r) {
+                gemm_tile<V, decltype(r)::value>(a_t, lda, panel + c0, k1 - k0, first, last,
+                                                 bias_c, c_t, ldc, nv);
+              });
             } else if constexpr (FMT != kPanelF32) {  // float32 always has a panel
               const int64_t blk = p * w.k_blocks() + k0 / kQBlock;
-              const float* sc = nullptr;  // bfloat16 has no scales
-              if constexpr (FMT != kPanelBF16) sc = w.data.data() + blk * w.scale_floats() + c0;
-              gemm_rows_q<V, MR, FMT>(rows, a + r0 * lda + k0, lda, sc,
-                                      w.codes.data() + blk * w.code_bytes() +
-                                          c0 * PackedMatrix::code_col_bytes_of(FMT),
-                                      (k1 - k0) / kQBlock, k0 == 0, k1 == kk, bias_c, c_t, ldc,
-                                      nv);
+              const uint8_t* codes = w.codes.data() + blk * w.code_bytes() +
+                                     c0 * PackedMatrix::code_col_bytes_of(FMT);
+              with_rows<MR>(rows, [&](auto r) {
+                constexpr int R = decltype(r)::value;
+                if constexpr (FMT == kPanelBF16) {
+                  gemm_tile_bf16<V, R>(a_t, lda, reinterpret_cast<const uint16_t*>(codes),
+                                       k1 - k0, first, last, bias_c, c_t, ldc, nv);
+                } else {
+                  const float* sc = w.data.data() + blk * w.scale_floats() + c0;
+                  gemm_tile_q<V, R, FMT>(a_t, lda, sc, codes, (k1 - k0) / kQBlock, first, last,
+                                         bias_c, c_t, ldc, nv);
+                }
+              });
             }
           }
         }

@@ -48,19 +48,15 @@ struct VecAvx2 {
     for (int u = 0; u < U; ++u)
       xd[u] = _mm256_min_pd(_mm256_max_pd(xd[u], _mm256_set1_pd(-110.0)), _mm256_set1_pd(89.0));
     const __m256d shifter = _mm256_set1_pd(0x1.8p52);
-    for (int u = 0; u < U; ++u) nd[u] = _mm256_mul_pd(xd[u], _mm256_set1_pd(0x1.71547652b82fep+0));
+    for (int u = 0; u < U; ++u) nd[u] = _mm256_mul_pd(xd[u], _mm256_set1_pd(math::detail::kLog2e));
     for (int u = 0; u < U; ++u) nd[u] = _mm256_sub_pd(_mm256_add_pd(nd[u], shifter), shifter);
-    for (int u = 0; u < U; ++u) r[u] = _mm256_fnmadd_pd(nd[u], _mm256_set1_pd(0x1.62e42fefa3800p-1), xd[u]);
-    for (int u = 0; u < U; ++u) r[u] = _mm256_fnmadd_pd(nd[u], _mm256_set1_pd(0x1.ef35793c76730p-45), r[u]);
+    for (int u = 0; u < U; ++u) r[u] = _mm256_fnmadd_pd(nd[u], _mm256_set1_pd(math::detail::kLn2Hi), xd[u]);
+    for (int u = 0; u < U; ++u) r[u] = _mm256_fnmadd_pd(nd[u], _mm256_set1_pd(math::detail::kLn2Lo), r[u]);
     for (int u = 0; u < U; ++u) r[u] = _mm256_add_pd(r[u], _mm256_setzero_pd());
-    static constexpr double kC[11] = {
-        0x1.1eed8eff8d898p-29, 0x1.ae64567f544e4p-26, 0x1.27e4fb7789f5cp-22,
-        0x1.71de3a556c734p-19, 0x1.a01a01a01a01ap-16, 0x1.a01a01a01a01ap-13,
-        0x1.6c16c16c16c17p-10, 0x1.1111111111111p-7,  0x1.5555555555555p-5,
-        0x1.5555555555555p-3,  0x1.0000000000000p-1};
-    for (int u = 0; u < U; ++u) q[u] = _mm256_set1_pd(0x1.6124613a86d09p-33);
-    for (int k = 0; k < 11; ++k)
-      for (int u = 0; u < U; ++u) q[u] = _mm256_fmadd_pd(q[u], r[u], _mm256_set1_pd(kC[k]));
+    const double* taylor = math::detail::kExpTaylor;
+    for (int u = 0; u < U; ++u) q[u] = _mm256_set1_pd(taylor[0]);
+    for (int k = 1; k < 12; ++k)
+      for (int u = 0; u < U; ++u) q[u] = _mm256_fmadd_pd(q[u], r[u], _mm256_set1_pd(taylor[k]));
     for (int u = 0; u < U; ++u) {
       const __m256d e = _mm256_fmadd_pd(_mm256_mul_pd(r[u], r[u]), q[u], r[u]);
       const __m256d yd = _mm256_add_pd(_mm256_set1_pd(1.0), e);
@@ -76,10 +72,9 @@ struct VecAvx2 {
       _mm_storeu_ps(y + 4 * u, out[u]);
     }
   }
-  // The L16 tree: acc[0] holds lanes 0..7, acc[1] lanes 8..15; s_j += s_(j+w), w = 8, 4, 2, 1.
-  // out[i] = reduce16 of the 16 lanes at acc + 16 * i, for i = 0..15.
-  // The same tree for 16 accumulators at once, pairing them across registers with shuffles;
-  // each lane add is one of reduce16's adds (same operands, same order), so the bits are equal.
+  // out[i] = reduce16 of the 16 lanes at acc + 16 * i, for i = 0..15: the same tree for 16
+  // accumulators at once, pairing them across registers with shuffles; each lane add is one of
+  // reduce16's adds (same operands, same order), so the bits are equal.
   static void reduce16_x16(const float* acc, float* out) {
     __m256 t[16], u[8], v[4], w[2];
     for (int i = 0; i < 16; ++i)  // w = 8
@@ -100,6 +95,7 @@ struct VecAvx2 {
     _mm256_storeu_ps(out, _mm256_permute2f128_ps(p, q, 0x20));
     _mm256_storeu_ps(out + 8, _mm256_permute2f128_ps(p, q, 0x31));
   }
+  // The L16 tree: acc[0] holds lanes 0..7, acc[1] lanes 8..15; s_j += s_(j+w), w = 8, 4, 2, 1.
   static float reduce16(const VecAvx2* acc) {
     const __m256 t8 = _mm256_add_ps(acc[0].v, acc[1].v);           // w = 8
     const __m128 lo4 = _mm256_castps256_ps128(t8), hi4 = _mm256_extractf128_ps(t8, 1);

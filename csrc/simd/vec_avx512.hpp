@@ -50,19 +50,15 @@ struct VecAvx512 {
     for (int u = 0; u < U; ++u)
       xd[u] = _mm512_min_pd(_mm512_max_pd(xd[u], _mm512_set1_pd(-110.0)), _mm512_set1_pd(89.0));
     const __m512d shifter = _mm512_set1_pd(0x1.8p52);
-    for (int u = 0; u < U; ++u) nd[u] = _mm512_mul_pd(xd[u], _mm512_set1_pd(0x1.71547652b82fep+0));
+    for (int u = 0; u < U; ++u) nd[u] = _mm512_mul_pd(xd[u], _mm512_set1_pd(math::detail::kLog2e));
     for (int u = 0; u < U; ++u) nd[u] = _mm512_sub_pd(_mm512_add_pd(nd[u], shifter), shifter);
-    for (int u = 0; u < U; ++u) r[u] = _mm512_fnmadd_pd(nd[u], _mm512_set1_pd(0x1.62e42fefa3800p-1), xd[u]);
-    for (int u = 0; u < U; ++u) r[u] = _mm512_fnmadd_pd(nd[u], _mm512_set1_pd(0x1.ef35793c76730p-45), r[u]);
+    for (int u = 0; u < U; ++u) r[u] = _mm512_fnmadd_pd(nd[u], _mm512_set1_pd(math::detail::kLn2Hi), xd[u]);
+    for (int u = 0; u < U; ++u) r[u] = _mm512_fnmadd_pd(nd[u], _mm512_set1_pd(math::detail::kLn2Lo), r[u]);
     for (int u = 0; u < U; ++u) r[u] = _mm512_add_pd(r[u], _mm512_setzero_pd());
-    static constexpr double kC[11] = {
-        0x1.1eed8eff8d898p-29, 0x1.ae64567f544e4p-26, 0x1.27e4fb7789f5cp-22,
-        0x1.71de3a556c734p-19, 0x1.a01a01a01a01ap-16, 0x1.a01a01a01a01ap-13,
-        0x1.6c16c16c16c17p-10, 0x1.1111111111111p-7,  0x1.5555555555555p-5,
-        0x1.5555555555555p-3,  0x1.0000000000000p-1};
-    for (int u = 0; u < U; ++u) q[u] = _mm512_set1_pd(0x1.6124613a86d09p-33);
-    for (int k = 0; k < 11; ++k)
-      for (int u = 0; u < U; ++u) q[u] = _mm512_fmadd_pd(q[u], r[u], _mm512_set1_pd(kC[k]));
+    const double* taylor = math::detail::kExpTaylor;
+    for (int u = 0; u < U; ++u) q[u] = _mm512_set1_pd(taylor[0]);
+    for (int k = 1; k < 12; ++k)
+      for (int u = 0; u < U; ++u) q[u] = _mm512_fmadd_pd(q[u], r[u], _mm512_set1_pd(taylor[k]));
     for (int u = 0; u < U; ++u) {
       const __m512d e = _mm512_fmadd_pd(_mm512_mul_pd(r[u], r[u]), q[u], r[u]);
       const __m512d yd = _mm512_add_pd(_mm512_set1_pd(1.0), e);

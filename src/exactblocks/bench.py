@@ -56,7 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -1017,7 +1017,7 @@ def _time_interleaved(jobs: dict, opts: dict, rec, workload: str, case: str) -> 
             except Exception as exc:  # noqa: BLE001
                 if pname == "exactblocks":
                     raise
-                if pname == "numpy":  # the ceiling is context, not a check
+                if pname == _NumpyPeer.name:  # the ceiling is context, not a check
                     rec.note(f"{workload} {case}: NumPy matmuls not measured: {exc}")
                 else:
                     rec.check(workload, case, pname, "runs", False, repr(exc))
@@ -1228,13 +1228,13 @@ def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recor
                 c: {"m": _case_tokens(c, sh), "shapes": gemm_shapes} for c in CASES})["warm"]
             time.sleep(numpy_peer.IDLE_AFTER_S)  # its BLAS threads go idle before the rounds
             for c in CASES:
-                jobs[c]["numpy"] = (numpy_peer.sampler(c), warm[c], _case_tokens(c, sh))
+                jobs[c][numpy_peer.name] = (numpy_peer.sampler(c), warm[c], _case_tokens(c, sh))
         except RuntimeError as exc:
             rec.note(f"{name}: NumPy matmuls not measured: {exc}")
     for case in CASES:
         rec.log(f"[{name}] timing {case}, peers interleaved ...")
         for pname, m in _time_interleaved(jobs[case], opts, rec, name, case).items():
-            if pname != "numpy":
+            if pname != _NumpyPeer.name:
                 res[case][pname] = m
             elif isinstance(m, Measurement):
                 flops = 2.0 * m.tokens * sum(n * k for _, n, k in gemm_shapes)
@@ -1800,7 +1800,8 @@ def run_bench(workloads: Sequence[str] = WORKLOAD_NAMES, *, quick: bool = False,
            "ms/token = ms/call / real tokens; tok/s = real tokens / s (ragged padding not "
            "counted). `vs <peer>` = peer time / exactblocks time for the same work (> 1: "
            "exactblocks faster). `NumPy GEMMs ms` = median time of NumPy's float32 matmuls alone "
-           "(sampled in the same rounds as the peers) at the block's GEMM shapes (7 for a Llama layer, in_proj + out_proj for Mamba-2; "
+           "(sampled in the same rounds as the peers) at the block's GEMM shapes (7 for a Llama "
+           "layer, in_proj + out_proj for Mamba-2; "
            "B=1 decode as matrix-vector products); `% of NumPy` = that time / exactblocks' "
            "whole-block time. `read-bw ms` = the block's matrix bytes / the STREAM-like read "
            "bandwidth: about the least time a decode step can take.", ""]

@@ -252,12 +252,13 @@ def test_real_blocks_are_stored_compactly_with_float32_bits(eb, blocks, hf_refer
     config, layers, _ = loaded
     core = _ext.core()
     opts = {n: v for n, v in blocks[0].get_params().items() if n != "weights"}
+    picks = [0, 1, 2, len(blocks) - 1]
     core._set_compact_packing(False)
     try:
-        plain = [eb.TransformerBlockInference(layers[n], **opts) for n in (0, 1, 2, len(blocks) - 1)]
+        plain = [eb.TransformerBlockInference(layers[n], **opts) for n in picks]
     finally:
         core._set_compact_packing(True)
-    for n, ref in zip([0, 1, 2, len(blocks) - 1], plain):
+    for n, ref in zip(picks, plain):
         blk = blocks[n]
         assert {f for _, f, _ in blk.weight_storage()} == {"q4_1"}, blk.weight_storage()
         assert {f for _, f, _ in ref.weight_storage()} == {"float32"}
