@@ -25,6 +25,11 @@ def main(argv):
     name = argv[0] if argv else "smollm2-layer"
     batch = int(argv[1]) if len(argv) > 1 else 1
     steps = int(argv[2]) if len(argv) > 2 else 16
+    if name not in bench.FULL_LAYERS:
+        sys.exit(f"WORKLOAD must be one of {', '.join(bench.FULL_LAYERS)}; got {name!r}")
+    if batch < 1 or steps < 9:
+        sys.exit(f"BATCH must be >= 1 and STEPS >= 9 (steps 9 on are the steady state); got "
+                 f"BATCH={batch}, STEPS={steps}")
     spec = bench.FULL_LAYERS[name]
     rng = np.random.default_rng(1234)
     make = bench._transformer_weights if spec.kind == "transformer" else bench._mamba2_weights
@@ -37,6 +42,8 @@ def main(argv):
         avail["torch_error"] = str(exc)
     peers = bench._build_peers(spec, weights, 1024, avail, bench._Recorder(False))
     names = argv[3].split(",") if len(argv) > 3 else list(peers)
+    if not set(names) <= set(peers):
+        sys.exit(f"PEERS must be among {', '.join(peers)}; got {argv[3]!r}")
     x_ctx = rng.standard_normal((1, 512, spec.d_model), dtype=np.float32)
     xs = rng.standard_normal((steps, batch, spec.d_model), dtype=np.float32)
     snaps = {}
