@@ -23,16 +23,18 @@ the whole SmolLM2-135M-Instruct model (the demo's loader and head) against HF ``
 
 Before anything is timed, outputs are checked: exactblocks' decode (prefill 512 + ``step``) equals
 one ``forward`` bit for bit, each ragged row equals the row run alone bit for bit (padding +0.0),
-every row of the B=8 decode equals that row decoded alone bit for bit, and every peer agrees with
-exactblocks within ``ROW_RTOL`` (per-row ``||a - b|| / ||b||``). A peer or case whose check fails
-is not timed (the table says "check failed") and the exit status is 1.
+every row of the first B=8 decode step equals that row stepped alone bit for bit, and every peer
+agrees with exactblocks within ``ROW_RTOL`` (per-row ``||a - b|| / ||b||``). A peer or case whose
+check fails is not timed (the table says "check failed") and the exit status is 1.
 
-Timing: the check call is the warm-up; then the median of ``--repeats`` samples (default 5,
-fewer for calls that take seconds, at least 3). A prefill sample is one untimed call, then one
-timed call of the same peer (the peer timed before it has just filled the caches). A decode
-sample copies the state prepared at 512 cached tokens (untimed) and runs 16 consecutive steps:
-the first 4 are not timed (they refill the caches), the other 12 are timed one by one, and the
-median step is reported: the steady state of a decode loop. For the torch layers the causal
+Timing: the check call is the warm-up; then ``--repeats`` rounds (default 5, or 2 with
+``--quick``; calls that take seconds get fewer, but at least 3, or 2 with ``--quick``). A
+round takes one sample of each peer in turn. A prefill sample is one untimed call, then one
+timed call of the same peer (the peer timed before it has just filled the caches); the median
+sample is reported. A decode sample copies the state prepared at 512 cached tokens (untimed)
+and runs 16 consecutive steps: the first 4 are not timed (they refill the caches), the other
+12 are timed one by one, and the median of all timed steps of all rounds is reported: the
+steady state of a decode loop. For the torch layers the causal
 mask and RoPE cos/sin (made once per model call by HF, shared by all layers) are built outside
 the timed region; everything else a layer does is inside it.
 
@@ -992,9 +994,9 @@ def _decode_sampler(peer, snap, xs: np.ndarray, warm: int):
     The steady state of a decode loop is what a serving loop sees, so the first steps are not
     counted: the peer timed just before (and the state copy) has evicted this peer's weights
     from the caches, and a decode step, unlike a prefill, is short enough for that refill to
-    dominate it. Measured on the SmolLM2 layer at B=8, the steps of one repeat take 1.05, 0.75,
-    0.68, 0.64, 0.67, 0.59, then about 0.57 ms; torch sdpa's take 2.5, 2.3, 2.0, 2.1, then
-    about 1.85 ms. Every peer is timed alike."""
+    dominate it. Measured on the SmolLM2 layer at B=8 (benchmarks/decode_steps.py: each step's
+    median over 7 repeats), our steps took 1.05, 0.75, 0.68, 0.64, 0.67, 0.59, then about
+    0.57 ms; torch sdpa's 2.5, 2.3, 2.0, 2.1, then about 1.85 ms. Every peer is timed alike."""
     def sample():
         st = peer.clone(snap)
         times, cpu = [], 0.0
@@ -1783,6 +1785,9 @@ def run_bench(workloads: Sequence[str] = WORKLOAD_NAMES, *, quick: bool = False,
     meta["seconds"] = round(time.perf_counter() - t_start, 1)
 
     quick_note = " (--quick: tiny shapes, a smoke run: its times and ratios are noise)"
+    fewest = min(MIN_REPEATS, opts["repeats"])  # rounds a long call gets at least (_n_repeats)
+    rounds = (f"{opts['repeats']} rounds" if opts["repeats_explicit"] or fewest == opts["repeats"]
+              else f"{opts['repeats']} rounds (at least {fewest} for long calls)")
     md = [f"## exactblocks benchmark{quick_note if quick else ''}", "",
           f"- command: `{meta['command']}`",
           f"- CPU: {meta['cpu']}; ISA path: {meta['isa']}; threads: {n_threads} for exactblocks, "
@@ -1791,11 +1796,9 @@ def run_bench(workloads: Sequence[str] = WORKLOAD_NAMES, *, quick: bool = False,
           f"with other work just before the run: "
           f"{'?' if busy_start is None else f'{100 * busy_start:.0f}%'}",
           "- versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v),
-          f"- repeats: median of {opts['repeats']}"
-          f"{'' if opts['repeats_explicit'] else f' (at least {MIN_REPEATS} for long calls)'}"
-          f"; decode: {sh.decode_warm_steps} untimed then {sh.decode_steps} timed consecutive "
-          "steps per repeat, median per step; peers "
-          "interleaved round by round"]
+          f"- repeats: {rounds}, peers interleaved round by round; prefill: the median "
+          f"call; decode: {sh.decode_warm_steps} untimed then {sh.decode_steps} timed "
+          "consecutive steps per round, the median of all timed steps"]
     if ceiling:
         blas = ceiling["blas"][0] if ceiling["blas"] else {}
         md.append(f"- NumPy ceiling: NumPy {ceiling['numpy']}, "
