@@ -167,7 +167,7 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
     }
   });
   ops::gemm<V>(o, M, di, mdl.w_out, y, d, nt);
-  parallel_for(M, M >= 64 ? nt : 1, [&](int64_t b0, int64_t b1, int) {  // short in decode
+  parallel_for(M, threads_for_rows(M, nt), [&](int64_t b0, int64_t b1, int) {
     for (int64_t m = b0; m < b1; ++m) {
       float* dst = call.y + x_at(m);
       for (int64_t i = 0; i < d; ++i) dst[i] = math::canon_nan(xs[m * d + i] + y[m * d + i]);

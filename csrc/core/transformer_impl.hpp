@@ -311,7 +311,7 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
     for (int64_t m = b0; m < b1; ++m) ops::mlp_combine<V>(c.mlp, &gu[m * n_gu], it, &u[m * it]);
   });
   ops::gemm<V>(u, M, it, mdl.w_down, y, d, nt);
-  const int nt_copy = M >= 64 ? nt : 1;  // the copies below are too short to share in decode
+  const int nt_copy = threads_for_rows(M, nt);
   parallel_for(M, nt_copy, [&](int64_t b0, int64_t b1, int) {
     for (int64_t m = b0; m < b1; ++m) {
       float* dst = call.y + (tok_row[m] * L + tok_t[m]) * d;

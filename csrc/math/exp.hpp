@@ -13,13 +13,22 @@
 namespace eb::math {
 EB_MATH_ABI_BEGIN
 
+namespace detail {
+// exp_f32's special ranges, shared with the vectorised exps (simd/vec_*.hpp exp_array). From
+// 0x1.62e430p6 = 88.72283935546875 up (x > kExpF32Inf), e^x rounds to +inf; below that the
+// binary64 result is < FLT_MAX, so the final conversion never goes out of range. Below
+// kExpF32Zero the result rounds to +0 anyway; the vector paths clamp x to [kExpF32Zero,
+// kExpClampHi] in binary64 before the chain (their special lanes are replaced afterwards), which
+// keeps n inside the range detail::exp_dd handles.
+inline constexpr float kExpF32Inf = 0x1.62e42ep6f;
+inline constexpr float kExpF32Zero = -110.0f;
+inline constexpr double kExpClampHi = 89.0;
+}  // namespace detail
+
 inline float exp_f32(float x) {
   if (detail::is_nan_f32(x)) return detail::canon_nan_f32();
-  // From 0x1.62e430p6 = 88.72283935546875 up, e^x rounds to +inf; below that the binary64
-  // result is < FLT_MAX, so the final conversion never goes out of range. Below -110 the result
-  // rounds to +0 anyway; the clamp keeps n inside the range detail::exp_dd handles.
-  if (x > 0x1.62e42ep6f) return detail::f32_from_bits(0x7F800000u);
-  if (x < -110.0f) return 0.0f;
+  if (x > detail::kExpF32Inf) return detail::f32_from_bits(0x7F800000u);
+  if (x < detail::kExpF32Zero) return 0.0f;
   return static_cast<float>(detail::exp_dd(static_cast<double>(x), 0.0));
 }
 

@@ -40,13 +40,14 @@ struct VecAvx2 {
     __m256d xd[U], nd[U], r[U], q[U];
     for (int u = 0; u < U; ++u) {
       xf[u] = _mm_loadu_ps(x + 4 * u);
-      over[u] = _mm_cmp_ps(xf[u], _mm_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ);
-      under[u] = _mm_cmp_ps(xf[u], _mm_set1_ps(-110.0f), _CMP_LT_OQ);
+      over[u] = _mm_cmp_ps(xf[u], _mm_set1_ps(math::detail::kExpF32Inf), _CMP_GT_OQ);
+      under[u] = _mm_cmp_ps(xf[u], _mm_set1_ps(math::detail::kExpF32Zero), _CMP_LT_OQ);
       nan[u] = _mm_cmp_ps(xf[u], xf[u], _CMP_UNORD_Q);
       xd[u] = _mm256_cvtps_pd(xf[u]);
     }
     for (int u = 0; u < U; ++u)
-      xd[u] = _mm256_min_pd(_mm256_max_pd(xd[u], _mm256_set1_pd(-110.0)), _mm256_set1_pd(89.0));
+      xd[u] = _mm256_min_pd(_mm256_max_pd(xd[u], _mm256_set1_pd(math::detail::kExpF32Zero)),
+                             _mm256_set1_pd(math::detail::kExpClampHi));
     const __m256d shifter = _mm256_set1_pd(0x1.8p52);
     for (int u = 0; u < U; ++u) nd[u] = _mm256_mul_pd(xd[u], _mm256_set1_pd(math::detail::kLog2e));
     for (int u = 0; u < U; ++u) nd[u] = _mm256_sub_pd(_mm256_add_pd(nd[u], shifter), shifter);

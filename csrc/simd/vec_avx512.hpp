@@ -42,13 +42,14 @@ struct VecAvx512 {
     __m512d xd[U], nd[U], r[U], q[U];
     for (int u = 0; u < U; ++u) {
       xf[u] = _mm256_loadu_ps(x + 8 * u);
-      over[u] = _mm256_cmp_ps_mask(xf[u], _mm256_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ);
-      under[u] = _mm256_cmp_ps_mask(xf[u], _mm256_set1_ps(-110.0f), _CMP_LT_OQ);
+      over[u] = _mm256_cmp_ps_mask(xf[u], _mm256_set1_ps(math::detail::kExpF32Inf), _CMP_GT_OQ);
+      under[u] = _mm256_cmp_ps_mask(xf[u], _mm256_set1_ps(math::detail::kExpF32Zero), _CMP_LT_OQ);
       nan[u] = _mm256_cmp_ps_mask(xf[u], xf[u], _CMP_UNORD_Q);
       xd[u] = _mm512_cvtps_pd(xf[u]);
     }
     for (int u = 0; u < U; ++u)
-      xd[u] = _mm512_min_pd(_mm512_max_pd(xd[u], _mm512_set1_pd(-110.0)), _mm512_set1_pd(89.0));
+      xd[u] = _mm512_min_pd(_mm512_max_pd(xd[u], _mm512_set1_pd(math::detail::kExpF32Zero)),
+                             _mm512_set1_pd(math::detail::kExpClampHi));
     const __m512d shifter = _mm512_set1_pd(0x1.8p52);
     for (int u = 0; u < U; ++u) nd[u] = _mm512_mul_pd(xd[u], _mm512_set1_pd(math::detail::kLog2e));
     for (int u = 0; u < U; ++u) nd[u] = _mm512_sub_pd(_mm512_add_pd(nd[u], shifter), shifter);

@@ -59,8 +59,8 @@ struct VecNeon {
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) {
       const float32x4_t xf = vld1q_f32(x + i);
-      const uint32x4_t over = vcgtq_f32(xf, vdupq_n_f32(0x1.62e42ep6f));  // false for NaN
-      const uint32x4_t under = vcltq_f32(xf, vdupq_n_f32(-110.0f));
+      const uint32x4_t over = vcgtq_f32(xf, vdupq_n_f32(math::detail::kExpF32Inf));  // false for NaN
+      const uint32x4_t under = vcltq_f32(xf, vdupq_n_f32(math::detail::kExpF32Zero));
       const uint32x4_t ordered = vceqq_f32(xf, xf);  // false exactly for NaN
       const float64x2_t lo = exp_core(vcvt_f64_f32(vget_low_f32(xf)));
       const float64x2_t hi = exp_core(vcvt_high_f64_f32(xf));
@@ -90,27 +90,19 @@ struct VecNeon {
  private:
   // detail::exp_dd(x, 0) for x already clamped below; NaN lanes give garbage, replaced later.
   static float64x2_t exp_core(float64x2_t xd) {
-    xd = vminq_f64(vmaxq_f64(xd, vdupq_n_f64(-110.0)), vdupq_n_f64(89.0));
+    xd = vminq_f64(vmaxq_f64(xd, vdupq_n_f64(math::detail::kExpF32Zero)),
+                  vdupq_n_f64(math::detail::kExpClampHi));
     const float64x2_t shifter = vdupq_n_f64(0x1.8p52);
-    float64x2_t nd = vmulq_f64(xd, vdupq_n_f64(0x1.71547652b82fep+0));
+    float64x2_t nd = vmulq_f64(xd, vdupq_n_f64(math::detail::kLog2e));
     nd = vsubq_f64(vaddq_f64(nd, shifter), shifter);
     // vfmsq_f64(a, b, c) = a - b * c with one rounding = std::fma(-b, c, a).
-    float64x2_t r = vfmsq_f64(xd, nd, vdupq_n_f64(0x1.62e42fefa3800p-1));
-    r = vfmsq_f64(r, nd, vdupq_n_f64(0x1.ef35793c76730p-45));
+    float64x2_t r = vfmsq_f64(xd, nd, vdupq_n_f64(math::detail::kLn2Hi));
+    r = vfmsq_f64(r, nd, vdupq_n_f64(math::detail::kLn2Lo));
     r = vaddq_f64(r, vdupq_n_f64(0.0));
     // vfmaq_f64(a, b, c) = a + b * c with one rounding = std::fma(b, c, a).
-    float64x2_t q = vdupq_n_f64(0x1.6124613a86d09p-33);
-    q = vfmaq_f64(vdupq_n_f64(0x1.1eed8eff8d898p-29), q, r);
-    q = vfmaq_f64(vdupq_n_f64(0x1.ae64567f544e4p-26), q, r);
-    q = vfmaq_f64(vdupq_n_f64(0x1.27e4fb7789f5cp-22), q, r);
-    q = vfmaq_f64(vdupq_n_f64(0x1.71de3a556c734p-19), q, r);
-    q = vfmaq_f64(vdupq_n_f64(0x1.a01a01a01a01ap-16), q, r);
-    q = vfmaq_f64(vdupq_n_f64(0x1.a01a01a01a01ap-13), q, r);
-    q = vfmaq_f64(vdupq_n_f64(0x1.6c16c16c16c17p-10), q, r);
-    q = vfmaq_f64(vdupq_n_f64(0x1.1111111111111p-7), q, r);
-    q = vfmaq_f64(vdupq_n_f64(0x1.5555555555555p-5), q, r);
-    q = vfmaq_f64(vdupq_n_f64(0x1.5555555555555p-3), q, r);
-    q = vfmaq_f64(vdupq_n_f64(0x1.0000000000000p-1), q, r);
+    const double* taylor = math::detail::kExpTaylor;  // 1/13! .. 1/2!, Horner order
+    float64x2_t q = vdupq_n_f64(taylor[0]);
+    for (int k = 1; k < 12; ++k) q = vfmaq_f64(vdupq_n_f64(taylor[k]), q, r);
     const float64x2_t e = vfmaq_f64(r, vmulq_f64(r, r), q);
     const float64x2_t yd = vaddq_f64(vdupq_n_f64(1.0), e);
     // 2^n from the exponent field; n is integral and in [-159, 128], so the conversion is exact.

@@ -32,4 +32,12 @@ void parallel_for(int64_t n, int n_threads, Fn&& fn) {
   }
 }
 
+// Threads for a pass that copies or adds whole token rows (residuals, outputs, the KV-cache
+// write): below kShareRows tokens (decode, short chunks) such a pass is shorter than waking the
+// other threads, so it runs on the calling thread. Either way every bit is the same.
+constexpr int64_t kShareRows = 64;
+inline int threads_for_rows(int64_t tokens, int n_threads) {
+  return tokens >= kShareRows ? n_threads : 1;
+}
+
 }  // namespace eb
