@@ -155,3 +155,41 @@ def test_unknown_workload_is_a_usage_error(bench, capsys):
         bench.main(["--workloads", "gpt5-layer"])
     assert exc.value.code == 2
     assert "unknown workload" in capsys.readouterr().err
+
+
+def _decode_steps_script():
+    """benchmarks/decode_steps.py, imported as a module (it is a script, not in the package)."""
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "decode_steps.py")
+    spec = importlib.util.spec_from_file_location("decode_steps", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["smollm2-layer", "abc"], "invalid int value: 'abc'"),
+    (["smollm2-layer", "0"], "BATCH must be >= 1; got 0"),
+    (["smollm2-layer", "1", "8"], "STEPS must be in [9, 480]"),
+    (["smollm2-layer", "1", "481"], "STEPS must be in [9, 480]"),
+    (["foo"], "invalid choice: 'foo'"),
+    (["mamba2-layer", "1", "10", "torch_sdpa"], "must be among exactblocks, torch_eager, mojolearn"),
+    (["smollm2-layer-bf16", "1", "10", "mojolearn"], "must be among exactblocks, torch_eager, "
+                                                      "torch_sdpa; got 'mojolearn'"),
+    (["smollm2-layer", "1", "10", "exactblocks", "extra"], "unrecognized arguments: extra"),
+])
+def test_decode_steps_script_refuses_bad_arguments(bench, capsys, argv, words):
+    """The per-step decode script exits with status 2 and a one-line message naming the
+    argument, before it builds anything."""
+    with pytest.raises(SystemExit) as exc:
+        _decode_steps_script().parse_args(argv)
+    assert exc.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_decode_steps_script_arguments(bench):
+    """Defaults, and peers deduplicated in the order given."""
+    mod = _decode_steps_script()
+    a = mod.parse_args([])
+    assert (a.workload, a.batch, a.steps, a.peers) == ("smollm2-layer", 1, 16, None)
+    a = mod.parse_args(["llama1b-layer", "8", "12", "torch_sdpa,exactblocks,torch_sdpa"])
+    assert (a.batch, a.steps, a.peers) == (8, 12, ["torch_sdpa", "exactblocks"])

@@ -34,9 +34,9 @@ timed call of the same peer (the peer timed before it has just filled the caches
 sample is reported. A decode sample copies the state prepared at 512 cached tokens (untimed)
 and runs 16 consecutive steps: the first 4 are not timed (they refill the caches), the other
 12 are timed one by one, and the median of all timed steps of all rounds is reported: the
-steady state of a decode loop. For the torch layers the causal
-mask and RoPE cos/sin (made once per model call by HF, shared by all layers) are built outside
-the timed region; everything else a layer does is inside it.
+steady state of a decode loop. For the torch layers the causal mask and RoPE cos/sin (made once
+per model call by HF, shared by all layers) are built outside the timed region; everything else
+a layer does is inside it.
 
 Outputs: a markdown report on stdout (and ``bench.md``), ``bench.json`` (every sample, every
 check, the environment) and ``bench.png`` (matplotlib; skipped with a message when missing).
@@ -228,7 +228,8 @@ for _layers in (FULL_LAYERS, QUICK_LAYERS):
             f"{_base}-bf16", _layers[_base].label.replace(" layer", " layer, bf16 weights", 1))
 FULL_SHAPES = Shapes()
 QUICK_SHAPES = Shapes(prefill_len=32, ragged_lengths=(16, 12, 8, 4), context=32, decode_batch=8,
-                      decode_warm_steps=1, decode_steps=2, model_new_tokens=4, default_repeats=2, bandwidth_mib=16)
+                      decode_warm_steps=1, decode_steps=2, model_new_tokens=4, default_repeats=2,
+                      bandwidth_mib=16)
 
 
 def _case_label(case: str, sh: Shapes) -> str:
@@ -958,16 +959,20 @@ def _n_repeats(t_warm: float, opts: dict) -> int:
     return max(min(MIN_REPEATS, opts["repeats"]), min(opts["repeats"], fit))
 
 
-def _run_decode(peer, snap, xs: np.ndarray) -> tuple[np.ndarray, list[float], float]:
-    """Decode ``len(xs)`` steps from a copy of ``snap``; (outputs (K, B, d), step seconds, cpu)."""
+def _run_decode(peer, snap, xs: np.ndarray,
+                warm: int = 0) -> tuple[np.ndarray, list[float], float]:
+    """Decode ``len(xs)`` consecutive steps from a copy of ``snap``: (outputs (K, B, d), the
+    seconds of each step from step ``warm`` on, their cpu seconds)."""
     st = peer.clone(snap)
     outs, times, cpu = [], [], 0.0
     for t in range(xs.shape[0]):
         fn = peer.make_step(st, xs[t])
         c0, t0 = time.process_time(), time.perf_counter()
         y = fn()
-        times.append(time.perf_counter() - t0)
-        cpu += time.process_time() - c0
+        dt = time.perf_counter() - t0
+        if t >= warm:
+            times.append(dt)
+            cpu += time.process_time() - c0
         outs.append(np.array(y, dtype=np.float32, copy=True))
     return np.stack(outs), times, cpu
 
@@ -998,16 +1003,7 @@ def _decode_sampler(peer, snap, xs: np.ndarray, warm: int):
     median over 7 repeats), our steps took 1.05, 0.75, 0.68, 0.64, 0.67, 0.59, then about
     0.57 ms; torch sdpa's 2.5, 2.3, 2.0, 2.1, then about 1.85 ms. Every peer is timed alike."""
     def sample():
-        st = peer.clone(snap)
-        times, cpu = [], 0.0
-        for t in range(xs.shape[0]):
-            fn = peer.make_step(st, xs[t])
-            c0, t0 = time.process_time(), time.perf_counter()
-            fn()
-            dt = time.perf_counter() - t0
-            if t >= warm:
-                times.append(dt)
-                cpu += time.process_time() - c0
+        _, times, cpu = _run_decode(peer, snap, xs, warm)
         return times, cpu
     return sample
 
