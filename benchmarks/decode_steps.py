@@ -39,28 +39,45 @@ def parse_args(argv):
     """Parse and check the command line; exits with a one-line message on bad input."""
     ap = argparse.ArgumentParser(
         prog="decode_steps.py",
-        description="Median time of each of STEPS consecutive decode steps after a state copy.")
-    ap.add_argument("workload", nargs="?", default="smollm2-layer",
-                    choices=[w for w in bench.FULL_LAYERS],
-                    help="a full-size layer workload of exactblocks.bench")
+        description="Median time of each of STEPS consecutive decode steps after a state copy.",
+    )
+    ap.add_argument(
+        "workload",
+        nargs="?",
+        default="smollm2-layer",
+        choices=[w for w in bench.FULL_LAYERS],
+        help="a full-size layer workload of exactblocks.bench",
+    )
     ap.add_argument("batch", nargs="?", type=int, default=1, help="rows per step (>= 1)")
-    ap.add_argument("steps", nargs="?", type=int, default=16,
-                    help=f"consecutive steps per repeat (9 to {MAX_STEPS})")
-    ap.add_argument("peers", nargs="?", default=None,
-                    help="comma-separated peers (default: all that can be built)")
+    ap.add_argument(
+        "steps",
+        nargs="?",
+        type=int,
+        default=16,
+        help=f"consecutive steps per repeat (9 to {MAX_STEPS})",
+    )
+    ap.add_argument(
+        "peers",
+        nargs="?",
+        default=None,
+        help="comma-separated peers (default: all that can be built)",
+    )
     args = ap.parse_args(argv)
     if args.batch < 1:
         ap.error(f"BATCH must be >= 1; got {args.batch}")
     if not 9 <= args.steps <= MAX_STEPS:
-        ap.error(f"STEPS must be in [9, {MAX_STEPS}] (steps 9 on are the steady state); "
-                 f"got {args.steps}")
+        ap.error(
+            f"STEPS must be in [9, {MAX_STEPS}] (steps 9 on are the steady state); got {args.steps}"
+        )
     spec = bench.FULL_LAYERS[args.workload]
     if args.peers is not None:
         names = list(dict.fromkeys(p.strip() for p in args.peers.split(",")))
         bad = [p for p in names if p not in _peer_names(spec)]
         if bad or not names:
-            ap.error(f"PEERS for {args.workload} must be among {', '.join(_peer_names(spec))}; "
-                     f"got {args.peers!r}")
+            ap.error(
+                f"PEERS for {args.workload} must be among {', '.join(_peer_names(spec))}; "
+                f"got {args.peers!r}"
+            )
         args.peers = names
     return args
 
@@ -75,6 +92,7 @@ def main(argv):
     try:
         import torch
         import transformers  # noqa: F401 - the HF layers
+
         torch.set_num_threads(get_num_threads())
     except ImportError as exc:
         avail["torch_error"] = str(exc)
@@ -104,8 +122,10 @@ def main(argv):
     for p in names:
         a = 1e3 * np.array(times[p])
         print(f"{p:12s}", " ".join(f"{v:.3f}" for v in np.median(a, axis=0)))
-        print(f"{'':12s} all steps 1-4: {np.median(a[:, :4]):.3f}   all steps 9 on: "
-              f"{np.median(a[:, 8:]):.3f}")
+        print(
+            f"{'':12s} all steps 1-4: {np.median(a[:, :4]):.3f}   all steps 9 on: "
+            f"{np.median(a[:, 8:]):.3f}"
+        )
     # Free the peers before the interpreter shuts down: the mojolearn peer's objects otherwise
     # outlive the extension's leak check, which then reports exactblocks objects as leaked.
     del peers, snaps

@@ -14,19 +14,36 @@ _GATED = ("swiglu", "geglu", "geglu_tanh")
 API_SIZES = {"d_model": 32, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "intermediate": 64}
 
 _HF_PREFIX = {
-    "q_proj": "self_attn.", "k_proj": "self_attn.", "v_proj": "self_attn.",
-    "o_proj": "self_attn.", "q_norm": "self_attn.", "k_norm": "self_attn.",
-    "gate_proj": "mlp.", "up_proj": "mlp.", "down_proj": "mlp.",
+    "q_proj": "self_attn.",
+    "k_proj": "self_attn.",
+    "v_proj": "self_attn.",
+    "o_proj": "self_attn.",
+    "q_norm": "self_attn.",
+    "k_norm": "self_attn.",
+    "gate_proj": "mlp.",
+    "up_proj": "mlp.",
+    "down_proj": "mlp.",
 }
 
 
-def make_transformer_weights(rng: np.random.Generator, d_model: int, n_heads: int,
-                             n_kv_heads: int, head_dim: int, intermediate: int, *,
-                             qkv_bias: bool = False, o_bias: bool = False,
-                             norm: str = "rmsnorm", norm_bias: bool = False,
-                             mlp: str = "swiglu", mlp_bias: bool = False,
-                             qk_norm: bool = False, scale: float = 0.1,
-                             **ignored) -> dict[str, np.ndarray]:
+def make_transformer_weights(
+    rng: np.random.Generator,
+    d_model: int,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    *,
+    qkv_bias: bool = False,
+    o_bias: bool = False,
+    norm: str = "rmsnorm",
+    norm_bias: bool = False,
+    mlp: str = "swiglu",
+    mlp_bias: bool = False,
+    qk_norm: bool = False,
+    scale: float = 0.1,
+    **ignored,
+) -> dict[str, np.ndarray]:
     """Return random float32 weights (short names) for a TransformerBlockInference.
 
     Parameters
@@ -51,6 +68,7 @@ def make_transformer_weights(rng: np.random.Generator, d_model: int, n_heads: in
     -------
     dict of str to ndarray (float32, C-contiguous)
     """
+
     def r(*shape):
         return (scale * rng.standard_normal(shape)).astype(np.float32)
 
@@ -62,9 +80,12 @@ def make_transformer_weights(rng: np.random.Generator, d_model: int, n_heads: in
     w = {
         "input_layernorm.weight": norm_w(d),
         "post_attention_layernorm.weight": norm_w(d),
-        "q_proj.weight": r(qw, d), "k_proj.weight": r(kw, d), "v_proj.weight": r(kw, d),
+        "q_proj.weight": r(qw, d),
+        "k_proj.weight": r(kw, d),
+        "v_proj.weight": r(kw, d),
         "o_proj.weight": r(d, qw),
-        "up_proj.weight": r(it, d), "down_proj.weight": r(d, it),
+        "up_proj.weight": r(it, d),
+        "down_proj.weight": r(d, it),
     }
     if mlp in _GATED:
         w["gate_proj.weight"] = r(it, d)
@@ -123,11 +144,13 @@ def assert_bitwise_equal(a, b, what: str = "arrays") -> None:
         raise AssertionError(
             f"{what}: {diff.size} elements differ; first at {tuple(int(i) for i in idx)}: "
             f"{a.ravel()[k]!r} (0x{int(ua.ravel()[k]):08x}) vs {b.ravel()[k]!r} "
-            f"(0x{int(ub.ravel()[k]):08x})")
+            f"(0x{int(ub.ravel()[k]):08x})"
+        )
 
 
-def make_mamba2_weights(seed, *, d=24, di=48, nh=6, ns=5, ng=2, k=4, conv_bias=True,
-                 proj_bias=False):
+def make_mamba2_weights(
+    seed, *, d=24, di=48, nh=6, ns=5, ng=2, k=4, conv_bias=True, proj_bias=False
+):
     """Random float32 Mamba-2 weights (short names), seeded; HF-like scales: A in [-16, -1],
     dt in [1e-3, 0.1]. Sizes: d_model d, d_inner di, nh heads, d_state ns, ng groups, conv k."""
     rng = np.random.default_rng(seed)
@@ -139,13 +162,13 @@ def make_mamba2_weights(seed, *, d=24, di=48, nh=6, ns=5, ng=2, k=4, conv_bias=T
     dt = np.exp(rng.uniform(np.log(1e-3), np.log(0.1), nh))
     w = {
         "block_norm.weight": (1 + r(d, s=0.1)).astype(np.float32),
-        "in_proj.weight": r(di + cd + nh, d, s=d ** -0.5),
+        "in_proj.weight": r(di + cd + nh, d, s=d**-0.5),
         "conv1d.weight": r(cd, 1, k, s=0.5),
         "dt_bias": (dt + np.log(-np.expm1(-dt))).astype(np.float32),
         "A_log": np.log(rng.uniform(1, 16, nh)).astype(np.float32),
         "D": (1 + r(nh, s=0.1)).astype(np.float32),
         "norm.weight": (1 + r(di, s=0.1)).astype(np.float32),
-        "out_proj.weight": r(d, di, s=di ** -0.5),
+        "out_proj.weight": r(d, di, s=di**-0.5),
     }
     if conv_bias:
         w["conv1d.bias"] = r(cd)

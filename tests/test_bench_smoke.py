@@ -18,8 +18,10 @@ import pytest
 
 LAYERS = ("smollm2-layer", "smollm2-layer-bf16", "llama1b-layer", "mamba2-layer")
 CASES = ("prefill_b1", "prefill_ragged", "decode_b1", "decode_b8")
-HAS_TORCH = (importlib.util.find_spec("torch") is not None
-             and importlib.util.find_spec("transformers") is not None)
+HAS_TORCH = (
+    importlib.util.find_spec("torch") is not None
+    and importlib.util.find_spec("transformers") is not None
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +46,9 @@ def quick_run(bench, tmp_path_factory):
     before = os.environ.get("OPENBLAS_CORETYPE")
     os.environ["OPENBLAS_CORETYPE"] = "Haswell"
     try:
-        rc = bench.main(["--quick", "--quiet", "--workloads", ",".join(LAYERS),
-                         "--out-dir", str(out)])
+        rc = bench.main(
+            ["--quick", "--quiet", "--workloads", ",".join(LAYERS), "--out-dir", str(out)]
+        )
     finally:
         if before is None:
             os.environ.pop("OPENBLAS_CORETYPE", None)
@@ -65,13 +68,16 @@ def test_quick_run_checks_then_times_every_case(quick_run):
         eb = r["peers"]["exactblocks"]
         assert isinstance(eb, dict), (w, c, eb)
         assert eb["seconds"] > 0 and len(eb["samples"]) >= 2
-        assert eb["tokens"] == {"prefill_b1": 32, "prefill_ragged": 40, "decode_b1": 1,
-                                "decode_b8": 8}[c]
+        assert (
+            eb["tokens"]
+            == {"prefill_b1": 32, "prefill_ragged": 40, "decode_b1": 1, "decode_b8": 8}[c]
+        )
         assert eb["tokens_per_s"] == pytest.approx(eb["tokens"] / eb["seconds"])
     # exactblocks' own bitwise checks: four per workload, all passed
     own = [c for c in data["checks"] if c["peer"] == "exactblocks"]
     assert sorted((c["workload"], c["case"]) for c in own) == sorted(
-        (w, c) for w in LAYERS for c in CASES)
+        (w, c) for w in LAYERS for c in CASES
+    )
     assert all(c["ok"] and "bitwise" in c["what"] for c in own)
 
 
@@ -83,7 +89,8 @@ def test_quick_run_times_the_pytorch_peers(quick_run):
         for p in peers:
             assert isinstance(r["peers"][p], dict), (r["name"], r["case"], p, r["peers"][p])
             assert r["speed_vs"][p] == pytest.approx(
-                r["peers"][p]["seconds"] / r["peers"]["exactblocks"]["seconds"])
+                r["peers"][p]["seconds"] / r["peers"]["exactblocks"]["seconds"]
+            )
         if r["name"] == "mamba2-layer":
             assert r["peers"]["torch_sdpa"] is None
     torch_checks = [c for c in data["checks"] if c["peer"].startswith("torch")]
@@ -103,7 +110,8 @@ def test_numpy_ceiling_runs_without_openblas_coretype(quick_run):
         g = ceiling["groups"][f"{r['name']}/{r['case']}"]
         assert g["m"] == r["peers"]["exactblocks"]["tokens"] and g["gflops"] > 0
         assert r["pct_of_numpy"] == pytest.approx(
-            100 * g["seconds"] / r["peers"]["exactblocks"]["seconds"])
+            100 * g["seconds"] / r["peers"]["exactblocks"]["seconds"]
+        )
         # NumPy is sampled once per round, in the same rounds as the peers: its median and
         # exactblocks' come from the same stretch of time.
         per_round = data["meta"]["shapes"]["decode_steps"] if r["case"].startswith("decode") else 1
@@ -123,8 +131,9 @@ def test_weight_storage_is_reported(quick_run):
 def test_report_files(quick_run):
     _, data, out = quick_run
     md = (out / "bench.md").read_text()
-    assert ("| workload | case | exactblocks ms/call | exactblocks ms/token | exactblocks tok/s |"
-            in md)
+    assert (
+        "| workload | case | exactblocks ms/call | exactblocks ms/token | exactblocks tok/s |" in md
+    )
     assert md.count("\n| ") >= 1 + 16  # header + 16 layer rows (and the targets table)
     for key in ("command", "cpu", "isa", "threads", "versions"):
         assert data["meta"][key], key
@@ -139,8 +148,18 @@ def test_report_files(quick_run):
 def test_failed_check_is_not_timed(bench, tmp_path, monkeypatch):
     """With a zero tolerance the torch peers fail their check: not timed, exit status 1."""
     monkeypatch.setattr(bench, "ROW_RTOL", 0.0)
-    rc = bench.main(["--quick", "--quiet", "--workloads", "smollm2-layer", "--out-dir",
-                     str(tmp_path), "--repeats", "1"])
+    rc = bench.main(
+        [
+            "--quick",
+            "--quiet",
+            "--workloads",
+            "smollm2-layer",
+            "--out-dir",
+            str(tmp_path),
+            "--repeats",
+            "1",
+        ]
+    )
     data = json.loads((tmp_path / "bench.json").read_text())
     assert rc == 1 and data["ok"] is False
     for r in data["rows"]:
@@ -166,17 +185,25 @@ def _decode_steps_script():
     return mod
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["smollm2-layer", "abc"], "invalid int value: 'abc'"),
-    (["smollm2-layer", "0"], "BATCH must be >= 1; got 0"),
-    (["smollm2-layer", "1", "8"], "STEPS must be in [9, 480]"),
-    (["smollm2-layer", "1", "481"], "STEPS must be in [9, 480]"),
-    (["foo"], "invalid choice: 'foo'"),
-    (["mamba2-layer", "1", "10", "torch_sdpa"], "must be among exactblocks, torch_eager, mojolearn"),
-    (["smollm2-layer-bf16", "1", "10", "mojolearn"], "must be among exactblocks, torch_eager, "
-                                                      "torch_sdpa; got 'mojolearn'"),
-    (["smollm2-layer", "1", "10", "exactblocks", "extra"], "unrecognized arguments: extra"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["smollm2-layer", "abc"], "invalid int value: 'abc'"),
+        (["smollm2-layer", "0"], "BATCH must be >= 1; got 0"),
+        (["smollm2-layer", "1", "8"], "STEPS must be in [9, 480]"),
+        (["smollm2-layer", "1", "481"], "STEPS must be in [9, 480]"),
+        (["foo"], "invalid choice: 'foo'"),
+        (
+            ["mamba2-layer", "1", "10", "torch_sdpa"],
+            "must be among exactblocks, torch_eager, mojolearn",
+        ),
+        (
+            ["smollm2-layer-bf16", "1", "10", "mojolearn"],
+            "must be among exactblocks, torch_eager, torch_sdpa; got 'mojolearn'",
+        ),
+        (["smollm2-layer", "1", "10", "exactblocks", "extra"], "unrecognized arguments: extra"),
+    ],
+)
 def test_decode_steps_script_refuses_bad_arguments(bench, capsys, argv, words):
     """The per-step decode script exits with status 2 and a one-line message naming the
     argument, before it builds anything."""

@@ -8,10 +8,21 @@ import importlib
 
 import pytest
 
-MODULES = ["exactblocks._block", "exactblocks.transformer", "exactblocks.mamba2", "exactblocks.state",
-           "exactblocks.mamba2_state", "exactblocks.session", "exactblocks.runtime",
-           "exactblocks._validation", "exactblocks.weights", "exactblocks.loaders.gguf",
-           "exactblocks.tokenizer", "exactblocks.cli", "exactblocks.bench"]
+MODULES = [
+    "exactblocks._block",
+    "exactblocks.transformer",
+    "exactblocks.mamba2",
+    "exactblocks.state",
+    "exactblocks.mamba2_state",
+    "exactblocks.session",
+    "exactblocks.runtime",
+    "exactblocks._validation",
+    "exactblocks.weights",
+    "exactblocks.loaders.gguf",
+    "exactblocks.tokenizer",
+    "exactblocks.cli",
+    "exactblocks.bench",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

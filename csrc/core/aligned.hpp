@@ -23,9 +23,13 @@ struct AlignedAllocator {
   }
   void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t(Align)); }
   template <class U>
-  bool operator==(const AlignedAllocator<U, Align>&) const noexcept { return true; }
+  bool operator==(const AlignedAllocator<U, Align>&) const noexcept {
+    return true;
+  }
   template <class U>
-  bool operator!=(const AlignedAllocator<U, Align>&) const noexcept { return false; }
+  bool operator!=(const AlignedAllocator<U, Align>&) const noexcept {
+    return false;
+  }
 };
 
 template <class T>

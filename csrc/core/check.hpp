@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-#define EB_CHECK(cond, msg)                                                   \
-  do {                                                                        \
+#define EB_CHECK(cond, msg)                                                               \
+  do {                                                                                    \
     if (!(cond)) throw std::invalid_argument(std::string("exactblocks._core: ") + (msg)); \
   } while (0)

@@ -21,26 +21,26 @@ struct Mamba2Config {
 
 struct Mamba2Model {
   Mamba2Config cfg;
-  std::vector<float> block_norm_w;     // (d_model,)
-  ops::PackedMatrix w_in;              // in_proj (d_inner + conv_dim + n_heads, d_model)
-  std::vector<float> conv_w, conv_b;   // (conv_dim, conv_kernel), (conv_dim,) or empty
-  std::vector<float> conv_w_t;         // (conv_kernel, conv_dim): conv_w transposed for the kernel
-  std::vector<float> dt_bias, a, d;    // (n_heads,) each; a = -exp(A_log) with the own exp
-  std::vector<float> gated_norm_w;     // (d_inner,)
-  ops::PackedMatrix w_out;             // out_proj (d_model, d_inner)
+  std::vector<float> block_norm_w;    // (d_model,)
+  ops::PackedMatrix w_in;             // in_proj (d_inner + conv_dim + n_heads, d_model)
+  std::vector<float> conv_w, conv_b;  // (conv_dim, conv_kernel), (conv_dim,) or empty
+  std::vector<float> conv_w_t;        // (conv_kernel, conv_dim): conv_w transposed for the kernel
+  std::vector<float> dt_bias, a, d;   // (n_heads,) each; a = -exp(A_log) with the own exp
+  std::vector<float> gated_norm_w;    // (d_inner,)
+  ops::PackedMatrix w_out;            // out_proj (d_model, d_inner)
 
   Mamba2Model(const Mamba2Config& c, const std::unordered_map<std::string, const float*>& weights);
 };
 
 struct Mamba2Call {
-  const float* x;           // (batch, n_tokens, d_model)
-  float* y;                 // (batch, n_tokens, d_model), zero-filled by the caller
+  const float* x;  // (batch, n_tokens, d_model)
+  float* y;        // (batch, n_tokens, d_model), zero-filled by the caller
   int64_t batch, n_tokens;
-  const int64_t* lengths;   // (batch,)
-  float* conv_window;       // (batch, conv_dim, conv_kernel), updated in place for rows advanced
-  float* h;                 // (batch, n_heads, head_dim, d_state), updated in place
+  const int64_t* lengths;  // (batch,)
+  float* conv_window;      // (batch, conv_dim, conv_kernel), updated in place for rows advanced
+  float* h;                // (batch, n_heads, head_dim, d_state), updated in place
   int n_threads;
-  Workspace* ws;            // scratch kept between calls, or nullptr
+  Workspace* ws;  // scratch kept between calls, or nullptr
 };
 
 }  // namespace eb

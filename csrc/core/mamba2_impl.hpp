@@ -59,8 +59,8 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
   parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
     for (int64_t m = b0; m < b1; ++m) {
       std::memcpy(&xs[m * d], call.x + x_at(m), sizeof(float) * d);
-      ops::norm_row<V>(ops::kRmsNorm, &xs[m * d], d, mdl.block_norm_w.data(), nullptr,
-                       c.norm_eps, &hn[m * d]);
+      ops::norm_row<V>(ops::kRmsNorm, &xs[m * d], d, mdl.block_norm_w.data(), nullptr, c.norm_eps,
+                       &hn[m * d]);
     }
   });
   ops::gemm<V>(hn, M, d, mdl.w_in, zx, n_in, nt);
@@ -87,9 +87,9 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
         return idx < 0 ? tw + (K + idx) * kConvBlock : &zx[(row_off[b] + idx) * n_in + di + c0];
       };
       for (int64_t t = 0; t < n; ++t)
-        ops::conv1d_token<V>(wt + c0, cd, nc, K, conv_b ? conv_b + c0 : nullptr,
-                             [&](int64_t k) { return input(t - K + 1 + k); },
-                             &act[(row_off[b] + t) * cd + c0]);
+        ops::conv1d_token<V>(
+            wt + c0, cd, nc, K, conv_b ? conv_b + c0 : nullptr,
+            [&](int64_t k) { return input(t - K + 1 + k); }, &act[(row_off[b] + t) * cd + c0]);
       // new window column j = u_(n-K+j)
       for (int64_t j = 0; j < K; ++j) {
         const float* src = input(n - K + j);

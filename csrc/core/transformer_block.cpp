@@ -48,18 +48,23 @@ TransformerModel::TransformerModel(const TransformerConfig& c,
     q_norm_w = norm_weight(need_weight(w, "q_norm.weight"), c.head_dim, c.norm);
     k_norm_w = norm_weight(need_weight(w, "k_norm.weight"), c.head_dim, c.norm);
   }
-  w_qkv = ops::pack_matrices(
-      {need_weight(w, "q_proj.weight"), need_weight(w, "k_proj.weight"), need_weight(w, "v_proj.weight")},
-      {qw, kw, kw}, d,
-      {maybe_weight(w, "q_proj.bias"), maybe_weight(w, "k_proj.bias"), maybe_weight(w, "v_proj.bias")});
-  w_o = ops::pack_matrices({need_weight(w, "o_proj.weight")}, {d}, qw, {maybe_weight(w, "o_proj.bias")});
+  w_qkv = ops::pack_matrices({need_weight(w, "q_proj.weight"), need_weight(w, "k_proj.weight"),
+                              need_weight(w, "v_proj.weight")},
+                             {qw, kw, kw}, d,
+                             {maybe_weight(w, "q_proj.bias"), maybe_weight(w, "k_proj.bias"),
+                              maybe_weight(w, "v_proj.bias")});
+  w_o = ops::pack_matrices({need_weight(w, "o_proj.weight")}, {d}, qw,
+                           {maybe_weight(w, "o_proj.bias")});
   if (ops::mlp_is_gated_kind(c.mlp)) {
-    w_gu = ops::pack_matrices({need_weight(w, "gate_proj.weight"), need_weight(w, "up_proj.weight")}, {it, it},
-                              d, {maybe_weight(w, "gate_proj.bias"), maybe_weight(w, "up_proj.bias")});
+    w_gu = ops::pack_matrices(
+        {need_weight(w, "gate_proj.weight"), need_weight(w, "up_proj.weight")}, {it, it}, d,
+        {maybe_weight(w, "gate_proj.bias"), maybe_weight(w, "up_proj.bias")});
   } else {
-    w_gu = ops::pack_matrices({need_weight(w, "up_proj.weight")}, {it}, d, {maybe_weight(w, "up_proj.bias")});
+    w_gu = ops::pack_matrices({need_weight(w, "up_proj.weight")}, {it}, d,
+                              {maybe_weight(w, "up_proj.bias")});
   }
-  w_down = ops::pack_matrices({need_weight(w, "down_proj.weight")}, {d}, it, {maybe_weight(w, "down_proj.bias")});
+  w_down = ops::pack_matrices({need_weight(w, "down_proj.weight")}, {d}, it,
+                              {maybe_weight(w, "down_proj.bias")});
 }
 
 }  // namespace eb

@@ -27,8 +27,8 @@ struct TransformerConfig {
 
 struct TransformerModel {
   TransformerConfig cfg;
-  float attn_scale = 1.0f;             // float32 nearest to head_dim^-1/2
-  std::vector<float> inv_freq;         // (rope_dim / 2,)
+  float attn_scale = 1.0f;      // float32 nearest to head_dim^-1/2
+  std::vector<float> inv_freq;  // (rope_dim / 2,)
   std::vector<float> norm_in_w, norm_in_b, norm_post_w, norm_post_b;  // (d_model,)
   std::vector<float> q_norm_w, k_norm_w;                              // (head_dim,)
   ops::PackedMatrix w_qkv;   // [q_proj; k_proj; v_proj]  (QW + 2 KW, d_model)
@@ -42,8 +42,8 @@ struct TransformerModel {
 };
 
 struct TransformerCall {
-  const float* x;         // (batch, n_tokens, d_model)
-  float* y;               // (batch, n_tokens, d_model), zero-filled by the caller
+  const float* x;  // (batch, n_tokens, d_model)
+  float* y;        // (batch, n_tokens, d_model), zero-filled by the caller
   int64_t batch, n_tokens;
   const int64_t* lengths;  // (batch,) real tokens per row, 0..n_tokens
   const int64_t* start;    // (batch,) absolute position of each row's first token
@@ -51,7 +51,7 @@ struct TransformerCall {
   float* v_cache;
   int64_t capacity;
   int n_threads;
-  Workspace* ws;           // scratch kept between calls (a decode session's), or nullptr
+  Workspace* ws;  // scratch kept between calls (a decode session's), or nullptr
   // SPEC 2.4 / 5 reading rule, checked while the cache is read: when the slots a row reads
   // hold a NaN or an infinity, the call sets *cache_nonfinite = 1 and returns before writing
   // the cache (y is then garbage; the caller raises). nullptr: the caller checked already.

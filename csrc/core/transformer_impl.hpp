@@ -93,13 +93,12 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
           ops::norm_row<V>(c.norm, row + h * hd, hd, mdl.q_norm_w.data(), nullptr, c.norm_eps,
                            row + h * hd);
         for (int64_t g = 0; g < n_kv; ++g)
-          ops::norm_row<V>(c.norm, row + qw + g * hd, hd, mdl.k_norm_w.data(), nullptr,
-                           c.norm_eps, row + qw + g * hd);
+          ops::norm_row<V>(c.norm, row + qw + g * hd, hd, mdl.k_norm_w.data(), nullptr, c.norm_eps,
+                           row + qw + g * hd);
       }
       if (half > 0) {
         ops::rope_cos_sin(mdl.inv_freq.data(), half, call.start[tok_row[m]] + tok_t[m], cs, sn);
-        for (int64_t h = 0; h < n_h + n_kv; ++h)
-          ops::rope_apply(row + h * hd, half, cs, sn);
+        for (int64_t h = 0; h < n_h + n_kv; ++h) ops::rope_apply(row + h * hd, half, cs, sn);
       }
     }
   });
@@ -138,7 +137,8 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
     const int64_t s0 = j0 % cap, n1 = std::min(count, cap - s0);
     const float* kc = call.k_cache + (b * n_kv + g) * cap * hd;
     const float* vc = call.v_cache + (b * n_kv + g) * cap * hd;
-    if (ops::any_nonfinite<V>(kc + s0 * hd, n1 * hd) || ops::any_nonfinite<V>(vc + s0 * hd, n1 * hd))
+    if (ops::any_nonfinite<V>(kc + s0 * hd, n1 * hd) ||
+        ops::any_nonfinite<V>(vc + s0 * hd, n1 * hd))
       return true;
     return count > n1 && (ops::any_nonfinite<V>(kc, (count - n1) * hd) ||
                           ops::any_nonfinite<V>(vc, (count - n1) * hd));
@@ -177,8 +177,10 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
           vsrc = src + kw;
         }
         for (int64_t dd = 0; dd < hd; ++dd) dst[dd * kL] = src ? src[dd] : 0.0f;
-        if (vsrc) std::memcpy(vp + i * hd, vsrc, sizeof(float) * hd);
-        else std::memset(vp + i * hd, 0, sizeof(float) * hd);
+        if (vsrc)
+          std::memcpy(vp + i * hd, vsrc, sizeof(float) * hd);
+        else
+          std::memset(vp + i * hd, 0, sizeof(float) * hd);
       }
     }
   });
@@ -199,8 +201,10 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   // whatever heads run beside it.
   int64_t n_att = 0, n_single = 0;
   for (int64_t b = 0; b < B; ++b) {
-    if (kt_off[b + 1] > kt_off[b]) n_att += (call.lengths[b] + kQBlock - 1) / kQBlock * n_kv;
-    else n_single += call.lengths[b] * n_kv;
+    if (kt_off[b + 1] > kt_off[b])
+      n_att += (call.lengths[b] + kQBlock - 1) / kQBlock * n_kv;
+    else
+      n_single += call.lengths[b] * n_kv;
   }
   const int64_t parts = n_single > 0 && n_single < 2 * nt  // at most n_rep: every part has a head
                             ? std::min<int64_t>(n_rep, (2 * nt + n_single - 1) / n_single)
@@ -227,7 +231,8 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
     }
   }
   parallel_for(n_att, nt, [&](int64_t b0, int64_t b1, int tid) {
-    float* scores = &score_scratch[static_cast<size_t>(tid) * static_cast<size_t>(score_rows * max_keys)];
+    float* scores =
+        &score_scratch[static_cast<size_t>(tid) * static_cast<size_t>(score_rows * max_keys)];
     for (int64_t v = b0; v < b1; ++v) {
       const int64_t task = (v % 2 == 0) ? v / 2 : n_att - 1 - v / 2;
       const int64_t* tk = &att_tasks[kTaskInts * task];
@@ -265,7 +270,8 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
       const float* fresh = &qkv[row_off[b] * n_qkv];
       // slot = j % cap; without a window j < cap always, so the division is skipped
       auto key_at = [&](int64_t j) -> const float* {
-        return j < start ? kc + (j < cap ? j : j % cap) * hd : fresh + (j - start) * n_qkv + qw + g * hd;
+        return j < start ? kc + (j < cap ? j : j % cap) * hd
+                         : fresh + (j - start) * n_qkv + qw + g * hd;
       };
       auto val_at = [&](int64_t j) -> const float* {
         return j < start ? vc + (j < cap ? j : j % cap) * hd
@@ -281,10 +287,22 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
         }
         bool* raw = check_row && h0 == g * n_rep ? &raw_bad : nullptr;
         switch (r_n) {
-          case 1: ops::attention_heads<V, 1>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os, raw); break;
-          case 2: ops::attention_heads<V, 2>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os, raw); break;
-          case 3: ops::attention_heads<V, 3>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os, raw); break;
-          default: ops::attention_heads<V, 4>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale, c.attn_softcap, scores, max_keys, os, raw); break;
+          case 1:
+            ops::attention_heads<V, 1>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale,
+                                       c.attn_softcap, scores, max_keys, os, raw);
+            break;
+          case 2:
+            ops::attention_heads<V, 2>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale,
+                                       c.attn_softcap, scores, max_keys, os, raw);
+            break;
+          case 3:
+            ops::attention_heads<V, 3>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale,
+                                       c.attn_softcap, scores, max_keys, os, raw);
+            break;
+          default:
+            ops::attention_heads<V, 4>(qs, hd, j0, p, key_at, val_at, mdl.attn_scale,
+                                       c.attn_softcap, scores, max_keys, os, raw);
+            break;
         }
       }
       if (check_row && (raw_bad || ops::any_nonfinite<V>(&att[m * qw + g * n_rep * hd], hd)) &&

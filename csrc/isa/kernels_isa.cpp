@@ -1,8 +1,8 @@
 // One kernel table per ISA: this file is compiled once per ISA with that ISA's flags and
 // EB_ISA_<name> defined (CMakeLists.txt); everything it instantiates lives in namespace
 // eb::isa_<name>, so the per-ISA copies of the templates never collide (ATen rule).
-#include "core/transformer_impl.hpp"
 #include "core/mamba2_impl.hpp"
+#include "core/transformer_impl.hpp"
 #include "math/derived.hpp"
 #include "ops/finite_bits.hpp"
 #include "simd/dispatch.hpp"
@@ -59,8 +59,8 @@ void elementwise(int op, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = math::canon_nan(apply(op, x[i]));
 }
 
-void gemm(const float* a, int64_t m, int64_t lda, const ops::PackedMatrix& w, float* c,
-          int64_t ldc, int n_threads) {
+void gemm(const float* a, int64_t m, int64_t lda, const ops::PackedMatrix& w, float* c, int64_t ldc,
+          int n_threads) {
   ops::gemm<V>(a, m, lda, w, c, ldc, n_threads);
 }
 
@@ -90,7 +90,8 @@ bool any_nonfinite(const float* p, int64_t n) { return ops::any_nonfinite<V>(p, 
 }  // namespace
 
 extern const KernelTable kTable;
-const KernelTable kTable = {EB_ISA_STR, transformer_forward, mamba2_forward, elementwise, gemm,
-                            norm_rows, dot_l16, sum_l16, reduce16_x16, any_nonfinite};
+const KernelTable kTable = {EB_ISA_STR,   transformer_forward, mamba2_forward, elementwise,
+                            gemm,         norm_rows,           dot_l16,        sum_l16,
+                            reduce16_x16, any_nonfinite};
 
 }  // namespace eb::EB_ISA_NAME

@@ -39,9 +39,7 @@ inline float gelu_tanh_f32(float v) {
 }
 
 // Any NaN -> the quiet NaN 0x7FC00000; every other value unchanged (bit for bit).
-inline float canon_nan(float x) {
-  return detail::is_nan_f32(x) ? detail::canon_nan_f32() : x;
-}
+inline float canon_nan(float x) { return detail::is_nan_f32(x) ? detail::canon_nan_f32() : x; }
 
 EB_MATH_ABI_END
 }  // namespace eb::math

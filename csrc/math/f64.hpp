@@ -77,11 +77,11 @@ inline void log_dd(double x, double& hi, double& lo) {
   double den, den_lo;
   two_sum(m, 1.0, den, den_lo);  // m + 1 = den + den_lo exactly
   const double s = f / den;
-  const double res = std::fma(-s, den, f);  // exact remainder f - s*den
+  const double res = std::fma(-s, den, f);       // exact remainder f - s*den
   const double s_lo = (res - s * den_lo) / den;  // s + s_lo = f / (m + 1) to ~2^-104
   const double z = s * s;
   // atanh(s)/s - 1 = sum_{j>=1} z^j/(2j+1); |z| <= 0.0295, 11 terms: truncation < 2^-60 z.
-  double q = 0x1.642c8590b2164p-5;       // 1/23
+  double q = 0x1.642c8590b2164p-5;           // 1/23
   q = std::fma(q, z, 0x1.8618618618618p-5);  // 1/21
   q = std::fma(q, z, 0x1.af286bca1af28p-5);  // 1/19
   q = std::fma(q, z, 0x1.e1e1e1e1e1e1ep-5);  // 1/17

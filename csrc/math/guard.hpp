@@ -74,9 +74,7 @@ inline double round_to_int_f64(double a) {
 }
 
 // 2^n as a double for -1022 <= n <= 1023 (exact; built from the exponent field).
-inline double pow2_f64(int n) {
-  return f64_from_bits(static_cast<std::uint64_t>(n + 1023) << 52);
-}
+inline double pow2_f64(int n) { return f64_from_bits(static_cast<std::uint64_t>(n + 1023) << 52); }
 
 // y * 2^n for -2044 <= n <= 2046, rounded once (the first factor keeps y normal, so only the
 // second multiplication can round: subnormal results are correctly rounded, big ones go inf).

@@ -80,7 +80,7 @@ inline int reduce_pio2(float ax, double& r) {
 // sin r for |r| <= ~0.786: r + r^3 * sum_{j=1..7} (-1)^j r^(2j-2)/(2j+1)!.
 inline double sin_kernel(double r) {
   const double z = r * r;
-  double q = -0x1.ae7f3e733b81fp-41;      // -1/15!
+  double q = -0x1.ae7f3e733b81fp-41;           // -1/15!
   q = std::fma(q, z, 0x1.6124613a86d09p-33);   // 1/13!
   q = std::fma(q, z, -0x1.ae64567f544e4p-26);  // -1/11!
   q = std::fma(q, z, 0x1.71de3a556c734p-19);   // 1/9!
@@ -93,7 +93,7 @@ inline double sin_kernel(double r) {
 // cos r for |r| <= ~0.786: 1 + z * sum_{j=1..8} (-1)^j z^(j-1)/(2j)!, z = r^2.
 inline double cos_kernel(double r) {
   const double z = r * r;
-  double q = 0x1.ae7f3e733b81fp-45;       // 1/16!
+  double q = 0x1.ae7f3e733b81fp-45;            // 1/16!
   q = std::fma(q, z, -0x1.93974a8c07c9dp-37);  // -1/14!
   q = std::fma(q, z, 0x1.1eed8eff8d898p-29);   // 1/12!
   q = std::fma(q, z, -0x1.27e4fb7789f5cp-22);  // -1/10!

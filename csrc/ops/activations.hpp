@@ -16,7 +16,8 @@ inline bool mlp_is_gated(int kind) { return kind <= kGeGluTanh; }
 inline float mlp_act(int kind, float v) {
   switch (kind) {
     case kSwiGlu: return math::silu_f32(v);
-    case kGeGlu: case kGelu: return math::gelu_f32(v);
+    case kGeGlu:
+    case kGelu: return math::gelu_f32(v);
     default: return math::gelu_tanh_f32(v);
   }
 }

@@ -7,8 +7,8 @@
 // kv head h / n_rep (HF repeat_kv order). scores: scratch of p - j0 + 1 floats.
 // Source: HF eager_attention_forward (Llama; Gemma2 softcap). Reference twin: <VecScalar>.
 #pragma once
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -59,8 +59,8 @@ namespace detail {
 // RG * NV independent chains hide the FMA latency. Each element's operations and their order
 // are those of the one-head loop. Key j: score sc_r[j - j0], value val_at(j).
 template <class V, int RG, int NV, class ValAt>
-inline void pv_chunk(const float* const* sc, float* const* oo, ValAt val_at, int64_t j0,
-                     int64_t d0, int64_t lo, int64_t hi, bool first) {
+inline void pv_chunk(const float* const* sc, float* const* oo, ValAt val_at, int64_t j0, int64_t d0,
+                     int64_t lo, int64_t hi, bool first) {
   constexpr int kL = V::kLanes;
   V acc[RG][NV];
   for (int r = 0; r < RG; ++r)
@@ -136,9 +136,8 @@ inline void pv_heads(int rg, const float* const* sc, float* const* oo, ValAt val
 // uses it, with the outputs, to find a non-finite cache slot without a separate pass.
 template <class V, int R, class KeyAt, class ValAt>
 inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0, int64_t p,
-                            KeyAt key_at, ValAt val_at, float scale, float softcap,
-                            float* scores, int64_t stride, float* const* o,
-                            bool* raw_nonfinite = nullptr) {
+                            KeyAt key_at, ValAt val_at, float scale, float softcap, float* scores,
+                            int64_t stride, float* const* o, bool* raw_nonfinite = nullptr) {
   constexpr int NV = kReduceLanes / V::kLanes;
   const int64_t n = p - j0 + 1;
   const int64_t full = head_dim - head_dim % kReduceLanes;
@@ -170,7 +169,8 @@ inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0,
       std::memcpy(kt, k + full, sizeof(float) * static_cast<size_t>(head_dim - full));
       for (int j = 0; j < NV; ++j) {
         const V kv = V::load(kt + j * V::kLanes);
-        for (int r = 0; r < R; ++r) acc[r][j] = V::fma(V::load(qt[r] + j * V::kLanes), kv, acc[r][j]);
+        for (int r = 0; r < R; ++r)
+          acc[r][j] = V::fma(V::load(qt[r] + j * V::kLanes), kv, acc[r][j]);
       }
     }
     const int64_t slot = i % kReduceLanes;
@@ -197,16 +197,16 @@ inline void attention_heads(const float* const* q, int64_t head_dim, int64_t j0,
 // position `base` (prefill). kt[blk][d][lane] = k_(base + blk*kLanes + lane)[d]: the L16
 // lane structure is kept per key (acc[i mod 16] is a vector over kLanes keys taking the terms
 // i = j, j+16, ... in increasing i, then the same w = 8, 4, 2, 1 tree), so each score has
-// exactly dot_l16's bits without a horizontal reduction per key. Each (query, head) gets exactly attention_heads' operations in
-// the same order; only the loop nest differs: a key block or value chunk is reused from L1 by
-// all Q*R pairs instead of being streamed from L2 once per pair. Outputs accumulate over value
-// chunks through o (float store and reload: exact), as the GEMM's K blocks do.
-// q[i], o[i] for i = qi*R + r; scores: Q*R rows of `stride` floats.
+// exactly dot_l16's bits without a horizontal reduction per key. Each (query, head) gets exactly
+// attention_heads' operations in the same order; only the loop nest differs: a key block or value
+// chunk is reused from L1 by all Q*R pairs instead of being streamed from L2 once per pair. Outputs
+// accumulate over value chunks through o (float store and reload: exact), as the GEMM's K blocks
+// do. q[i], o[i] for i = qi*R + r; scores: Q*R rows of `stride` floats.
 template <class V>
 inline void attention_prefill_block(const float* const* q, int Q, int R, int64_t head_dim,
-                                    int64_t window, int64_t p0, const float* kt,
-                                    const float* vp, int64_t base, float scale, float softcap,
-                                    float* scores, int64_t stride, float* const* o) {
+                                    int64_t window, int64_t p0, const float* kt, const float* vp,
+                                    int64_t base, float scale, float softcap, float* scores,
+                                    int64_t stride, float* const* o) {
   constexpr int kL = V::kLanes;
   const auto j0_of = [&](int qi) -> int64_t {
     return window > 0 ? std::max<int64_t>(0, p0 + qi - window + 1) : 0;
@@ -259,9 +259,9 @@ inline void attention_prefill_block(const float* const* q, int Q, int R, int64_t
           sc[r] = scores + (qi * R + r0 + r) * stride;
           oo[r] = o[qi * R + r0 + r];
         }
-        detail::pv_heads<V>(rg, sc, oo,
-                            [&](int64_t j) { return vp + (j - base) * head_dim; }, j0, head_dim,
-                            lo, hi, first);
+        detail::pv_heads<V>(
+            rg, sc, oo, [&](int64_t j) { return vp + (j - base) * head_dim; }, j0, head_dim, lo, hi,
+            first);
       }
     }
   }

@@ -14,8 +14,8 @@ namespace eb::ops {
 // wt: (K, ld) tap-major weights starting at the block's first channel; tap(k) -> u_k for the
 // block's channels (k = 0 is the oldest input, K-1 the current token). out: nc floats.
 template <class V, class Tap>
-inline void conv1d_token(const float* wt, int64_t ld, int64_t nc, int64_t k_taps,
-                         const float* bias, Tap tap, float* out) {
+inline void conv1d_token(const float* wt, int64_t ld, int64_t nc, int64_t k_taps, const float* bias,
+                         Tap tap, float* out) {
   const int64_t nc_vec = nc - nc % V::kLanes;
   const auto vectors = [&](auto tap_at) {
     for (int64_t ch = 0; ch < nc_vec; ch += V::kLanes) {

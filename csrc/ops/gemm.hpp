@@ -59,11 +59,13 @@ struct PackedMatrix {
   // Bytes per output column in one code row (the offset of a tile's first column).
   static constexpr int64_t code_col_bytes_of(int f) { return f == kPanelBF16 ? 2 : 1; }
   const char* format_name() const {
-    return format == kPanelQ4 ? "q4_1"
-                              : (format == kPanelQ8 ? "q8_0" : (format == kPanelBF16 ? "bf16" : "float32"));
+    return format == kPanelQ4
+               ? "q4_1"
+               : (format == kPanelQ8 ? "q8_0" : (format == kPanelBF16 ? "bf16" : "float32"));
   }
   int64_t bytes() const {
-    return static_cast<int64_t>(data.size() * sizeof(float) + codes.size() + bias.size() * sizeof(float));
+    return static_cast<int64_t>(data.size() * sizeof(float) + codes.size() +
+                                bias.size() * sizeof(float));
   }
 };
 
@@ -200,8 +202,8 @@ inline void prefetch_row(const uint8_t* p) {
 // first of nb = (k1 - k0) / kQBlock blocks, at the tile's first column.
 template <class V, int MR, int FMT>
 inline void gemm_tile_q(const float* a, int64_t lda, const float* scales, const uint8_t* codes,
-                        int64_t nb, bool first, bool last, const float* bias, float* c,
-                        int64_t ldc, int nr_valid) {
+                        int64_t nb, bool first, bool last, const float* bias, float* c, int64_t ldc,
+                        int nr_valid) {
   constexpr int NV = GemmTraits<V>::kNV;
   constexpr int L = V::kLanes;
   constexpr int64_t kScale = PackedMatrix::scale_floats_of(FMT);
@@ -255,7 +257,8 @@ inline void unpack_blocks(const PackedMatrix& w, int64_t p, int64_t b0, int64_t 
   const uint8_t* codes = w.codes.data() + (p * nkb + b0) * w.code_bytes();
   if constexpr (FMT == kPanelBF16) {  // contiguous rows: one flat pass
     const uint16_t* cw = reinterpret_cast<const uint16_t*>(codes);
-    for (int64_t i = 0; i < (b1 - b0) * kQBlock * kGemmNR; i += L) V::from_bf16(cw + i).store(out + i);
+    for (int64_t i = 0; i < (b1 - b0) * kQBlock * kGemmNR; i += L)
+      V::from_bf16(cw + i).store(out + i);
   } else {
     for (int64_t b = b0; b < b1; ++b) {
       const float* sc = w.data.data() + (p * nkb + b) * w.scale_floats();
@@ -266,8 +269,10 @@ inline void unpack_blocks(const PackedMatrix& w, int64_t p, int64_t b0, int64_t 
         if constexpr (FMT == kPanelQ4) {
           const V m = V::load(sc + kGemmNR + j);
           for (int i = 0; i < kQBlock / 2; ++i) {
-            V::fma(d, V::template from_u4<0>(cb + i * kGemmNR + j), m).store(o + 2 * i * kGemmNR + j);
-            V::fma(d, V::template from_u4<4>(cb + i * kGemmNR + j), m).store(o + (2 * i + 1) * kGemmNR + j);
+            V::fma(d, V::template from_u4<0>(cb + i * kGemmNR + j), m)
+                .store(o + 2 * i * kGemmNR + j);
+            V::fma(d, V::template from_u4<4>(cb + i * kGemmNR + j), m)
+                .store(o + (2 * i + 1) * kGemmNR + j);
           }
         } else {
           for (int i = 0; i < kQBlock; ++i)
@@ -318,8 +323,8 @@ inline void gemm_tile_bf16(const float* a, int64_t lda, const uint16_t* codes, i
 // blocks of the panel (prefill), and rebuilt in registers inside the tile when it has one
 // (decode): the weight values, and so the bits, are the same either way.
 template <class V, int FMT>
-void gemm_fmt(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, float* c,
-              int64_t ldc, int n_threads) {
+void gemm_fmt(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, float* c, int64_t ldc,
+              int n_threads) {
   constexpr int MR = GemmTraits<V>::kMR;
   constexpr int NC = GemmTraits<V>::kCols;
   const int64_t n_mb = (m + MR - 1) / MR;
@@ -353,18 +358,18 @@ void gemm_fmt(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, flo
             const bool first = k0 == 0, last = k1 == kk;
             if (panel != nullptr) {
               with_rows<MR>(rows, [&](auto r) {
-                gemm_tile<V, decltype(r)::value>(a_t, lda, panel + c0, k1 - k0, first, last,
-                                                 bias_c, c_t, ldc, nv);
+                gemm_tile<V, decltype(r)::value>(a_t, lda, panel + c0, k1 - k0, first, last, bias_c,
+                                                 c_t, ldc, nv);
               });
             } else if constexpr (FMT != kPanelF32) {  // float32 always has a panel
               const int64_t blk = p * w.k_blocks() + k0 / kQBlock;
-              const uint8_t* codes = w.codes.data() + blk * w.code_bytes() +
-                                     c0 * PackedMatrix::code_col_bytes_of(FMT);
+              const uint8_t* codes =
+                  w.codes.data() + blk * w.code_bytes() + c0 * PackedMatrix::code_col_bytes_of(FMT);
               with_rows<MR>(rows, [&](auto r) {
                 constexpr int R = decltype(r)::value;
                 if constexpr (FMT == kPanelBF16) {
-                  gemm_tile_bf16<V, R>(a_t, lda, reinterpret_cast<const uint16_t*>(codes),
-                                       k1 - k0, first, last, bias_c, c_t, ldc, nv);
+                  gemm_tile_bf16<V, R>(a_t, lda, reinterpret_cast<const uint16_t*>(codes), k1 - k0,
+                                       first, last, bias_c, c_t, ldc, nv);
                 } else {
                   const float* sc = w.data.data() + blk * w.scale_floats() + c0;
                   gemm_tile_q<V, R, FMT>(a_t, lda, sc, codes, (k1 - k0) / kQBlock, first, last,

@@ -16,8 +16,8 @@ namespace eb::ops {
 enum NormKind : int { kRmsNorm = 0, kLayerNorm = 1, kRmsNormOffset = 2 };
 
 template <class V>
-inline void norm_row(int kind, const float* x, int64_t n, const float* w, const float* b,
-                     float eps, float* y) {
+inline void norm_row(int kind, const float* x, int64_t n, const float* w, const float* b, float eps,
+                     float* y) {
   const float nf = static_cast<float>(n);
   if (kind == kLayerNorm) {
     const float mu = sum_l16<V>(x, n) / nf;

@@ -49,7 +49,8 @@ inline void dot_l16_x4(const float* q, const float* const* k, int64_t n, float* 
   for (; i + kReduceLanes <= n; i += kReduceLanes)
     for (int j = 0; j < NV; ++j) {
       const V qv = V::load(q + i + j * V::kLanes);
-      for (int r = 0; r < 4; ++r) acc[r][j] = V::fma(qv, V::load(k[r] + i + j * V::kLanes), acc[r][j]);
+      for (int r = 0; r < 4; ++r)
+        acc[r][j] = V::fma(qv, V::load(k[r] + i + j * V::kLanes), acc[r][j]);
     }
   if (i < n) {
     float tq[kReduceLanes] = {0};

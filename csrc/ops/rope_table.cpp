@@ -1,7 +1,7 @@
 // Construction-time RoPE inverse-frequency table (binary64, own pow; SPEC 3.4, 4.4).
 // Computing it in float32 instead would move cos/sin by an ulp at some positions.
-#include "ops/rope.hpp"
 #include "math/f64.hpp"
+#include "ops/rope.hpp"
 
 namespace eb::ops {
 
@@ -19,8 +19,8 @@ void rope_inv_freq(int64_t rope_dim, double theta, int kind, double factor, doub
       if (wavelen > low_wavelen) {
         inv = inv / factor;
       } else if (wavelen >= high_wavelen) {
-        const double g = (original_max / wavelen - low_freq_factor) /
-                         (high_freq_factor - low_freq_factor);
+        const double g =
+            (original_max / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
         inv = (1.0 - g) * inv / factor + g * inv;
       }
     }

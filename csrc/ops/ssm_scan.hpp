@@ -50,8 +50,8 @@ inline void ssm_scan_step(float* h, int64_t head_dim, int64_t d_state, float dt,
 // ssm_scan_step's bits for every input (a test pins this for every ISA).
 // Used when d_state is a multiple of 16 and at most 16 * kScanMaxGroups.
 
-constexpr int64_t kScanChunk = 32;      // tokens per register pass
-constexpr int64_t kScanMaxGroups = 8;   // d_state <= 128 takes the register path
+constexpr int64_t kScanChunk = 32;     // tokens per register pass
+constexpr int64_t kScanMaxGroups = 8;  // d_state <= 128 takes the register path
 
 // Scratch floats ssm_scan_tokens needs for d_state = ns.
 inline int64_t ssm_scan_scratch_floats(int64_t ns) {
@@ -103,8 +103,8 @@ inline void scan_rows_chunk(float* h, int64_t ns, int64_t p0, int64_t T, const f
 
 template <class V, int NJ>
 inline void scan_chunk(float* h, int64_t hd, int64_t ns, int64_t T, const float* da,
-                       const float* dtb, float dd, const float* const* x,
-                       const float* const* cv, float* const* y, float* acc) {
+                       const float* dtb, float dd, const float* const* x, const float* const* cv,
+                       float* const* y, float* acc) {
   constexpr int R = scan_rows<V, NJ>();
   constexpr int NV = kReduceLanes / V::kLanes;
   int64_t p = 0;
@@ -176,7 +176,8 @@ inline void ssm_scan_tokens(float* h, int64_t hd, int64_t ns, int64_t T, const f
   for (int64_t t = 0; t < T; ++t) {  // dA and dt * B per token, as ssm_scan_step computes them
     da[t] = math::exp_f32(dt[t] * a);
     const V dtv = V::set1(dt[t]);
-    for (int64_t i = 0; i < ns; i += V::kLanes) V::mul(dtv, V::load(bv[t] + i)).store(dtb + t * ns + i);
+    for (int64_t i = 0; i < ns; i += V::kLanes)
+      V::mul(dtv, V::load(bv[t] + i)).store(dtb + t * ns + i);
   }
   switch (groups) {
     case 1: detail::scan_chunk<V, 1>(h, hd, ns, T, da, dtb, dd, x, cv, y, acc); break;

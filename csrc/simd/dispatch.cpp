@@ -5,15 +5,23 @@
 #include <stdexcept>
 
 namespace eb {
-namespace isa_scalar { extern const KernelTable kTable; }
+namespace isa_scalar {
+extern const KernelTable kTable;
+}
 #ifdef EB_HAVE_AVX2
-namespace isa_avx2 { extern const KernelTable kTable; }
+namespace isa_avx2 {
+extern const KernelTable kTable;
+}
 #endif
 #ifdef EB_HAVE_AVX512
-namespace isa_avx512 { extern const KernelTable kTable; }
+namespace isa_avx512 {
+extern const KernelTable kTable;
+}
 #endif
 #ifdef EB_HAVE_NEON
-namespace isa_neon { extern const KernelTable kTable; }
+namespace isa_neon {
+extern const KernelTable kTable;
+}
 #endif
 
 namespace {
@@ -23,7 +31,8 @@ std::vector<const KernelTable*> supported() {
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
 #ifdef EB_HAVE_AVX2
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) out.push_back(&isa_avx2::kTable);
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    out.push_back(&isa_avx2::kTable);
 #endif
 #ifdef EB_HAVE_AVX512
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&

@@ -34,7 +34,16 @@ struct KernelTable {
 
 // Elementwise op codes for KernelTable::elementwise (tests only).
 enum ElementwiseOp : int {
-  kOpExp = 0, kOpLog1p, kOpTanh, kOpErf, kOpSin, kOpCos, kOpSilu, kOpSoftplus, kOpGelu, kOpGeluTanh,
+  kOpExp = 0,
+  kOpLog1p,
+  kOpTanh,
+  kOpErf,
+  kOpSin,
+  kOpCos,
+  kOpSilu,
+  kOpSoftplus,
+  kOpGelu,
+  kOpGeluTanh,
   kOpExpVec  // the vectorised exp of the ISA (V::exp_array), must equal kOpExp bitwise
 };
 

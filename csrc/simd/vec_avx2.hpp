@@ -1,8 +1,8 @@
 // AVX2 + FMA vector of 8 float lanes; same API as vec_scalar.hpp. Compiled only into the
 // avx2/avx512 kernel translation units (their own -m flags), never into generic code.
 #pragma once
-#include "simd/vec_common.hpp"
 #include <immintrin.h>
+#include "simd/vec_common.hpp"
 
 #include <cstdint>
 
@@ -47,12 +47,14 @@ struct VecAvx2 {
     }
     for (int u = 0; u < U; ++u)
       xd[u] = _mm256_min_pd(_mm256_max_pd(xd[u], _mm256_set1_pd(math::detail::kExpF32Zero)),
-                             _mm256_set1_pd(math::detail::kExpClampHi));
+                            _mm256_set1_pd(math::detail::kExpClampHi));
     const __m256d shifter = _mm256_set1_pd(0x1.8p52);
     for (int u = 0; u < U; ++u) nd[u] = _mm256_mul_pd(xd[u], _mm256_set1_pd(math::detail::kLog2e));
     for (int u = 0; u < U; ++u) nd[u] = _mm256_sub_pd(_mm256_add_pd(nd[u], shifter), shifter);
-    for (int u = 0; u < U; ++u) r[u] = _mm256_fnmadd_pd(nd[u], _mm256_set1_pd(math::detail::kLn2Hi), xd[u]);
-    for (int u = 0; u < U; ++u) r[u] = _mm256_fnmadd_pd(nd[u], _mm256_set1_pd(math::detail::kLn2Lo), r[u]);
+    for (int u = 0; u < U; ++u)
+      r[u] = _mm256_fnmadd_pd(nd[u], _mm256_set1_pd(math::detail::kLn2Hi), xd[u]);
+    for (int u = 0; u < U; ++u)
+      r[u] = _mm256_fnmadd_pd(nd[u], _mm256_set1_pd(math::detail::kLn2Lo), r[u]);
     for (int u = 0; u < U; ++u) r[u] = _mm256_add_pd(r[u], _mm256_setzero_pd());
     const double* taylor = math::detail::kExpTaylor;
     for (int u = 0; u < U; ++u) q[u] = _mm256_set1_pd(taylor[0]);
@@ -98,11 +100,11 @@ struct VecAvx2 {
   }
   // The L16 tree: acc[0] holds lanes 0..7, acc[1] lanes 8..15; s_j += s_(j+w), w = 8, 4, 2, 1.
   static float reduce16(const VecAvx2* acc) {
-    const __m256 t8 = _mm256_add_ps(acc[0].v, acc[1].v);           // w = 8
+    const __m256 t8 = _mm256_add_ps(acc[0].v, acc[1].v);  // w = 8
     const __m128 lo4 = _mm256_castps256_ps128(t8), hi4 = _mm256_extractf128_ps(t8, 1);
-    const __m128 t4 = _mm_add_ps(lo4, hi4);                      // w = 4
-    const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));       // w = 2: lanes 0,1
-    const __m128 t1 = _mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1));   // w = 1
+    const __m128 t4 = _mm_add_ps(lo4, hi4);                       // w = 4
+    const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));      // w = 2: lanes 0,1
+    const __m128 t1 = _mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1));  // w = 1
     return _mm_cvtss_f32(t1);
   }
   // max(a, b) keeping b when either is NaN (maxps returns its second operand then).
@@ -111,12 +113,14 @@ struct VecAvx2 {
   // Exact small-integer loads of compact weight codes (ops/gemm.hpp): kLanes int8 -> float,
   // and kLanes bytes -> ((byte >> Shift) & 15) -> float.
   static VecAvx2 from_i8(const int8_t* p) {
-    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))))};
+    return {_mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))))};
   }
   template <int Shift>
   static VecAvx2 from_u4(const uint8_t* p) {
     const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    return {_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(b, Shift), _mm256_set1_epi32(15)))};
+    return {
+        _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(b, Shift), _mm256_set1_epi32(15)))};
   }
   // kLanes bfloat16 bit patterns -> the float32 values they are the top halves of (exact).
   static VecAvx2 from_bf16(const uint16_t* p) {

@@ -49,12 +49,14 @@ struct VecAvx512 {
     }
     for (int u = 0; u < U; ++u)
       xd[u] = _mm512_min_pd(_mm512_max_pd(xd[u], _mm512_set1_pd(math::detail::kExpF32Zero)),
-                             _mm512_set1_pd(math::detail::kExpClampHi));
+                            _mm512_set1_pd(math::detail::kExpClampHi));
     const __m512d shifter = _mm512_set1_pd(0x1.8p52);
     for (int u = 0; u < U; ++u) nd[u] = _mm512_mul_pd(xd[u], _mm512_set1_pd(math::detail::kLog2e));
     for (int u = 0; u < U; ++u) nd[u] = _mm512_sub_pd(_mm512_add_pd(nd[u], shifter), shifter);
-    for (int u = 0; u < U; ++u) r[u] = _mm512_fnmadd_pd(nd[u], _mm512_set1_pd(math::detail::kLn2Hi), xd[u]);
-    for (int u = 0; u < U; ++u) r[u] = _mm512_fnmadd_pd(nd[u], _mm512_set1_pd(math::detail::kLn2Lo), r[u]);
+    for (int u = 0; u < U; ++u)
+      r[u] = _mm512_fnmadd_pd(nd[u], _mm512_set1_pd(math::detail::kLn2Hi), xd[u]);
+    for (int u = 0; u < U; ++u)
+      r[u] = _mm512_fnmadd_pd(nd[u], _mm512_set1_pd(math::detail::kLn2Lo), r[u]);
     for (int u = 0; u < U; ++u) r[u] = _mm512_add_pd(r[u], _mm512_setzero_pd());
     const double* taylor = math::detail::kExpTaylor;
     for (int u = 0; u < U; ++u) q[u] = _mm512_set1_pd(taylor[0]);
@@ -64,14 +66,15 @@ struct VecAvx512 {
       const __m512d e = _mm512_fmadd_pd(_mm512_mul_pd(r[u], r[u]), q[u], r[u]);
       const __m512d yd = _mm512_add_pd(_mm512_set1_pd(1.0), e);
       const __m512i ni = _mm512_cvtpd_epi64(nd[u]);
-      const __m512d p2 = _mm512_castsi512_pd(
-          _mm512_slli_epi64(_mm512_add_epi64(ni, _mm512_set1_epi64(1023)), 52));
+      const __m512d p2 =
+          _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_add_epi64(ni, _mm512_set1_epi64(1023)), 52));
       out[u] = _mm512_cvtpd_ps(_mm512_mul_pd(yd, p2));
     }
     for (int u = 0; u < U; ++u) {
       out[u] = _mm256_mask_blend_ps(over[u], out[u], _mm256_set1_ps(__builtin_huge_valf()));
       out[u] = _mm256_mask_blend_ps(under[u], out[u], _mm256_setzero_ps());
-      out[u] = _mm256_mask_blend_ps(nan[u], out[u], _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)));
+      out[u] =
+          _mm256_mask_blend_ps(nan[u], out[u], _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)));
       _mm256_storeu_ps(y + 8 * u, out[u]);
     }
   }
@@ -90,7 +93,8 @@ struct VecAvx512 {
     for (int k = 0; k < 2; ++k)  // w = 2
       d[k] = _mm512_add_ps(_mm512_shuffle_ps(c[k], c[k + 2], _MM_SHUFFLE(1, 0, 1, 0)),
                            _mm512_shuffle_ps(c[k], c[k + 2], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 e =  // w = 1: lane 4q + (0, 1, 2, 3) holds a_i, i = q-th of (0 8 4 12), (2 10 6 14), (1 9 5 13), (3 11 7 15)
+    const __m512 e =  // w = 1: lane 4q + (0, 1, 2, 3) holds a_i, i = q-th of (0 8 4 12), (2 10 6
+                      // 14), (1 9 5 13), (3 11 7 15)
         _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)),
                       _mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
     const __m512i idx = _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15);
@@ -98,12 +102,13 @@ struct VecAvx512 {
   }
   // The L16 tree over the 16 lanes: s_j += s_(j+w), w = 8, 4, 2, 1.
   static float reduce16(const VecAvx512* acc) {
-    const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(acc[0].v),
-                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[0].v), 1)));
+    const __m256 t8 =
+        _mm256_add_ps(_mm512_castps512_ps256(acc[0].v),
+                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[0].v), 1)));
     const __m128 lo4 = _mm256_castps256_ps128(t8), hi4 = _mm256_extractf128_ps(t8, 1);
-    const __m128 t4 = _mm_add_ps(lo4, hi4);                      // w = 4
-    const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));       // w = 2: lanes 0,1
-    const __m128 t1 = _mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1));   // w = 1
+    const __m128 t4 = _mm_add_ps(lo4, hi4);                       // w = 4
+    const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));      // w = 2: lanes 0,1
+    const __m128 t1 = _mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1));  // w = 1
     return _mm_cvtss_f32(t1);
   }
   // max(a, b) keeping b when either is NaN (maxps returns its second operand then).
@@ -112,7 +117,8 @@ struct VecAvx512 {
   // Exact small-integer loads of compact weight codes (ops/gemm.hpp): kLanes int8 -> float,
   // and kLanes bytes -> ((byte >> Shift) & 15) -> float.
   static VecAvx512 from_i8(const int8_t* p) {
-    return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+    return {_mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
   }
   // The nibble indexes a table of 0.0f..15.0f (vpermps reads only an index's low 4 bits), which
   // saves the mask and the int-to-float conversion.
@@ -126,7 +132,8 @@ struct VecAvx512 {
   }
   // kLanes bfloat16 bit patterns -> the float32 values they are the top halves of (exact).
   static VecAvx512 from_bf16(const uint16_t* p) {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512i w =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
   }
 };

@@ -4,8 +4,8 @@
 // rounding, = std::fma per lane); the compiler may not contract anything else
 // (-ffp-contract=off, which GCC for AArch64 needs: its default is to fuse).
 #pragma once
-#include "simd/vec_common.hpp"
 #include <arm_neon.h>
+#include "simd/vec_common.hpp"
 
 #include <cstdint>
 #include <cstring>
@@ -59,7 +59,8 @@ struct VecNeon {
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) {
       const float32x4_t xf = vld1q_f32(x + i);
-      const uint32x4_t over = vcgtq_f32(xf, vdupq_n_f32(math::detail::kExpF32Inf));  // false for NaN
+      const uint32x4_t over =
+          vcgtq_f32(xf, vdupq_n_f32(math::detail::kExpF32Inf));  // false for NaN
       const uint32x4_t under = vcltq_f32(xf, vdupq_n_f32(math::detail::kExpF32Zero));
       const uint32x4_t ordered = vceqq_f32(xf, xf);  // false exactly for NaN
       const float64x2_t lo = exp_core(vcvt_f64_f32(vget_low_f32(xf)));
@@ -80,18 +81,18 @@ struct VecNeon {
     reduce16_x16_by_lanes<VecNeon>(acc, out);
   }
   static float reduce16(const VecNeon* acc) {
-    const float32x4_t t0 = vaddq_f32(acc[0].v, acc[2].v);  // w = 8: lanes 0..3
-    const float32x4_t t1 = vaddq_f32(acc[1].v, acc[3].v);  // w = 8: lanes 4..7
-    const float32x4_t t4 = vaddq_f32(t0, t1);              // w = 4: lanes 0..3
+    const float32x4_t t0 = vaddq_f32(acc[0].v, acc[2].v);                  // w = 8: lanes 0..3
+    const float32x4_t t1 = vaddq_f32(acc[1].v, acc[3].v);                  // w = 8: lanes 4..7
+    const float32x4_t t4 = vaddq_f32(t0, t1);                              // w = 4: lanes 0..3
     const float32x2_t t2 = vadd_f32(vget_low_f32(t4), vget_high_f32(t4));  // w = 2: lanes 0, 1
-    return vget_lane_f32(t2, 0) + vget_lane_f32(t2, 1);   // w = 1
+    return vget_lane_f32(t2, 0) + vget_lane_f32(t2, 1);                    // w = 1
   }
 
  private:
   // detail::exp_dd(x, 0) for x already clamped below; NaN lanes give garbage, replaced later.
   static float64x2_t exp_core(float64x2_t xd) {
     xd = vminq_f64(vmaxq_f64(xd, vdupq_n_f64(math::detail::kExpF32Zero)),
-                  vdupq_n_f64(math::detail::kExpClampHi));
+                   vdupq_n_f64(math::detail::kExpClampHi));
     const float64x2_t shifter = vdupq_n_f64(0x1.8p52);
     float64x2_t nd = vmulq_f64(xd, vdupq_n_f64(math::detail::kLog2e));
     nd = vsubq_f64(vaddq_f64(nd, shifter), shifter);
@@ -107,8 +108,7 @@ struct VecNeon {
     const float64x2_t yd = vaddq_f64(vdupq_n_f64(1.0), e);
     // 2^n from the exponent field; n is integral and in [-159, 128], so the conversion is exact.
     const int64x2_t ni = vcvtq_s64_f64(nd);
-    const float64x2_t p2 =
-        vreinterpretq_f64_s64(vshlq_n_s64(vaddq_s64(ni, vdupq_n_s64(1023)), 52));
+    const float64x2_t p2 = vreinterpretq_f64_s64(vshlq_n_s64(vaddq_s64(ni, vdupq_n_s64(1023)), 52));
     return vmulq_f64(yd, p2);
   }
 };

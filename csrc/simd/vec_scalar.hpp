@@ -1,10 +1,10 @@
 // Scalar "vector" of one lane: the reference path of every kernel (STYLE 5.1).
 // Same small API as vec_avx2.hpp / vec_avx512.hpp; fma is std::fma (one rounding).
 #pragma once
-#include "simd/vec_common.hpp"
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include "simd/vec_common.hpp"
 
 #include "math/exp.hpp"
 
@@ -43,7 +43,9 @@ struct VecScalar {
   // a byte -> ((byte >> Shift) & 15) -> float.
   static VecScalar from_i8(const int8_t* p) { return {static_cast<float>(p[0])}; }
   template <int Shift>
-  static VecScalar from_u4(const uint8_t* p) { return {static_cast<float>((p[0] >> Shift) & 15)}; }
+  static VecScalar from_u4(const uint8_t* p) {
+    return {static_cast<float>((p[0] >> Shift) & 15)};
+  }
   // A bfloat16 bit pattern -> the float32 value it is the top half of (exact).
   static VecScalar from_bf16(const uint16_t* p) {
     const uint32_t u = static_cast<uint32_t>(p[0]) << 16;

@@ -3,9 +3,9 @@
 // Every item is computed by exactly one thread with the single-thread instruction sequence,
 // so the thread count changes speed, never bits. No reductions are ever split.
 #pragma once
+#include <omp.h>
 #include <algorithm>
 #include <cstdint>
-#include <omp.h>
 
 #include "threading/fpenv.hpp"
 

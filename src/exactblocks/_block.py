@@ -29,16 +29,27 @@ class BlockCommon:
 
     # -- checks that open every call (SPEC.md 2.5: all before anything is computed) -----------
     @staticmethod
-    def _check_call_inputs(x, state, lengths, where: str, *, step: bool, d_model: int,
-                           state_cls: type, type_error, alloc_call: str):
+    def _check_call_inputs(
+        x,
+        state,
+        lengths,
+        where: str,
+        *,
+        step: bool,
+        d_model: int,
+        state_cls: type,
+        type_error,
+        alloc_call: str,
+    ):
         """Check ``x``, the state's type and ``lengths``; return ``(x as float32 (B, L, d),
         lengths as int64 (B,))``. ``type_error(where, state)`` builds the wrong-type error;
         ``alloc_call`` names the allocation call in the missing-state message."""
         xa = check_tokens(x, d_model, where, step=step)
         bsz, n_tok, _ = xa.shape
         if state is None and step:
-            raise TypeError(f"{where}: state is required (got None); allocate one with "
-                            f"{alloc_call}")
+            raise TypeError(
+                f"{where}: state is required (got None); allocate one with {alloc_call}"
+            )
         if state is not None and not isinstance(state, state_cls):
             raise type_error(where, state)
         lens = check_lengths(lengths, bsz, n_tok, where)
@@ -55,29 +66,36 @@ class BlockCommon:
     def _check_fingerprint(impl, state, where: str) -> None:
         """The state was allocated by a block of this configuration."""
         if state.fingerprint != impl.fingerprint:
-            raise ValueError(f"{where}: state belongs to another block or configuration (state "
-                             f"fingerprint {state.fingerprint}, block fingerprint "
-                             f"{impl.fingerprint})")
+            raise ValueError(
+                f"{where}: state belongs to another block or configuration (state "
+                f"fingerprint {state.fingerprint}, block fingerprint "
+                f"{impl.fingerprint})"
+            )
 
     @classmethod
     def _check_state_fits(cls, impl, state, xa: np.ndarray, where: str) -> None:
         """The state was allocated by a block of this configuration, for x's batch size."""
         cls._check_fingerprint(impl, state, where)
         if state.batch_size != xa.shape[0]:
-            raise ValueError(f"{where}: state.batch_size={state.batch_size} does not match the "
-                             f"batch of x, {xa.shape[0]} (x shape {format_shape(xa.shape)})")
+            raise ValueError(
+                f"{where}: state.batch_size={state.batch_size} does not match the "
+                f"batch of x, {xa.shape[0]} (x shape {format_shape(xa.shape)})"
+            )
 
     @staticmethod
     def _lock_state(state, where: str) -> None:
         """Claim the state for this call (release with ``state._lock.release()``)."""
         if not state._lock.acquire(blocking=False):
-            raise RuntimeError(f"{where}: state is in use by another call (a state serves one "
-                               "call at a time)")
+            raise RuntimeError(
+                f"{where}: state is in use by another call (a state serves one call at a time)"
+            )
 
     # -- read-only attributes ---------------------------------------------------------------
     def __setattr__(self, name, value):
-        raise AttributeError(f"{type(self).__name__}: attribute {name!r} is read-only; build a "
-                             f"new block or use set_params({name}=...) for an option")
+        raise AttributeError(
+            f"{type(self).__name__}: attribute {name!r} is read-only; build a "
+            f"new block or use set_params({name}=...) for an option"
+        )
 
     def __delattr__(self, name):
         raise AttributeError(f"{type(self).__name__}: attribute {name!r} cannot be deleted")
@@ -114,11 +132,13 @@ class BlockCommon:
         where = f"{type(self).__name__}.set_params"
         for k in params:
             if k == "weights":
-                raise ValueError(f"{where}: 'weights' cannot be set; build a new block for new "
-                                 "weights")
+                raise ValueError(
+                    f"{where}: 'weights' cannot be set; build a new block for new weights"
+                )
             if k not in self._defaults:
-                raise ValueError(f"{where}: {k!r} is not a keyword option; accepted: "
-                                 f"{list(self._defaults)}")
+                raise ValueError(
+                    f"{where}: {k!r} is not a keyword option; accepted: {list(self._defaults)}"
+                )
         impl = self._impl
         raw = dict(impl.raw)
         raw.update(params)
@@ -174,7 +194,8 @@ class BlockCommon:
         >>> from gguf.quants import quantize, dequantize
         >>> rng = np.random.default_rng(0)
         >>> w = {"block_norm.weight": np.ones(64, np.float32),
-        ...      "in_proj.weight": rng.standard_normal((2 * 128 + 2 * 16 + 4, 64), dtype=np.float32),
+        ...      "in_proj.weight": rng.standard_normal((2 * 128 + 2 * 16 + 4, 64),
+        ...                                            dtype=np.float32),
         ...      "conv1d.weight": rng.standard_normal((128 + 32, 1, 4), dtype=np.float32),
         ...      "dt_bias": np.zeros(4, np.float32), "A_log": np.zeros(4, np.float32),
         ...      "D": np.ones(4, np.float32), "norm.weight": np.ones(128, np.float32),
@@ -219,5 +240,7 @@ class BlockCommon:
         NotImplementedError
             Always.
         """
-        raise NotImplementedError(f"{type(self).__name__}.backward: exactblocks is forward only "
-                                  "(inference); there are no gradients")
+        raise NotImplementedError(
+            f"{type(self).__name__}.backward: exactblocks is forward only "
+            "(inference); there are no gradients"
+        )

@@ -58,6 +58,7 @@ def core() -> ModuleType:
     with _lock:
         if _core is None:
             from . import __version__
+
             try:
                 mod = importlib.import_module("exactblocks._core")
             except ImportError as exc:
@@ -66,13 +67,15 @@ def core() -> ModuleType:
                     f"({exc}). Build and install it with `pip install .` from the source tree "
                     "(needs a C++17 compiler, CMake and nanobind), or for development "
                     "`pip install --no-build-isolation -Ceditable.rebuild=true -Cbuild-dir=build "
-                    "-ve .`") from exc
+                    "-ve .`"
+                ) from exc
             ext_version = getattr(mod, "__version__", None)
             if ext_version != __version__:
                 raise ImportError(
                     f"exactblocks: the compiled extension exactblocks._core has version "
                     f"{ext_version!r} but the Python package is {__version__!r}; rebuild the "
-                    "extension (`pip install .`) so both come from the same source")
+                    "extension (`pip install .`) so both come from the same source"
+                )
             for fn in _on_load:
                 fn(mod)
             _on_load.clear()

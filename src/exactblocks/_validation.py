@@ -43,17 +43,37 @@ if sys.byteorder != "little":  # pragma: no cover - no big-endian CI host exists
     _FLOAT32_FORMATS = frozenset({"<f"})
 
 # The positive finite binary32 range: real options used as float32 must round into it.
-FLOAT32_MAX = float(np.finfo(np.float32).max)                 # 3.4028234663852886e+38
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # 3.4028234663852886e+38
 FLOAT32_TRUE_MIN = float(np.finfo(np.float32).smallest_subnormal)  # 1.401298464324817e-45
 
 # Buffer item formats of the dtypes people most often pass by mistake, for readable messages.
 _FORMAT_NAMES = {
-    "d": "float64", "<d": "float64", "=d": "float64", ">d": "float64 (big-endian)",
-    "e": "float16", "<e": "float16", "=e": "float16", ">e": "float16 (big-endian)",
-    ">f": "float32 (big-endian)", "!f": "float32 (big-endian)",
-    "H": "uint16", "<H": "uint16", "h": "int16", "b": "int8", "B": "uint8",
-    "i": "int32", "<i": "int32", "I": "uint32", "l": "int64", "<l": "int64", "q": "int64",
-    "<q": "int64", "L": "uint64", "Q": "uint64", "?": "bool", "g": "float128",
+    "d": "float64",
+    "<d": "float64",
+    "=d": "float64",
+    ">d": "float64 (big-endian)",
+    "e": "float16",
+    "<e": "float16",
+    "=e": "float16",
+    ">e": "float16 (big-endian)",
+    ">f": "float32 (big-endian)",
+    "!f": "float32 (big-endian)",
+    "H": "uint16",
+    "<H": "uint16",
+    "h": "int16",
+    "b": "int8",
+    "B": "uint8",
+    "i": "int32",
+    "<i": "int32",
+    "I": "uint32",
+    "l": "int64",
+    "<l": "int64",
+    "q": "int64",
+    "<q": "int64",
+    "L": "uint64",
+    "Q": "uint64",
+    "?": "bool",
+    "g": "float128",
 }
 
 
@@ -103,14 +123,18 @@ def _dtype_name(obj: object, mv: memoryview) -> str:
 def _widening_hint(fmt: str) -> str:
     name = _FORMAT_NAMES.get(fmt, "")
     if name.startswith("float64") or name == "float128":
-        return ("exactblocks never narrows: rounding to float32 would change values silently; "
-                "convert deliberately with `a.astype(numpy.float32)` if that is what you want")
+        return (
+            "exactblocks never narrows: rounding to float32 would change values silently; "
+            "convert deliberately with `a.astype(numpy.float32)` if that is what you want"
+        )
     if name.startswith("float16"):
         return "widen exactly with `a.astype(numpy.float32)`"
     if name == "uint16":
-        return ("if these are bfloat16 bits, widen exactly with "
-                "`(a.astype(numpy.uint32) << 16).view(numpy.float32)`, or pass "
-                "`tensor.float().numpy()` for a torch bfloat16 tensor")
+        return (
+            "if these are bfloat16 bits, widen exactly with "
+            "`(a.astype(numpy.uint32) << 16).view(numpy.float32)`, or pass "
+            "`tensor.float().numpy()` for a torch bfloat16 tensor"
+        )
     if name.startswith("float32 (big-endian"):
         return "byte-swap exactly with `a.astype('<f4')`"
     return "pass float32 data (a torch tensor as `t.float().numpy()`)"
@@ -172,11 +196,13 @@ def check_array(buffer: object, name: str, where: str) -> np.ndarray:
             hint = " (pass a torch tensor as `t.numpy()`, after `t.float()` for bf16/fp16)"
         raise TypeError(
             f"{where}: {name} must be a float32 buffer (NumPy array, array.array('f'), "
-            f"memoryview); got {describe_type(buffer)}{hint}") from None
+            f"memoryview); got {describe_type(buffer)}{hint}"
+        ) from None
     if mv.format not in _FLOAT32_FORMATS or mv.itemsize != 4:
         raise TypeError(
             f"{where}: {name} must have dtype float32; got {_dtype_name(buffer, mv)}; "
-            f"{_widening_hint(mv.format)}")
+            f"{_widening_hint(mv.format)}"
+        )
     arr = np.asarray(mv)
     if arr.dtype != np.float32:  # pragma: no cover - '<f' on a little-endian host is float32
         raise TypeError(f"{where}: {name} must have dtype float32; got {arr.dtype}")
@@ -187,8 +213,15 @@ def check_array(buffer: object, name: str, where: str) -> np.ndarray:
     return arr
 
 
-def check_finite(arr: np.ndarray, name: str, where: str, *, index_base: tuple = (),
-                 flat: bool = False, index_offset: tuple = ()) -> None:
+def check_finite(
+    arr: np.ndarray,
+    name: str,
+    where: str,
+    *,
+    index_base: tuple = (),
+    flat: bool = False,
+    index_offset: tuple = (),
+) -> None:
     """Raise ValueError at the first non-finite element of ``arr``.
 
     Parameters
@@ -213,9 +246,13 @@ def check_finite(arr: np.ndarray, name: str, where: str, *, index_base: tuple = 
     ValueError
         An element is NaN or infinite; the message gives the index and the value.
     """
-    if (_ext.is_loaded() and arr.dtype == np.float32 and arr.flags.c_contiguous
-            and arr.flags.aligned
-            and arr.dtype.isnative):
+    if (
+        _ext.is_loaded()
+        and arr.dtype == np.float32
+        and arr.flags.c_contiguous
+        and arr.flags.aligned
+        and arr.dtype.isnative
+    ):
         k = int(_ext.core().first_nonfinite(arr))  # one pass, no temporaries (every call)
         if k < 0:
             return
@@ -226,14 +263,16 @@ def check_finite(arr: np.ndarray, name: str, where: str, *, index_base: tuple = 
         k = int(np.flatnonzero(~finite.ravel())[0])
     value = arr.reshape(-1)[k]
     if flat:
-        raise ValueError(f"{where}: {name} must be finite; element at flat index {k} is "
-                         f"{float(value)!r}")
+        raise ValueError(
+            f"{where}: {name} must be finite; element at flat index {k} is {float(value)!r}"
+        )
     local = [int(i) for i in np.unravel_index(k, arr.shape)]
     for j, off in enumerate(index_offset):
         local[j] += int(off)
     idx = tuple(index_base) + tuple(local)
-    raise ValueError(f"{where}: {name}[{', '.join(str(i) for i in idx)}] must be finite; "
-                     f"got {float(value)!r}")
+    raise ValueError(
+        f"{where}: {name}[{', '.join(str(i) for i in idx)}] must be finite; got {float(value)!r}"
+    )
 
 
 def _fmt_int(v: int) -> str:
@@ -244,12 +283,18 @@ def _fmt_int(v: int) -> str:
 
 
 def _is_int(value: object) -> bool:
-    return (isinstance(value, (int, np.integer))
-            and not isinstance(value, (bool, np.bool_)))
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def check_int(value: object, name: str, where: str, *, min_value: int | None = None,
-              max_value: int | None = None, allow_none: bool = False) -> int | None:
+def check_int(
+    value: object,
+    name: str,
+    where: str,
+    *,
+    min_value: int | None = None,
+    max_value: int | None = None,
+    allow_none: bool = False,
+) -> int | None:
     """Check an integer argument and return it as a Python int.
 
     Parameters
@@ -281,8 +326,7 @@ def check_int(value: object, name: str, where: str, *, min_value: int | None = N
         return None
     if not _is_int(value):
         expected = "an int or None" if allow_none else "an int"
-        raise TypeError(f"{where}: {name} must be {expected}; got {describe_type(value)} "
-                        f"{value!r}")
+        raise TypeError(f"{where}: {name} must be {expected}; got {describe_type(value)} {value!r}")
     v = int(value)
     if (min_value is not None and v < min_value) or (max_value is not None and v > max_value):
         if max_value is None:
@@ -295,9 +339,17 @@ def check_int(value: object, name: str, where: str, *, min_value: int | None = N
     return v
 
 
-def check_real(value: object, name: str, where: str, *, gt: float | None = None,
-               ge: float | None = None, allow_inf: bool = False,
-               allow_none: bool = False, float32: bool = False) -> float | None:
+def check_real(
+    value: object,
+    name: str,
+    where: str,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    allow_inf: bool = False,
+    allow_none: bool = False,
+    float32: bool = False,
+) -> float | None:
     """Check a real option and return it as a Python float.
 
     Parameters
@@ -336,16 +388,18 @@ def check_real(value: object, name: str, where: str, *, gt: float | None = None,
     """
     if value is None and allow_none:
         return None
-    if (isinstance(value, (bool, np.bool_))
-            or not isinstance(value, (int, float, np.integer, np.floating))):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
         expected = "a real number or None" if allow_none else "a real number"
-        raise TypeError(f"{where}: {name} must be {expected}; got {describe_type(value)} "
-                        f"{value!r}")
+        raise TypeError(f"{where}: {name} must be {expected}; got {describe_type(value)} {value!r}")
     try:
         v = float(value)
     except OverflowError:  # a Python int beyond binary64
-        raise ValueError(f"{where}: {name} must be finite; got {_fmt_int(int(value))}, too "
-                         f"large for a float (the largest is about 1.8e308)") from None
+        raise ValueError(
+            f"{where}: {name} must be finite; got {_fmt_int(int(value))}, too "
+            f"large for a float (the largest is about 1.8e308)"
+        ) from None
     if math.isnan(v) or (math.isinf(v) and not (allow_inf and v > 0)):
         raise ValueError(f"{where}: {name} must be finite; got {v!r}")
     if gt is not None and not v > gt:
@@ -357,9 +411,11 @@ def check_real(value: object, name: str, where: str, *, gt: float | None = None,
             f = float(np.float32(v))
         if math.isinf(f) or (gt is not None and gt >= 0.0 and f == 0.0 and v > 0.0):
             lo = f"{FLOAT32_TRUE_MIN!r}" if gt is not None and gt >= 0.0 else "0"
-            raise ValueError(f"{where}: {name}={v!r} is used as float32 and rounds to {f!r} "
-                             f"there; expected a value in the float32 range [{lo}, "
-                             f"{FLOAT32_MAX!r}]")
+            raise ValueError(
+                f"{where}: {name}={v!r} is used as float32 and rounds to {f!r} "
+                f"there; expected a value in the float32 range [{lo}, "
+                f"{FLOAT32_MAX!r}]"
+            )
     return v
 
 
@@ -389,8 +445,15 @@ def check_flag(value: object, name: str, where: str) -> bool:
     return bool(value)
 
 
-def check_choice(value: object, name: str, where: str, choices: Sequence[str], *,
-                 allow_none: bool = False, note: str = "") -> str | None:
+def check_choice(
+    value: object,
+    name: str,
+    where: str,
+    choices: Sequence[str],
+    *,
+    allow_none: bool = False,
+    note: str = "",
+) -> str | None:
     """Check a string option against its exact lowercase spellings.
 
     Parameters
@@ -424,16 +487,18 @@ def check_choice(value: object, name: str, where: str, choices: Sequence[str], *
     if value is None and allow_none:
         return None
     if not isinstance(value, str):
-        raise TypeError(f"{where}: {name} must be a str (one of {listing}); got "
-                        f"{describe_type(value)} {value!r}")
+        raise TypeError(
+            f"{where}: {name} must be a str (one of {listing}); got "
+            f"{describe_type(value)} {value!r}"
+        )
     if value not in choices:
-        raise ValueError(f"{where}: {name}={value!r} is not supported; accepted values: "
-                         f"{listing}{note}")
+        raise ValueError(
+            f"{where}: {name}={value!r} is not supported; accepted values: {listing}{note}"
+        )
     return value
 
 
-def check_state_buffers(buffers: Sequence[tuple[str, object, tuple, object]],
-                        where: str) -> None:
+def check_state_buffers(buffers: Sequence[tuple[str, object, tuple, object]], where: str) -> None:
     """Check that a state's buffers are still what the native core may read and write in place.
 
     A state's arrays may be edited in place (contents), but NumPy also lets a caller reshape an
@@ -457,10 +522,13 @@ def check_state_buffers(buffers: Sequence[tuple[str, object, tuple, object]],
         aligned and writable; or two buffers share memory. The message names the buffer, what
         was expected and what came.
     """
+
     def expected(dt, shape) -> str:  # built only for an error: this runs on every decode step
-        return (f"a writable, C-contiguous {dt.name} array of shape {format_shape(shape)} "
-                "(its contents may be edited in place; it must not be reshaped, retyped, "
-                "made read-only or replaced)")
+        return (
+            f"a writable, C-contiguous {dt.name} array of shape {format_shape(shape)} "
+            "(its contents may be edited in place; it must not be reshaped, retyped, "
+            "made read-only or replaced)"
+        )
 
     # Fast path (every decode step): each buffer an intact ndarray that owns its memory, and no
     # two the same object. Arrays that own their allocations cannot share memory, so the
@@ -479,12 +547,16 @@ def check_state_buffers(buffers: Sequence[tuple[str, object, tuple, object]],
     for name, buf, shape, dtype in buffers:
         dt = np.dtype(dtype)
         if not isinstance(buf, np.ndarray):
-            raise ValueError(f"{where}: {name} must be {expected(dt, shape)}; got "
-                             f"{describe_type(buf)}")
+            raise ValueError(
+                f"{where}: {name} must be {expected(dt, shape)}; got {describe_type(buf)}"
+            )
         problems = []
         if buf.dtype != dt or not buf.dtype.isnative:
-            problems.append(f"dtype {buf.dtype.str!r}" if buf.dtype.name == dt.name
-                            else f"dtype {buf.dtype.name}")
+            problems.append(
+                f"dtype {buf.dtype.str!r}"
+                if buf.dtype.name == dt.name
+                else f"dtype {buf.dtype.name}"
+            )
         if buf.shape != tuple(shape):
             problems.append(f"shape {format_shape(buf.shape)}")
         if not (buf.flags.c_contiguous and buf.flags.aligned):
@@ -492,14 +564,17 @@ def check_state_buffers(buffers: Sequence[tuple[str, object, tuple, object]],
         if not buf.flags.writeable:
             problems.append("a read-only array")
         if problems:
-            raise ValueError(f"{where}: {name} must be {expected(dt, shape)}; got "
-                             f"{', '.join(problems)}")
+            raise ValueError(
+                f"{where}: {name} must be {expected(dt, shape)}; got {', '.join(problems)}"
+            )
     for i, (name_a, a, _, _) in enumerate(buffers):
-        for name_b, b, _, _ in buffers[i + 1:]:
+        for name_b, b, _, _ in buffers[i + 1 :]:
             # Both are C-contiguous, so overlapping address ranges means shared bytes.
             if np.may_share_memory(a, b):
-                raise ValueError(f"{where}: {name_a} and {name_b} share memory; each state "
-                                 "buffer must be its own array")
+                raise ValueError(
+                    f"{where}: {name_a} and {name_b} share memory; each state "
+                    "buffer must be its own array"
+                )
 
 
 def check_lengths(lengths: object, batch: int, n_tokens: int, where: str) -> np.ndarray:
@@ -540,26 +615,33 @@ def check_lengths(lengths: object, batch: int, n_tokens: int, where: str) -> np.
         return full
     if isinstance(lengths, np.ndarray):
         if lengths.ndim == 0:
-            raise TypeError(f"{where}: lengths must be None, a sequence of ints or a 1-D integer "
-                            f"array; got a 0-d array (a scalar)")
+            raise TypeError(
+                f"{where}: lengths must be None, a sequence of ints or a 1-D integer "
+                f"array; got a 0-d array (a scalar)"
+            )
         if lengths.dtype.kind not in "iu":
-            raise TypeError(f"{where}: lengths must hold integers; got an array of dtype "
-                            f"{lengths.dtype}")
+            raise TypeError(
+                f"{where}: lengths must hold integers; got an array of dtype {lengths.dtype}"
+            )
         if lengths.ndim != 1:
-            raise ValueError(f"{where}: lengths must be 1-D with {batch} entries; got shape "
-                             f"{format_shape(lengths.shape)}")
+            raise ValueError(
+                f"{where}: lengths must be 1-D with {batch} entries; got shape "
+                f"{format_shape(lengths.shape)}"
+            )
         entries = [int(v) for v in lengths.tolist()]
-    elif (isinstance(lengths, (str, bytes, bytearray, Mapping))
-          or not isinstance(lengths, Sequence)):
-        raise TypeError(f"{where}: lengths must be None, a sequence of ints or a 1-D integer "
-                        f"array; got {describe_type(lengths)}")
+    elif isinstance(lengths, (str, bytes, bytearray, Mapping)) or not isinstance(lengths, Sequence):
+        raise TypeError(
+            f"{where}: lengths must be None, a sequence of ints or a 1-D integer "
+            f"array; got {describe_type(lengths)}"
+        )
     else:
         entries = []
         for i, v in enumerate(lengths):
             entries.append(check_int(v, f"lengths[{i}]", where))
     if len(entries) != batch:
-        raise ValueError(f"{where}: lengths has {len(entries)} entries; expected one per row of "
-                         f"x, batch={batch}")
+        raise ValueError(
+            f"{where}: lengths has {len(entries)} entries; expected one per row of x, batch={batch}"
+        )
     for i, v in enumerate(entries):
         if not 0 <= v <= n_tokens:
             raise ValueError(f"{where}: lengths[{i}]={v} is outside [0, n_tokens={n_tokens}]")
@@ -599,14 +681,21 @@ def check_tokens(x: object, d_model: int, where: str, *, step: bool = False) -> 
         if xa.ndim == 2:
             xa = xa.reshape(xa.shape[0], 1, xa.shape[1])
         elif xa.ndim != 3 or xa.shape[1] != 1:
-            raise ValueError(f"{where}: x has shape {format_shape(xa.shape)}; expected "
-                             f"(batch, d_model) = (batch, {d_model}) or (batch, 1, d_model)")
+            raise ValueError(
+                f"{where}: x has shape {format_shape(xa.shape)}; expected "
+                f"(batch, d_model) = (batch, {d_model}) or (batch, 1, d_model)"
+            )
     elif xa.ndim != 3:
-        raise ValueError(f"{where}: x has shape {format_shape(xa.shape)}; expected 3-D "
-                         f"(batch, n_tokens, d_model) = (batch, n_tokens, {d_model})")
+        raise ValueError(
+            f"{where}: x has shape {format_shape(xa.shape)}; expected 3-D "
+            f"(batch, n_tokens, d_model) = (batch, n_tokens, {d_model})"
+        )
     bsz, n_tok, dx = xa.shape
     if dx != d_model or bsz < 1 or n_tok < 1:
-        expected = (f"(batch, d_model) = (>=1, {d_model})" if got_ndim == 2
-                    else f"(batch, n_tokens, d_model) = (>=1, >=1, {d_model})")
+        expected = (
+            f"(batch, d_model) = (>=1, {d_model})"
+            if got_ndim == 2
+            else f"(batch, n_tokens, d_model) = (>=1, >=1, {d_model})"
+        )
         raise ValueError(f"{where}: x has shape {format_shape(got_shape)}; expected {expected}")
     return xa

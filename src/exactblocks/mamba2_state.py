@@ -66,50 +66,110 @@ class Mamba2State:
     array([5, 5])
     """
 
-    __slots__ = ("batch_size", "n_heads", "head_dim", "d_state", "n_groups", "conv_dim",
-                 "conv_kernel", "conv_window", "h", "row_tokens", "fingerprint", "_lock",
-                 "__weakref__")
+    __slots__ = (
+        "batch_size",
+        "n_heads",
+        "head_dim",
+        "d_state",
+        "n_groups",
+        "conv_dim",
+        "conv_kernel",
+        "conv_window",
+        "h",
+        "row_tokens",
+        "fingerprint",
+        "_lock",
+        "__weakref__",
+    )
 
     def __init__(self, *args, **kwargs):
         raise TypeError(f"Mamba2State: states are made by {_MADE_BY}, not by calling the class")
 
     @classmethod
-    def _make(cls, token, *, batch_size: int, n_heads: int, head_dim: int, d_state: int,
-              n_groups: int, conv_dim: int, conv_kernel: int, fingerprint: str,
-              conv_window=None, h=None, row_tokens=None):
+    def _make(
+        cls,
+        token,
+        *,
+        batch_size: int,
+        n_heads: int,
+        head_dim: int,
+        d_state: int,
+        n_groups: int,
+        conv_dim: int,
+        conv_kernel: int,
+        fingerprint: str,
+        conv_window=None,
+        h=None,
+        row_tokens=None,
+    ):
         if token is not _PRIVATE:
             raise TypeError(f"Mamba2State: states are made by {_MADE_BY}")
         self = object.__new__(cls)
         cw_shape = (batch_size, conv_dim, conv_kernel)
         h_shape = (batch_size, n_heads, head_dim, d_state)
         s = object.__setattr__
-        for name, v in (("batch_size", batch_size), ("n_heads", n_heads),
-                        ("head_dim", head_dim), ("d_state", d_state), ("n_groups", n_groups),
-                        ("conv_dim", conv_dim), ("conv_kernel", conv_kernel)):
+        for name, v in (
+            ("batch_size", batch_size),
+            ("n_heads", n_heads),
+            ("head_dim", head_dim),
+            ("d_state", d_state),
+            ("n_groups", n_groups),
+            ("conv_dim", conv_dim),
+            ("conv_kernel", conv_kernel),
+        ):
             s(self, name, int(v))
-        s(self, "conv_window", np.zeros(cw_shape, np.float32) if conv_window is None
-          else np.array(conv_window, dtype=np.float32, order="C", copy=True).reshape(cw_shape))
-        s(self, "h", np.zeros(h_shape, np.float32) if h is None
-          else np.array(h, dtype=np.float32, order="C", copy=True).reshape(h_shape))
-        s(self, "row_tokens", np.zeros(batch_size, np.int64) if row_tokens is None
-          else np.array(row_tokens, dtype=np.int64, copy=True).reshape(batch_size))
+        s(
+            self,
+            "conv_window",
+            np.zeros(cw_shape, np.float32)
+            if conv_window is None
+            else np.array(conv_window, dtype=np.float32, order="C", copy=True).reshape(cw_shape),
+        )
+        s(
+            self,
+            "h",
+            np.zeros(h_shape, np.float32)
+            if h is None
+            else np.array(h, dtype=np.float32, order="C", copy=True).reshape(h_shape),
+        )
+        s(
+            self,
+            "row_tokens",
+            np.zeros(batch_size, np.int64)
+            if row_tokens is None
+            else np.array(row_tokens, dtype=np.int64, copy=True).reshape(batch_size),
+        )
         s(self, "fingerprint", str(fingerprint))
         s(self, "_lock", threading.Lock())
         return self
 
     def __setattr__(self, name, value):
-        raise AttributeError(f"Mamba2State: attribute {name!r} cannot be assigned; write into "
-                             "the arrays instead (e.g. state.h[0] = h0, state.row_tokens[:] = 0)")
+        raise AttributeError(
+            f"Mamba2State: attribute {name!r} cannot be assigned; write into "
+            "the arrays instead (e.g. state.h[0] = h0, state.row_tokens[:] = 0)"
+        )
 
     def __delattr__(self, name):
         raise AttributeError(f"Mamba2State: attribute {name!r} cannot be deleted")
 
     # -- pickling ---------------------------------------------------------------------------
     def __reduce__(self):
-        return (_restore_mamba2_state,
-                (self.batch_size, self.n_heads, self.head_dim, self.d_state, self.n_groups,
-                 self.conv_dim, self.conv_kernel, self.fingerprint, self.conv_window, self.h,
-                 self.row_tokens))
+        return (
+            _restore_mamba2_state,
+            (
+                self.batch_size,
+                self.n_heads,
+                self.head_dim,
+                self.d_state,
+                self.n_groups,
+                self.conv_dim,
+                self.conv_kernel,
+                self.fingerprint,
+                self.conv_window,
+                self.h,
+                self.row_tokens,
+            ),
+        )
 
     def __copy__(self):
         fn, args = self.__reduce__()
@@ -146,26 +206,59 @@ class Mamba2State:
         :func:`exactblocks._validation.check_state_buffers`)."""
         b = self.batch_size
         check_state_buffers(
-            [("state.conv_window", self.conv_window, (b, self.conv_dim, self.conv_kernel),
-              np.float32),
-             ("state.h", self.h, (b, self.n_heads, self.head_dim, self.d_state), np.float32),
-             ("state.row_tokens", self.row_tokens, (b,), np.int64)], where)
+            [
+                (
+                    "state.conv_window",
+                    self.conv_window,
+                    (b, self.conv_dim, self.conv_kernel),
+                    np.float32,
+                ),
+                ("state.h", self.h, (b, self.n_heads, self.head_dim, self.d_state), np.float32),
+                ("state.row_tokens", self.row_tokens, (b,), np.int64),
+            ],
+            where,
+        )
 
     def __repr__(self) -> str:
-        return (f"Mamba2State(batch_size={self.batch_size}, n_heads={self.n_heads}, "
-                f"head_dim={self.head_dim}, d_state={self.d_state}, n_groups={self.n_groups}, "
-                f"conv_dim={self.conv_dim}, conv_kernel={self.conv_kernel}, "
-                f"row_tokens={self.row_tokens.tolist()})")
+        return (
+            f"Mamba2State(batch_size={self.batch_size}, n_heads={self.n_heads}, "
+            f"head_dim={self.head_dim}, d_state={self.d_state}, n_groups={self.n_groups}, "
+            f"conv_dim={self.conv_dim}, conv_kernel={self.conv_kernel}, "
+            f"row_tokens={self.row_tokens.tolist()})"
+        )
 
 
-def _restore_mamba2_state(batch_size, n_heads, head_dim, d_state, n_groups, conv_dim,
-                          conv_kernel, fingerprint, conv_window, h, row_tokens):
+def _restore_mamba2_state(
+    batch_size,
+    n_heads,
+    head_dim,
+    d_state,
+    n_groups,
+    conv_dim,
+    conv_kernel,
+    fingerprint,
+    conv_window,
+    h,
+    row_tokens,
+):
     return Mamba2State._make(
-        _PRIVATE, batch_size=batch_size, n_heads=n_heads, head_dim=head_dim, d_state=d_state,
-        n_groups=n_groups, conv_dim=conv_dim, conv_kernel=conv_kernel, fingerprint=fingerprint,
-        conv_window=conv_window, h=h, row_tokens=row_tokens)
+        _PRIVATE,
+        batch_size=batch_size,
+        n_heads=n_heads,
+        head_dim=head_dim,
+        d_state=d_state,
+        n_groups=n_groups,
+        conv_dim=conv_dim,
+        conv_kernel=conv_kernel,
+        fingerprint=fingerprint,
+        conv_window=conv_window,
+        h=h,
+        row_tokens=row_tokens,
+    )
 
 
 def _mamba2_state_type_error(where: str, state) -> TypeError:
-    return TypeError(f"{where}: state must be a Mamba2State from this block's "
-                     f"allocate_state(batch_size); got {describe_type(state)}")
+    return TypeError(
+        f"{where}: state must be a Mamba2State from this block's "
+        f"allocate_state(batch_size); got {describe_type(state)}"
+    )

@@ -41,9 +41,12 @@ def _default_num_threads() -> int:
         if 1 <= n <= MAX_NUM_THREADS:
             return n
         shown = raw if len(raw) <= 40 else raw[:37] + "..."
-        warnings.warn(f"exactblocks: {_ENV_THREADS}={shown!r} is not an integer in [1, "
-                      f"{MAX_NUM_THREADS}]; using the CPUs available to the process instead",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"exactblocks: {_ENV_THREADS}={shown!r} is not an integer in [1, "
+            f"{MAX_NUM_THREADS}]; using the CPUs available to the process instead",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - platforms without affinity masks
@@ -62,7 +65,9 @@ _ext._register_on_load(_push_threads)
 
 
 def _apply_isa_env(core_module) -> None:
-    """Honour ``EXACTBLOCKS_ISA`` (scalar, avx2, avx512 on x86-64; scalar, neon on AArch64) when the extension loads.
+    """Honour ``EXACTBLOCKS_ISA`` when the extension loads.
+
+    Paths: scalar, avx2, avx512 on x86-64; scalar, neon on AArch64.
 
     An ISA the CPU or the build lacks is refused: the first use of the extension raises
     ValueError naming the variable, its value and the available paths (nothing silently falls
@@ -74,8 +79,10 @@ def _apply_isa_env(core_module) -> None:
         return
     avail = [str(s) for s in core_module.available_isas()]
     if name not in avail:
-        raise ValueError(f"exactblocks: EXACTBLOCKS_ISA={raw!r} is not available on this CPU "
-                         f"or build; available: {avail} (unset it to use the best one)")
+        raise ValueError(
+            f"exactblocks: EXACTBLOCKS_ISA={raw!r} is not available on this CPU "
+            f"or build; available: {avail} (unset it to use the best one)"
+        )
     core_module.set_isa(name)
 
 
@@ -113,8 +120,7 @@ def set_num_threads(n: int) -> None:
     >>> exactblocks.set_num_threads(old)
     """
     global _num_threads
-    v = check_int(n, "n", "exactblocks.set_num_threads", min_value=1,
-                  max_value=MAX_NUM_THREADS)
+    v = check_int(n, "n", "exactblocks.set_num_threads", min_value=1, max_value=MAX_NUM_THREADS)
     with _lock:
         _num_threads = v
         if _ext.is_loaded():
@@ -188,10 +194,12 @@ def set_isa(name: str) -> None:
         The path is not available on this CPU or build.
     """
     if not isinstance(name, str):
-        raise TypeError(f"exactblocks.runtime.set_isa: name must be a str; got "
-                        f"{describe_type(name)}")
+        raise TypeError(
+            f"exactblocks.runtime.set_isa: name must be a str; got {describe_type(name)}"
+        )
     avail = available_isas()
     if name.lower() not in avail:  # case-insensitive, as EXACTBLOCKS_ISA
-        raise ValueError(f"exactblocks.runtime.set_isa: name={name!r} is not available; "
-                         f"available: {avail}")
+        raise ValueError(
+            f"exactblocks.runtime.set_isa: name={name!r} is not available; available: {avail}"
+        )
     _ext.core().set_isa(name.lower())

@@ -54,9 +54,11 @@ class TransformerDecodeSession:
     __slots__ = ("_block", "_state", "_is_open", "_workspace", "__weakref__")
 
     def __init__(self, *args, **kwargs):
-        raise TypeError(f"{_CLS}: sessions are made by "
-                        "TransformerBlockInference.decode_session(state), not by calling the "
-                        "class")
+        raise TypeError(
+            f"{_CLS}: sessions are made by "
+            "TransformerBlockInference.decode_session(state), not by calling the "
+            "class"
+        )
 
     @classmethod
     def _open_claim(cls, block, state: TransformerState, where: str) -> TransformerDecodeSession:
@@ -70,8 +72,9 @@ class TransformerDecodeSession:
         with _claim_lock:
             owner = state._open_session()
             if owner is not None:
-                raise ValueError(f"{where}: state is claimed by an open decode session "
-                                 f"{owner!r}; close it first")
+                raise ValueError(
+                    f"{where}: state is claimed by an open decode session {owner!r}; close it first"
+                )
             state._set_session(self)
         return self
 
@@ -124,9 +127,11 @@ class TransformerDecodeSession:
 
     def _check_open(self, where: str) -> None:
         if not self._is_open:
-            raise ValueError(f"{where}: session is closed (state row_tokens="
-                             f"{self._state.row_tokens.tolist()}); open a new one with "
-                             "block.decode_session(state)")
+            raise ValueError(
+                f"{where}: session is closed (state row_tokens="
+                f"{self._state.row_tokens.tolist()}); open a new one with "
+                "block.decode_session(state)"
+            )
 
     def step(self, x) -> np.ndarray:
         """Advance every row of the state by one token and return the block output.
@@ -209,18 +214,26 @@ class TransformerDecodeSession:
             The state is in use by another call.
         """
         from .transformer import _check_counters, _check_readable
+
         where = f"{_CLS}.load_state"
         st = self._state
         if not st._lock.acquire(blocking=False):
             raise RuntimeError(f"{where}: state is in use by another call")
         try:
             start = _check_counters(st, where)
-            _check_readable(st, start, np.ones(st.batch_size, np.int64), where,
-                            reader="read by the session's next step")
+            _check_readable(
+                st,
+                start,
+                np.ones(st.batch_size, np.int64),
+                where,
+                reader="read by the session's next step",
+            )
         finally:
             st._lock.release()
         return st
 
     def __repr__(self) -> str:
-        return (f"{_CLS}(open={self._is_open}, batch_size={self._state.batch_size}, "
-                f"row_tokens={self._state.row_tokens.tolist()})")
+        return (
+            f"{_CLS}(open={self._is_open}, batch_size={self._state.batch_size}, "
+            f"row_tokens={self._state.row_tokens.tolist()})"
+        )

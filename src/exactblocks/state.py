@@ -75,21 +75,49 @@ class TransformerState:
     array([5, 5])
     """
 
-    __slots__ = ("batch_size", "n_kv_heads", "head_dim", "max_tokens", "window", "capacity",
-                 "k_cache", "v_cache", "row_tokens", "fingerprint", "_lock", "_session",
-                 "__weakref__")
+    __slots__ = (
+        "batch_size",
+        "n_kv_heads",
+        "head_dim",
+        "max_tokens",
+        "window",
+        "capacity",
+        "k_cache",
+        "v_cache",
+        "row_tokens",
+        "fingerprint",
+        "_lock",
+        "_session",
+        "__weakref__",
+    )
 
     def __init__(self, *args, **kwargs):
-        raise TypeError("TransformerState: states are made by "
-                        "TransformerBlockInference.allocate_state(batch_size, max_tokens), not "
-                        "by calling the class")
+        raise TypeError(
+            "TransformerState: states are made by "
+            "TransformerBlockInference.allocate_state(batch_size, max_tokens), not "
+            "by calling the class"
+        )
 
     @classmethod
-    def _make(cls, token, *, batch_size: int, n_kv_heads: int, head_dim: int, max_tokens: int,
-              window: int, fingerprint: str, k_cache=None, v_cache=None, row_tokens=None):
+    def _make(
+        cls,
+        token,
+        *,
+        batch_size: int,
+        n_kv_heads: int,
+        head_dim: int,
+        max_tokens: int,
+        window: int,
+        fingerprint: str,
+        k_cache=None,
+        v_cache=None,
+        row_tokens=None,
+    ):
         if token is not _PRIVATE:
-            raise TypeError("TransformerState: states are made by "
-                            "TransformerBlockInference.allocate_state(batch_size, max_tokens)")
+            raise TypeError(
+                "TransformerState: states are made by "
+                "TransformerBlockInference.allocate_state(batch_size, max_tokens)"
+            )
         self = object.__new__(cls)
         capacity = min(window, max_tokens) if window > 0 else max_tokens
         shape = (batch_size, n_kv_heads, capacity, head_dim)
@@ -100,12 +128,27 @@ class TransformerState:
         s(self, "max_tokens", int(max_tokens))
         s(self, "window", int(window))
         s(self, "capacity", int(capacity))
-        s(self, "k_cache", np.zeros(shape, np.float32) if k_cache is None
-          else np.array(k_cache, dtype=np.float32, order="C", copy=True).reshape(shape))
-        s(self, "v_cache", np.zeros(shape, np.float32) if v_cache is None
-          else np.array(v_cache, dtype=np.float32, order="C", copy=True).reshape(shape))
-        s(self, "row_tokens", np.zeros(batch_size, np.int64) if row_tokens is None
-          else np.array(row_tokens, dtype=np.int64, copy=True).reshape(batch_size))
+        s(
+            self,
+            "k_cache",
+            np.zeros(shape, np.float32)
+            if k_cache is None
+            else np.array(k_cache, dtype=np.float32, order="C", copy=True).reshape(shape),
+        )
+        s(
+            self,
+            "v_cache",
+            np.zeros(shape, np.float32)
+            if v_cache is None
+            else np.array(v_cache, dtype=np.float32, order="C", copy=True).reshape(shape),
+        )
+        s(
+            self,
+            "row_tokens",
+            np.zeros(batch_size, np.int64)
+            if row_tokens is None
+            else np.array(row_tokens, dtype=np.int64, copy=True).reshape(batch_size),
+        )
         s(self, "fingerprint", str(fingerprint))
         s(self, "_lock", threading.Lock())
         s(self, "_session", None)
@@ -115,17 +158,30 @@ class TransformerState:
         if name == "cached_tokens":
             object.__setattr__(self, name, value)  # the property's setter
             return
-        raise AttributeError(f"TransformerState: attribute {name!r} cannot be assigned; "
-                             "write into the arrays instead (e.g. state.row_tokens[:] = 0)")
+        raise AttributeError(
+            f"TransformerState: attribute {name!r} cannot be assigned; "
+            "write into the arrays instead (e.g. state.row_tokens[:] = 0)"
+        )
 
     def __delattr__(self, name):
         raise AttributeError(f"TransformerState: attribute {name!r} cannot be deleted")
 
     # -- pickling ---------------------------------------------------------------------------
     def __reduce__(self):
-        return (_restore_transformer_state,
-                (self.batch_size, self.n_kv_heads, self.head_dim, self.max_tokens, self.window,
-                 self.fingerprint, self.k_cache, self.v_cache, self.row_tokens))
+        return (
+            _restore_transformer_state,
+            (
+                self.batch_size,
+                self.n_kv_heads,
+                self.head_dim,
+                self.max_tokens,
+                self.window,
+                self.fingerprint,
+                self.k_cache,
+                self.v_cache,
+                self.row_tokens,
+            ),
+        )
 
     def __copy__(self):
         fn, args = self.__reduce__()
@@ -146,8 +202,10 @@ class TransformerState:
         self._check_buffers("TransformerState.cached_tokens")
         rt = self.row_tokens
         if rt.size and not (rt == rt[0]).all():
-            raise ValueError("TransformerState.cached_tokens: rows hold different numbers of "
-                             f"positions {rt.tolist()}; read state.row_tokens instead")
+            raise ValueError(
+                "TransformerState.cached_tokens: rows hold different numbers of "
+                f"positions {rt.tolist()}; read state.row_tokens instead"
+            )
         return int(rt[0]) if rt.size else 0
 
     @cached_tokens.setter
@@ -155,8 +213,10 @@ class TransformerState:
         where = "TransformerState.cached_tokens"
         v = check_int(value, "cached_tokens", where, min_value=0, max_value=self.max_tokens)
         if not self._lock.acquire(blocking=False):
-            raise RuntimeError(f"{where}: state is in use by another call (a state serves one "
-                               "call at a time); assign cached_tokens after it returns")
+            raise RuntimeError(
+                f"{where}: state is in use by another call (a state serves one "
+                "call at a time); assign cached_tokens after it returns"
+            )
         try:
             self._check_buffers(where)
             self.row_tokens[:] = v
@@ -167,24 +227,35 @@ class TransformerState:
         """Raise ValueError unless k_cache, v_cache and row_tokens are intact (see
         :func:`exactblocks._validation.check_state_buffers`)."""
         shape = (self.batch_size, self.n_kv_heads, self.capacity, self.head_dim)
-        check_state_buffers([("state.k_cache", self.k_cache, shape, np.float32),
-                             ("state.v_cache", self.v_cache, shape, np.float32),
-                             ("state.row_tokens", self.row_tokens, (self.batch_size,), np.int64)],
-                            where)
+        check_state_buffers(
+            [
+                ("state.k_cache", self.k_cache, shape, np.float32),
+                ("state.v_cache", self.v_cache, shape, np.float32),
+                ("state.row_tokens", self.row_tokens, (self.batch_size,), np.int64),
+            ],
+            where,
+        )
 
     def _held(self, where: str, row) -> tuple[list[int], int]:
-        rows = list(range(self.batch_size)) if row is None else [
-            check_int(row, "row", where, min_value=0, max_value=self.batch_size - 1)]
+        rows = (
+            list(range(self.batch_size))
+            if row is None
+            else [check_int(row, "row", where, min_value=0, max_value=self.batch_size - 1)]
+        )
         counts = []
         for b in rows:
             n = int(self.row_tokens[b])
             if not 0 <= n <= self.max_tokens:
-                raise ValueError(f"{where}: state.row_tokens[{b}]={n} is outside "
-                                 f"[0, max_tokens={self.max_tokens}]")
+                raise ValueError(
+                    f"{where}: state.row_tokens[{b}]={n} is outside "
+                    f"[0, max_tokens={self.max_tokens}]"
+                )
             counts.append(n)
         if row is None and len(set(counts)) > 1:
-            raise ValueError(f"{where}: rows hold different numbers of positions "
-                             f"{counts}; pass row=b to read one row")
+            raise ValueError(
+                f"{where}: rows hold different numbers of positions "
+                f"{counts}; pass row=b to read one row"
+            )
         return rows, (counts[0] if counts else 0)
 
     def _gather(self, name: str, where: str, row) -> np.ndarray:
@@ -267,9 +338,11 @@ class TransformerState:
         _reset_rows(self, rows, "TransformerState.reset", ("k_cache", "v_cache"))
 
     def __repr__(self) -> str:
-        return (f"TransformerState(batch_size={self.batch_size}, n_kv_heads={self.n_kv_heads}, "
-                f"head_dim={self.head_dim}, max_tokens={self.max_tokens}, window={self.window}, "
-                f"capacity={self.capacity}, row_tokens={self.row_tokens.tolist()})")
+        return (
+            f"TransformerState(batch_size={self.batch_size}, n_kv_heads={self.n_kv_heads}, "
+            f"head_dim={self.head_dim}, max_tokens={self.max_tokens}, window={self.window}, "
+            f"capacity={self.capacity}, row_tokens={self.row_tokens.tolist()})"
+        )
 
     # -- used by the block and the session ----------------------------------------------------
     def _open_session(self):
@@ -302,25 +375,40 @@ def _check_rows(rows, batch: int, where: str) -> list[int]:
         return list(range(batch))
     if isinstance(rows, np.ndarray):
         if rows.dtype.kind not in "iu" or rows.ndim > 1:
-            raise TypeError(f"{where}: rows must be an int or a sequence of ints; got an array of "
-                            f"dtype {rows.dtype} and shape {rows.shape}")
+            raise TypeError(
+                f"{where}: rows must be an int or a sequence of ints; got an array of "
+                f"dtype {rows.dtype} and shape {rows.shape}"
+            )
         items = rows.reshape(-1).tolist()
     elif isinstance(rows, (list, tuple, range)):
         items = list(rows)
     else:
         return [check_int(rows, "rows", where, min_value=0, max_value=batch - 1)]
-    return [check_int(r, f"rows[{i}]", where, min_value=0, max_value=batch - 1)
-            for i, r in enumerate(items)]
+    return [
+        check_int(r, f"rows[{i}]", where, min_value=0, max_value=batch - 1)
+        for i, r in enumerate(items)
+    ]
 
 
-def _restore_transformer_state(batch_size, n_kv_heads, head_dim, max_tokens, window,
-                               fingerprint, k_cache, v_cache, row_tokens):
+def _restore_transformer_state(
+    batch_size, n_kv_heads, head_dim, max_tokens, window, fingerprint, k_cache, v_cache, row_tokens
+):
     return TransformerState._make(
-        _PRIVATE, batch_size=batch_size, n_kv_heads=n_kv_heads, head_dim=head_dim,
-        max_tokens=max_tokens, window=window, fingerprint=fingerprint, k_cache=k_cache,
-        v_cache=v_cache, row_tokens=row_tokens)
+        _PRIVATE,
+        batch_size=batch_size,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        max_tokens=max_tokens,
+        window=window,
+        fingerprint=fingerprint,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        row_tokens=row_tokens,
+    )
 
 
 def _state_type_error(where: str, state) -> TypeError:
-    return TypeError(f"{where}: state must be a TransformerState from this block's "
-                     f"allocate_state(); got {describe_type(state)}")
+    return TypeError(
+        f"{where}: state must be a TransformerState from this block's "
+        f"allocate_state(); got {describe_type(state)}"
+    )

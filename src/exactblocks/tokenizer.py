@@ -31,11 +31,33 @@ _USER_DEFINED = 4
 # (ByteLevel with the GPT-2 regex) by another split regex (its GGUF_PRE_TOKENIZER_SPLITS table).
 # We do not copy those regexes; such files are refused. Every other value (SmolLM2's "smollm",
 # "gpt2", "starcoder", ...) gets the GPT-2 split in transformers, and here.
-_OTHER_SPLIT_PRE = frozenset({
-    "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-    "jina-v5-nano", "dbrx", "smaug-bpe", "tekken", "qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2",
-    "megrez", "qwen35", "gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2",
-})
+_OTHER_SPLIT_PRE = frozenset(
+    {
+        "llama3",
+        "llama-v3",
+        "llama-bpe",
+        "falcon3",
+        "falcon-h1",
+        "pixtral",
+        "midm-2.0",
+        "lfm2",
+        "jina-v5-nano",
+        "dbrx",
+        "smaug-bpe",
+        "tekken",
+        "qwen2",
+        "deepseek-r1-qwen",
+        "kormo",
+        "f2llmv2",
+        "megrez",
+        "qwen35",
+        "gpt-4o",
+        "llama4",
+        "kanana2",
+        "talkie",
+        "minimax-m2",
+    }
+)
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -56,8 +78,11 @@ def bytes_to_unicode() -> dict[int, str]:
     >>> table[ord("a")], table[ord(" ")], table[ord("\\n")]
     ('a', 'Ġ', 'Ċ')
     """
-    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-          + list(range(ord("®"), ord("ÿ") + 1)))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -112,11 +137,19 @@ class GGUFTokenizer:
     ``decode(skip_special_tokens=True)``); user-defined ones as plain added tokens.
     """
 
-    def __init__(self, tokens: Sequence[str], merges: Sequence[str],
-                 token_types: Sequence[int] | None = None, *, bos_token_id: int | None = None,
-                 eos_token_id: int | None = None, unk_token_id: int | None = None,
-                 pad_token_id: int | None = None,
-                 add_bos_token: bool = False, chat_template: str | None = None):
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        merges: Sequence[str],
+        token_types: Sequence[int] | None = None,
+        *,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        unk_token_id: int | None = None,
+        pad_token_id: int | None = None,
+        add_bos_token: bool = False,
+        chat_template: str | None = None,
+    ):
         try:
             from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
         except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -126,8 +159,12 @@ class GGUFTokenizer:
             ) from exc
         tokens = list(tokens)
         n = len(tokens)
-        for name, value in (("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id),
-                            ("unk_token_id", unk_token_id), ("pad_token_id", pad_token_id)):
+        for name, value in (
+            ("bos_token_id", bos_token_id),
+            ("eos_token_id", eos_token_id),
+            ("unk_token_id", unk_token_id),
+            ("pad_token_id", pad_token_id),
+        ):
             if value is not None and not 0 <= value < n:
                 raise ValueError(
                     f"GGUFTokenizer.__init__: {name}={value} is outside the vocabulary [0, {n})"
@@ -151,16 +188,25 @@ class GGUFTokenizer:
                 token = "".join(spelling[b] for b in token.encode("utf-8"))
             vocab[token] = index
 
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, unk_token=None, fuse_unk=False,
-                                   byte_fallback=False))
+        tok = Tokenizer(
+            models.BPE(
+                vocab=vocab, merges=pairs, unk_token=None, fuse_unk=False, byte_fallback=False
+            )
+        )
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         tok.decoder = decoders.ByteLevel()
-        control = [AddedToken(t, normalized=False, special=True)
-                   for t, ty in zip(tokens, types) if ty == _CONTROL and set(t) <= alphabet]
+        control = [
+            AddedToken(t, normalized=False, special=True)
+            for t, ty in zip(tokens, types)
+            if ty == _CONTROL and set(t) <= alphabet
+        ]
         if control:
             tok.add_special_tokens(control)
-        user = [AddedToken(t, normalized=False, special=False)
-                for t, ty in zip(tokens, types) if ty == _USER_DEFINED and t in vocab]
+        user = [
+            AddedToken(t, normalized=False, special=False)
+            for t, ty in zip(tokens, types)
+            if ty == _USER_DEFINED and t in vocab
+        ]
         if user:
             tok.add_tokens(user)
 
@@ -301,9 +347,14 @@ class GGUFTokenizer:
         """
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *,
-                            add_generation_prompt: bool = False, tokenize: bool = False,
-                            **kwargs: Any):
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = False,
+        tokenize: bool = False,
+        **kwargs: Any,
+    ):
         """Render a conversation with the file's chat template (Jinja2), optionally tokenised.
 
         Parameters
@@ -349,8 +400,13 @@ class GGUFTokenizer:
             if token_id is not None:
                 variables[f"{name}_token"] = self._tokens[token_id]
         variables.update(kwargs)
-        text = template.render(messages=[dict(m) for m in messages], tools=None, documents=None,
-                               add_generation_prompt=add_generation_prompt, **variables)
+        text = template.render(
+            messages=[dict(m) for m in messages],
+            tools=None,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **variables,
+        )
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
     def _compiled_template(self):
@@ -369,11 +425,17 @@ class GGUFTokenizer:
                 raise jinja2.exceptions.TemplateError(message)
 
             def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-                return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
-                                  separators=separators, sort_keys=sort_keys)
+                return json.dumps(
+                    x,
+                    ensure_ascii=ensure_ascii,
+                    indent=indent,
+                    separators=separators,
+                    sort_keys=sort_keys,
+                )
 
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=[jinja2.ext.loopcontrols])
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+            )
             env.filters["tojson"] = tojson
             env.globals["raise_exception"] = raise_exception
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -381,5 +443,7 @@ class GGUFTokenizer:
         return self._template
 
     def __repr__(self) -> str:
-        return (f"GGUFTokenizer(vocab_size={self.vocab_size}, bos_token_id={self.bos_token_id}, "
-                f"eos_token_id={self.eos_token_id}, add_bos_token={self.add_bos_token})")
+        return (
+            f"GGUFTokenizer(vocab_size={self.vocab_size}, bos_token_id={self.bos_token_id}, "
+            f"eos_token_id={self.eos_token_id}, add_bos_token={self.add_bos_token})"
+        )

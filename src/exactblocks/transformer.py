@@ -56,101 +56,144 @@ _ROPE_KIND = {"default": 0, "linear": 1, "llama3": 2}
 _ROPE_NUMBERS = {
     "default": (),
     "linear": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor",
-               "original_max_position_embeddings"),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
 }
 
 # Keyword options in SPEC.md 4.1 order, with their defaults.
 _DEFAULTS = {
-    "n_heads": None, "n_kv_heads": None, "head_dim": None, "window": 0,
-    "rope_theta": 10000.0, "rope_scaling": None, "rope_dim": None, "max_positions": 8192,
-    "qkv_bias": False, "o_bias": False, "norm": "rmsnorm", "norm_eps": 1e-06,
-    "norm_bias": False, "mlp": "swiglu", "mlp_bias": False, "qk_norm": False,
-    "attn_softcap": None, "numeric_profile": None,
+    "n_heads": None,
+    "n_kv_heads": None,
+    "head_dim": None,
+    "window": 0,
+    "rope_theta": 10000.0,
+    "rope_scaling": None,
+    "rope_dim": None,
+    "max_positions": 8192,
+    "qkv_bias": False,
+    "o_bias": False,
+    "norm": "rmsnorm",
+    "norm_eps": 1e-06,
+    "norm_bias": False,
+    "mlp": "swiglu",
+    "mlp_bias": False,
+    "qk_norm": False,
+    "attn_softcap": None,
+    "numeric_profile": None,
 }
 _OPTION_NAMES = tuple(_DEFAULTS)
 
 _ALL_OPTIONAL = {
     "input_layernorm.bias": "norm_bias=True (with norm='layernorm')",
     "post_attention_layernorm.bias": "norm_bias=True (with norm='layernorm')",
-    "q_proj.bias": "qkv_bias=True", "k_proj.bias": "qkv_bias=True",
-    "v_proj.bias": "qkv_bias=True", "o_proj.bias": "o_bias=True",
-    "q_norm.weight": "qk_norm=True", "k_norm.weight": "qk_norm=True",
+    "q_proj.bias": "qkv_bias=True",
+    "k_proj.bias": "qkv_bias=True",
+    "v_proj.bias": "qkv_bias=True",
+    "o_proj.bias": "o_bias=True",
+    "q_norm.weight": "qk_norm=True",
+    "k_norm.weight": "qk_norm=True",
     "gate_proj.weight": "a gated mlp ('swiglu', 'geglu', 'geglu_tanh')",
     "gate_proj.bias": "a gated mlp with mlp_bias=True",
-    "up_proj.bias": "mlp_bias=True", "down_proj.bias": "mlp_bias=True",
+    "up_proj.bias": "mlp_bias=True",
+    "down_proj.bias": "mlp_bias=True",
 }
 
 
 class _Impl:
     """Everything one configuration needs; swapped as a whole by ``set_params``."""
 
-    __slots__ = ("raw", "opts", "weights", "fingerprint", "d_model", "intermediate", "core",
-                 "cfg", "rope_scaling")
+    __slots__ = (
+        "raw",
+        "opts",
+        "weights",
+        "fingerprint",
+        "d_model",
+        "intermediate",
+        "core",
+        "cfg",
+        "rope_scaling",
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # option and weight checks
 # --------------------------------------------------------------------------------------------
 
+
 def _check_rope_scaling(value, where: str):
     """Structural checks of rope_scaling; returns (type, normalized dict) or (None, None)."""
     if value is None:
         return None, None
     if not isinstance(value, Mapping):
-        raise TypeError(f"{where}: rope_scaling must be None or a mapping (dict); got "
-                        f"{describe_type(value)}")
+        raise TypeError(
+            f"{where}: rope_scaling must be None or a mapping (dict); got {describe_type(value)}"
+        )
     for k in value:
         if not isinstance(k, str):
-            raise TypeError(f"{where}: rope_scaling keys must be str; got {describe_type(k)} "
-                            f"{k!r}")
+            raise TypeError(f"{where}: rope_scaling keys must be str; got {describe_type(k)} {k!r}")
     types = {k: value[k] for k in ("rope_type", "type") if k in value}
     if not types:
-        raise ValueError(f"{where}: rope_scaling['rope_type'] is missing; expected one of "
-                         f"{list(_ROPE_TYPES)}")
+        raise ValueError(
+            f"{where}: rope_scaling['rope_type'] is missing; expected one of {list(_ROPE_TYPES)}"
+        )
     for k, t in types.items():
         if not isinstance(t, str):
-            raise TypeError(f"{where}: rope_scaling[{k!r}] must be a str; got "
-                            f"{describe_type(t)} {t!r}")
+            raise TypeError(
+                f"{where}: rope_scaling[{k!r}] must be a str; got {describe_type(t)} {t!r}"
+            )
     if len(types) == 2 and types["rope_type"] != types["type"]:
-        raise ValueError(f"{where}: rope_scaling['rope_type']={types['rope_type']!r} and "
-                         f"rope_scaling['type']={types['type']!r} disagree")
+        raise ValueError(
+            f"{where}: rope_scaling['rope_type']={types['rope_type']!r} and "
+            f"rope_scaling['type']={types['type']!r} disagree"
+        )
     kind = next(iter(types.values()))
     key = next(iter(types))
     if kind == "dynamic":
-        raise ValueError(f"{where}: rope_scaling[{key!r}]='dynamic' is not supported yet; "
-                         f"supported: {list(_ROPE_TYPES)}")
+        raise ValueError(
+            f"{where}: rope_scaling[{key!r}]='dynamic' is not supported yet; "
+            f"supported: {list(_ROPE_TYPES)}"
+        )
     if kind not in _ROPE_TYPES:
-        raise ValueError(f"{where}: rope_scaling[{key!r}]={kind!r} is not supported; "
-                         f"supported: {list(_ROPE_TYPES)}")
-    allowed = set(_ROPE_NUMBERS[kind]) | {"rope_type", "type", "rope_theta",
-                                          "partial_rotary_factor"}
+        raise ValueError(
+            f"{where}: rope_scaling[{key!r}]={kind!r} is not supported; "
+            f"supported: {list(_ROPE_TYPES)}"
+        )
+    allowed = set(_ROPE_NUMBERS[kind]) | {
+        "rope_type",
+        "type",
+        "rope_theta",
+        "partial_rotary_factor",
+    }
     for k in value:
         if k not in allowed:
-            raise ValueError(f"{where}: rope_scaling[{k!r}] is not supported for rope type "
-                             f"{kind!r}; allowed keys: {sorted(allowed)}")
+            raise ValueError(
+                f"{where}: rope_scaling[{k!r}] is not supported for rope type "
+                f"{kind!r}; allowed keys: {sorted(allowed)}"
+            )
     norm = dict(value)
     for k in _ROPE_NUMBERS[kind]:
         if k not in value:
-            raise ValueError(f"{where}: rope_scaling[{k!r}] is missing (needed by rope type "
-                             f"{kind!r})")
+            raise ValueError(
+                f"{where}: rope_scaling[{k!r}] is missing (needed by rope type {kind!r})"
+            )
         name = f"rope_scaling[{k!r}]"
         if k == "original_max_position_embeddings":
-            norm[k] = check_int(value[k], name, where, min_value=1,
-                                max_value=_MAX_POSITIONS_LIMIT)
+            norm[k] = check_int(value[k], name, where, min_value=1, max_value=_MAX_POSITIONS_LIMIT)
         else:
             norm[k] = check_real(value[k], name, where, gt=0.0)
     if kind == "llama3" and not norm["high_freq_factor"] > norm["low_freq_factor"]:
-        raise ValueError(f"{where}: rope_scaling['high_freq_factor']={norm['high_freq_factor']!r}"
-                         f" must be > rope_scaling['low_freq_factor']="
-                         f"{norm['low_freq_factor']!r}")
+        raise ValueError(
+            f"{where}: rope_scaling['high_freq_factor']={norm['high_freq_factor']!r}"
+            f" must be > rope_scaling['low_freq_factor']="
+            f"{norm['low_freq_factor']!r}"
+        )
     if "rope_theta" in value:
-        norm["rope_theta"] = check_real(value["rope_theta"], "rope_scaling['rope_theta']", where,
-                                        gt=0.0)
+        norm["rope_theta"] = check_real(
+            value["rope_theta"], "rope_scaling['rope_theta']", where, gt=0.0
+        )
     if "partial_rotary_factor" in value:
         norm["partial_rotary_factor"] = check_real(
-            value["partial_rotary_factor"], "rope_scaling['partial_rotary_factor']", where,
-            gt=0.0)
+            value["partial_rotary_factor"], "rope_scaling['partial_rotary_factor']", where, gt=0.0
+        )
     return kind, norm
 
 
@@ -159,37 +202,45 @@ def _check_options(raw: dict, where: str) -> dict:
     o = {}
     big = _MAX_INT_OPTION
     o["n_heads"] = check_int(raw["n_heads"], "n_heads", where, min_value=1, max_value=big)
-    o["n_kv_heads"] = check_int(raw["n_kv_heads"], "n_kv_heads", where, min_value=1,
-                                max_value=big, allow_none=True)
-    o["head_dim"] = check_int(raw["head_dim"], "head_dim", where, min_value=1, max_value=big,
-                              allow_none=True)
+    o["n_kv_heads"] = check_int(
+        raw["n_kv_heads"], "n_kv_heads", where, min_value=1, max_value=big, allow_none=True
+    )
+    o["head_dim"] = check_int(
+        raw["head_dim"], "head_dim", where, min_value=1, max_value=big, allow_none=True
+    )
     o["window"] = check_int(raw["window"], "window", where, min_value=0, max_value=big)
     o["rope_theta"] = check_real(raw["rope_theta"], "rope_theta", where, gt=0.0)
     o["rope_dim"] = check_int(raw["rope_dim"], "rope_dim", where, allow_none=True)
     if o["rope_dim"] is not None and not -big <= o["rope_dim"] <= big:
-        raise ValueError(f"{where}: rope_dim must be an even int in [2, head_dim]; got "
-                         f"{_fmt_int(o['rope_dim'])}")
-    o["max_positions"] = check_int(raw["max_positions"], "max_positions", where, min_value=1,
-                                   max_value=_MAX_POSITIONS_LIMIT)
+        raise ValueError(
+            f"{where}: rope_dim must be an even int in [2, head_dim]; got {_fmt_int(o['rope_dim'])}"
+        )
+    o["max_positions"] = check_int(
+        raw["max_positions"], "max_positions", where, min_value=1, max_value=_MAX_POSITIONS_LIMIT
+    )
     for flag in ("qkv_bias", "o_bias", "norm_bias", "mlp_bias", "qk_norm"):
         o[flag] = check_flag(raw[flag], flag, where)
     o["norm"] = check_choice(raw["norm"], "norm", where, _NORMS)
     o["norm_eps"] = check_real(raw["norm_eps"], "norm_eps", where, gt=0.0, float32=True)
     o["mlp"] = check_choice(raw["mlp"], "mlp", where, _MLPS)
-    o["attn_softcap"] = check_real(raw["attn_softcap"], "attn_softcap", where, gt=0.0,
-                                   allow_none=True, float32=True)
-    o["numeric_profile"] = check_choice(raw["numeric_profile"], "numeric_profile", where,
-                                        ("fp32",), allow_none=True)
+    o["attn_softcap"] = check_real(
+        raw["attn_softcap"], "attn_softcap", where, gt=0.0, allow_none=True, float32=True
+    )
+    o["numeric_profile"] = check_choice(
+        raw["numeric_profile"], "numeric_profile", where, ("fp32",), allow_none=True
+    )
     o["rope_kind"], o["rope_scaling"] = _check_rope_scaling(raw["rope_scaling"], where)
     if o["n_kv_heads"] is not None and o["n_heads"] % o["n_kv_heads"]:
-        raise ValueError(f"{where}: n_heads={o['n_heads']} is not divisible by "
-                         f"n_kv_heads={o['n_kv_heads']}")
+        raise ValueError(
+            f"{where}: n_heads={o['n_heads']} is not divisible by n_kv_heads={o['n_kv_heads']}"
+        )
     if o["norm_bias"] and o["norm"] != "layernorm":
-        raise ValueError(f"{where}: norm_bias=True needs norm='layernorm'; got "
-                         f"norm={o['norm']!r}")
+        raise ValueError(f"{where}: norm_bias=True needs norm='layernorm'; got norm={o['norm']!r}")
     if o["qk_norm"] and o["norm"] == "layernorm":
-        raise ValueError(f"{where}: qk_norm=True cannot be combined with norm='layernorm' (q/k "
-                         "norms use the block norm kind: 'rmsnorm' or 'rmsnorm_offset')")
+        raise ValueError(
+            f"{where}: qk_norm=True cannot be combined with norm='layernorm' (q/k "
+            "norms use the block norm kind: 'rmsnorm' or 'rmsnorm_offset')"
+        )
     return o
 
 
@@ -198,29 +249,33 @@ def _check_shapes(arrs: dict, o: dict, spell, where: str) -> dict:
 
     Returns a dict of the derived sizes.
     """
+
     def name(n):
         return f"weights[{spell(n)!r}]"
 
     def rank(n, r):
         a = arrs[n]
         if a.ndim != r:
-            raise ValueError(f"{where}: {name(n)} must be {r}-D; got shape "
-                             f"{format_shape(a.shape)}")
+            raise ValueError(f"{where}: {name(n)} must be {r}-D; got shape {format_shape(a.shape)}")
         return a.shape
 
     (d,) = rank("input_layernorm.weight", 1)
     if d < 1:
-        raise ValueError(f"{where}: {name('input_layernorm.weight')} is empty; its length is "
-                         "d_model, which must be >= 1")
+        raise ValueError(
+            f"{where}: {name('input_layernorm.weight')} is empty; its length is "
+            "d_model, which must be >= 1"
+        )
     dims = {"d": (d, f"d_model={d} (length of {name('input_layernorm.weight')})")}
     n_heads = o["n_heads"]
 
     qr, qc = rank("q_proj.weight", 2)
     if o["head_dim"] is None:
         if qr % n_heads or qr == 0:
-            raise ValueError(f"{where}: {name('q_proj.weight')} has {qr} rows, not a positive "
-                             f"multiple of n_heads={n_heads}; head_dim = rows / n_heads must "
-                             "be exact (or pass head_dim)")
+            raise ValueError(
+                f"{where}: {name('q_proj.weight')} has {qr} rows, not a positive "
+                f"multiple of n_heads={n_heads}; head_dim = rows / n_heads must "
+                "be exact (or pass head_dim)"
+            )
         head_dim = qr // n_heads
         hd_src = f"head_dim={head_dim} ({name('q_proj.weight')} rows / n_heads)"
     else:
@@ -232,38 +287,52 @@ def _check_shapes(arrs: dict, o: dict, spell, where: str) -> dict:
     kr, _ = rank("k_proj.weight", 2)
     if o["n_kv_heads"] is None:
         if kr % head_dim or kr == 0:
-            raise ValueError(f"{where}: {name('k_proj.weight')} has {kr} rows, not a positive "
-                             f"multiple of head_dim={head_dim} ({hd_src}); n_kv_heads = rows / "
-                             "head_dim must be exact (or pass n_kv_heads)")
+            raise ValueError(
+                f"{where}: {name('k_proj.weight')} has {kr} rows, not a positive "
+                f"multiple of head_dim={head_dim} ({hd_src}); n_kv_heads = rows / "
+                "head_dim must be exact (or pass n_kv_heads)"
+            )
         n_kv = kr // head_dim
         if n_heads % n_kv:
-            raise ValueError(f"{where}: n_heads={n_heads} is not divisible by n_kv_heads={n_kv}"
-                             f" ({name('k_proj.weight')} rows {kr} / head_dim {head_dim})")
+            raise ValueError(
+                f"{where}: n_heads={n_heads} is not divisible by n_kv_heads={n_kv}"
+                f" ({name('k_proj.weight')} rows {kr} / head_dim {head_dim})"
+            )
         kv_src = f"n_kv_heads={n_kv} ({name('k_proj.weight')} rows / head_dim)"
     else:
         n_kv = o["n_kv_heads"]
         kv_src = f"n_kv_heads={n_kv} (argument)"
-    dims["KW"] = (n_kv * head_dim, f"n_kv_heads*head_dim={n_kv}*{head_dim} ({kv_src}, "
-                                   f"{hd_src})")
+    dims["KW"] = (n_kv * head_dim, f"n_kv_heads*head_dim={n_kv}*{head_dim} ({kv_src}, {hd_src})")
 
     ur, _ = rank("up_proj.weight", 2)
     if ur == 0:
-        raise ValueError(f"{where}: {name('up_proj.weight')} has 0 rows; its rows give "
-                         "intermediate, which must be >= 1")
+        raise ValueError(
+            f"{where}: {name('up_proj.weight')} has 0 rows; its rows give "
+            "intermediate, which must be >= 1"
+        )
     dims["IT"] = (ur, f"intermediate={ur} (rows of {name('up_proj.weight')})")
     dims["HD"] = (head_dim, hd_src)
 
     table = {
-        "input_layernorm.bias": ("d",), "post_attention_layernorm.weight": ("d",),
+        "input_layernorm.bias": ("d",),
+        "post_attention_layernorm.weight": ("d",),
         "post_attention_layernorm.bias": ("d",),
-        "q_proj.weight": ("QW", "d"), "q_proj.bias": ("QW",),
-        "k_proj.weight": ("KW", "d"), "k_proj.bias": ("KW",),
-        "v_proj.weight": ("KW", "d"), "v_proj.bias": ("KW",),
-        "o_proj.weight": ("d", "QW"), "o_proj.bias": ("d",),
-        "q_norm.weight": ("HD",), "k_norm.weight": ("HD",),
-        "gate_proj.weight": ("IT", "d"), "gate_proj.bias": ("IT",),
-        "up_proj.weight": ("IT", "d"), "up_proj.bias": ("IT",),
-        "down_proj.weight": ("d", "IT"), "down_proj.bias": ("d",),
+        "q_proj.weight": ("QW", "d"),
+        "q_proj.bias": ("QW",),
+        "k_proj.weight": ("KW", "d"),
+        "k_proj.bias": ("KW",),
+        "v_proj.weight": ("KW", "d"),
+        "v_proj.bias": ("KW",),
+        "o_proj.weight": ("d", "QW"),
+        "o_proj.bias": ("d",),
+        "q_norm.weight": ("HD",),
+        "k_norm.weight": ("HD",),
+        "gate_proj.weight": ("IT", "d"),
+        "gate_proj.bias": ("IT",),
+        "up_proj.weight": ("IT", "d"),
+        "up_proj.bias": ("IT",),
+        "down_proj.weight": ("d", "IT"),
+        "down_proj.bias": ("d",),
     }
     for n, spec in table.items():
         if n not in arrs:
@@ -273,13 +342,16 @@ def _check_shapes(arrs: dict, o: dict, spell, where: str) -> dict:
         if got != exp:
             axes = ("rows", "columns") if len(spec) == 2 else ("length",)
             src = "; ".join(f"{ax} = {dims[s][1]}" for ax, s in zip(axes, spec))
-            raise ValueError(f"{where}: {name(n)} has shape {format_shape(got)}; expected "
-                             f"{format_shape(exp)}: {src}")
+            raise ValueError(
+                f"{where}: {name(n)} has shape {format_shape(got)}; expected "
+                f"{format_shape(exp)}: {src}"
+            )
     return {"d_model": d, "head_dim": head_dim, "n_kv_heads": n_kv, "intermediate": ur}
 
 
-def _check_rope_table(core_mod, theta: float, rope_params: tuple, rope_dim: int,
-                      max_positions: int, where: str) -> None:
+def _check_rope_table(
+    core_mod, theta: float, rope_params: tuple, rope_dim: int, max_positions: int, where: str
+) -> None:
     """The float32 inverse-frequency table must make every angle of every position finite.
 
     The table is the one the core will use (``_core.rope_inv_freq``: binary64, scaled, rounded
@@ -290,9 +362,18 @@ def _check_rope_table(core_mod, theta: float, rope_params: tuple, rope_dim: int,
     """
     kind, factor, low, high, omax = rope_params
     with np.errstate(over="ignore", invalid="ignore"):
-        inv = np.asarray(core_mod.rope_inv_freq(int(rope_dim), float(theta), _ROPE_KIND[kind],
-                                                float(factor), float(low), float(high),
-                                                float(omax)), dtype=np.float32)
+        inv = np.asarray(
+            core_mod.rope_inv_freq(
+                int(rope_dim),
+                float(theta),
+                _ROPE_KIND[kind],
+                float(factor),
+                float(low),
+                float(high),
+                float(omax),
+            ),
+            dtype=np.float32,
+        )
         bad = np.flatnonzero(~(np.isfinite(inv) & (inv > 0)))
         last = np.float32(max_positions - 1) * np.float32(inv.max()) if inv.size else 0.0
     what = f"rope_theta={theta!r}"
@@ -301,15 +382,19 @@ def _check_rope_table(core_mod, theta: float, rope_params: tuple, rope_dim: int,
     what += f" (rope_dim={rope_dim})"
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"{where}: {what} gives the float32 RoPE inverse frequency "
-                         f"inv_freq[{i}]={float(inv[i])!r}; every entry of the table "
-                         f"(rope_theta**(-2i/rope_dim), scaled) must be finite and > 0 in float32 "
-                         f"(positive float32 values lie in [1.4e-45, 3.4e38])")
+        raise ValueError(
+            f"{where}: {what} gives the float32 RoPE inverse frequency "
+            f"inv_freq[{i}]={float(inv[i])!r}; every entry of the table "
+            f"(rope_theta**(-2i/rope_dim), scaled) must be finite and > 0 in float32 "
+            f"(positive float32 values lie in [1.4e-45, 3.4e38])"
+        )
     if not np.isfinite(last):
-        raise ValueError(f"{where}: {what} gives max(inv_freq)={float(inv.max())!r}, so the "
-                         f"RoPE angle of the last position, float32(max_positions - 1) * "
-                         f"max(inv_freq) = {max_positions - 1} * {float(inv.max())!r}, overflows "
-                         "float32; lower max_positions or use a larger rope_theta / factor")
+        raise ValueError(
+            f"{where}: {what} gives max(inv_freq)={float(inv.max())!r}, so the "
+            f"RoPE angle of the last position, float32(max_positions - 1) * "
+            f"max(inv_freq) = {max_positions - 1} * {float(inv.max())!r}, overflows "
+            "float32; lower max_positions or use a larger rope_theta / factor"
+        )
 
 
 def _options_repr(opts: dict, rope_params: tuple) -> str:
@@ -330,8 +415,9 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
     """Check everything, copy the weights, build the core. Nothing observable changes on error."""
     o = _check_options(raw, where)
     if canonical is None:
-        by_short, user_key, _ = resolve_names(weights, where, TRANSFORMER_SHORT_TO_HF,
-                                              TRANSFORMER_HF_PREFIXES)
+        by_short, user_key, _ = resolve_names(
+            weights, where, TRANSFORMER_SHORT_TO_HF, TRANSFORMER_HF_PREFIXES
+        )
     else:
         by_short, user_key = canonical, {k: k for k in canonical}
 
@@ -340,12 +426,19 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
 
     gated = o["mlp"] in _GATED
     if not gated and "gate_proj.weight" in by_short:
-        raise ValueError(f"{where}: weights[{spell('gate_proj.weight')!r}] is present but "
-                         f"mlp={o['mlp']!r} is ungated; use a gated mlp ('swiglu', 'geglu', "
-                         "'geglu_tanh') or remove the tensor")
+        raise ValueError(
+            f"{where}: weights[{spell('gate_proj.weight')!r}] is present but "
+            f"mlp={o['mlp']!r} is ungated; use a gated mlp ('swiglu', 'geglu', "
+            "'geglu_tanh') or remove the tensor"
+        )
     expected = transformer_expected_names(
-        qkv_bias=o["qkv_bias"], o_bias=o["o_bias"], norm_bias=o["norm_bias"], gated=gated,
-        mlp_bias=o["mlp_bias"], qk_norm=o["qk_norm"])
+        qkv_bias=o["qkv_bias"],
+        o_bias=o["o_bias"],
+        norm_bias=o["norm_bias"],
+        gated=gated,
+        mlp_bias=o["mlp_bias"],
+        qk_norm=o["qk_norm"],
+    )
     check_key_set(by_short, expected, _ALL_OPTIONAL, where, spell)
 
     arrs = {n: check_array(v, f"weights[{spell(n)!r}]", where) for n, v in by_short.items()}
@@ -359,76 +452,112 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
         # HF StableLM: rotary_ndims = int(head_dim * partial_rotary_factor), in Python floats.
         rope_dim = int(head_dim * prf)
         if rope_dim % 2 or not 2 <= rope_dim <= head_dim:
-            raise ValueError(f"{where}: rope_scaling['partial_rotary_factor']={prf!r} gives "
-                             f"rope_dim=int(head_dim*factor)=int({head_dim}*{prf!r})={rope_dim}, "
-                             f"which must be an even int in [2, head_dim={head_dim}]")
+            raise ValueError(
+                f"{where}: rope_scaling['partial_rotary_factor']={prf!r} gives "
+                f"rope_dim=int(head_dim*factor)=int({head_dim}*{prf!r})={rope_dim}, "
+                f"which must be an even int in [2, head_dim={head_dim}]"
+            )
     elif rope_dim is None:
         if head_dim % 2:
-            raise ValueError(f"{where}: head_dim={head_dim} is odd, so RoPE cannot rotate the "
-                             "whole head; pass an even rope_dim <= head_dim (rope_dim=None means "
-                             "head_dim)")
+            raise ValueError(
+                f"{where}: head_dim={head_dim} is odd, so RoPE cannot rotate the "
+                "whole head; pass an even rope_dim <= head_dim (rope_dim=None means "
+                "head_dim)"
+            )
         rope_dim = head_dim
     elif rope_dim % 2 or not 2 <= rope_dim <= head_dim:
-        raise ValueError(f"{where}: rope_dim={rope_dim} must be an even int in [2, "
-                         f"head_dim={head_dim}]")
+        raise ValueError(
+            f"{where}: rope_dim={rope_dim} must be an even int in [2, head_dim={head_dim}]"
+        )
 
     kind = o["rope_kind"]
     if rs is not None:
         if "rope_theta" in rs and rs["rope_theta"] != o["rope_theta"]:
-            raise ValueError(f"{where}: rope_scaling['rope_theta']={rs['rope_theta']!r} differs "
-                             f"from rope_theta={o['rope_theta']!r}")
+            raise ValueError(
+                f"{where}: rope_scaling['rope_theta']={rs['rope_theta']!r} differs "
+                f"from rope_theta={o['rope_theta']!r}"
+            )
         if prf is not None:
             if int(head_dim * prf) != rope_dim:
-                raise ValueError(f"{where}: rope_scaling['partial_rotary_factor']={prf!r} gives "
-                                 f"rope_dim=int({head_dim}*{prf!r})={int(head_dim * prf)}, but "
-                                 f"rope_dim={rope_dim} is in force; pass rope_dim="
-                                 f"{int(head_dim * prf)}")
+                raise ValueError(
+                    f"{where}: rope_scaling['partial_rotary_factor']={prf!r} gives "
+                    f"rope_dim=int({head_dim}*{prf!r})={int(head_dim * prf)}, but "
+                    f"rope_dim={rope_dim} is in force; pass rope_dim="
+                    f"{int(head_dim * prf)}"
+                )
     if kind in (None, "default"):
         rope_params = ("default", 1.0, 1.0, 1.0, 0)
     elif kind == "linear":
         rope_params = ("linear", rs["factor"], 1.0, 1.0, 0)
     else:
-        rope_params = ("llama3", rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"],
-                       rs["original_max_position_embeddings"])
+        rope_params = (
+            "llama3",
+            rs["factor"],
+            rs["low_freq_factor"],
+            rs["high_freq_factor"],
+            rs["original_max_position_embeddings"],
+        )
 
     core_mod = _ext.core()
-    _check_rope_table(core_mod, o["rope_theta"], rope_params, rope_dim, o["max_positions"],
-                      where)
+    _check_rope_table(core_mod, o["rope_theta"], rope_params, rope_dim, o["max_positions"], where)
 
     if canonical is None:
-        weights_c = {n: canonical_copy(a, f"weights[{spell(n)!r}]", where)
-                     for n, a in arrs.items()}
+        weights_c = {n: canonical_copy(a, f"weights[{spell(n)!r}]", where) for n, a in arrs.items()}
     else:
         weights_c = canonical  # already private, read-only and checked finite
 
     opts = {
-        "n_heads": o["n_heads"], "n_kv_heads": sizes["n_kv_heads"], "head_dim": head_dim,
-        "window": o["window"], "rope_theta": o["rope_theta"],
-        "rope_scaling": None if rs is None else dict(rs), "rope_dim": rope_dim,
-        "max_positions": o["max_positions"], "qkv_bias": o["qkv_bias"], "o_bias": o["o_bias"],
-        "norm": o["norm"], "norm_eps": o["norm_eps"], "norm_bias": o["norm_bias"],
-        "mlp": o["mlp"], "mlp_bias": o["mlp_bias"], "qk_norm": o["qk_norm"],
-        "attn_softcap": o["attn_softcap"], "numeric_profile": o["numeric_profile"],
+        "n_heads": o["n_heads"],
+        "n_kv_heads": sizes["n_kv_heads"],
+        "head_dim": head_dim,
+        "window": o["window"],
+        "rope_theta": o["rope_theta"],
+        "rope_scaling": None if rs is None else dict(rs),
+        "rope_dim": rope_dim,
+        "max_positions": o["max_positions"],
+        "qkv_bias": o["qkv_bias"],
+        "o_bias": o["o_bias"],
+        "norm": o["norm"],
+        "norm_eps": o["norm_eps"],
+        "norm_bias": o["norm_bias"],
+        "mlp": o["mlp"],
+        "mlp_bias": o["mlp_bias"],
+        "qk_norm": o["qk_norm"],
+        "attn_softcap": o["attn_softcap"],
+        "numeric_profile": o["numeric_profile"],
     }
     cfg = {
-        "d_model": sizes["d_model"], "n_heads": o["n_heads"], "n_kv_heads": sizes["n_kv_heads"],
-        "head_dim": head_dim, "intermediate": sizes["intermediate"], "window": o["window"],
-        "rope_dim": rope_dim, "max_positions": o["max_positions"],
-        "rope_theta": o["rope_theta"], "norm_eps": o["norm_eps"],
+        "d_model": sizes["d_model"],
+        "n_heads": o["n_heads"],
+        "n_kv_heads": sizes["n_kv_heads"],
+        "head_dim": head_dim,
+        "intermediate": sizes["intermediate"],
+        "window": o["window"],
+        "rope_dim": rope_dim,
+        "max_positions": o["max_positions"],
+        "rope_theta": o["rope_theta"],
+        "norm_eps": o["norm_eps"],
         "attn_softcap": 0.0 if o["attn_softcap"] is None else o["attn_softcap"],
-        "rope_scaling_kind": _ROPE_KIND[rope_params[0]], "rope_factor": float(rope_params[1]),
+        "rope_scaling_kind": _ROPE_KIND[rope_params[0]],
+        "rope_factor": float(rope_params[1]),
         "rope_low_freq_factor": float(rope_params[2]),
         "rope_high_freq_factor": float(rope_params[3]),
         "rope_original_max": int(rope_params[4]),
-        "norm": _NORMS.index(o["norm"]), "mlp": _MLPS.index(o["mlp"]),
-        "qkv_bias": o["qkv_bias"], "o_bias": o["o_bias"], "norm_bias": o["norm_bias"],
-        "mlp_bias": o["mlp_bias"], "qk_norm": o["qk_norm"],
+        "norm": _NORMS.index(o["norm"]),
+        "mlp": _MLPS.index(o["mlp"]),
+        "qkv_bias": o["qkv_bias"],
+        "o_bias": o["o_bias"],
+        "norm_bias": o["norm_bias"],
+        "mlp_bias": o["mlp_bias"],
+        "qk_norm": o["qk_norm"],
     }
-    fp = fingerprint(_CLS, str(core_mod.arithmetic_version()), _options_repr(opts, rope_params),
-                     weights_c)
+    fp = fingerprint(
+        _CLS, str(core_mod.arithmetic_version()), _options_repr(opts, rope_params), weights_c
+    )
     impl = _Impl()
-    impl.raw = {k: (dict(v) if k == "rope_scaling" and v is not None else v)
-                for k, v in raw.items()}
+    impl.raw = {
+        k: (dict(v) if k == "rope_scaling" and v is not None else v) for k, v in raw.items()
+    }
     impl.opts = opts
     impl.weights = weights_c
     impl.fingerprint = fp
@@ -444,8 +573,14 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
 # state checks shared by the block's calls and the session
 # --------------------------------------------------------------------------------------------
 
-def _check_readable(state: TransformerState, start: np.ndarray, lens: np.ndarray,
-                    where: str, reader: str = "read by this call") -> None:
+
+def _check_readable(
+    state: TransformerState,
+    start: np.ndarray,
+    lens: np.ndarray,
+    where: str,
+    reader: str = "read by this call",
+) -> None:
     """SPEC.md 5 reading rule: slots of positions j0 .. q0-1 of every advancing row are finite.
 
     The error names the first non-finite element in (row, k_cache then v_cache, KV head,
@@ -453,7 +588,7 @@ def _check_readable(state: TransformerState, start: np.ndarray, lens: np.ndarray
     ``reader`` completes the message ("read by this call", or the session's next step).
     """
     w, cap = state.window, state.capacity
-    spans, first_pos = [], []       # (b, a, e) slot ranges; position held by slot a of each
+    spans, first_pos = [], []  # (b, a, e) slot ranges; position held by slot a of each
     for b in range(state.batch_size):
         q0 = int(start[b])
         if lens[b] == 0 or q0 == 0:
@@ -482,7 +617,8 @@ def _check_readable(state: TransformerState, start: np.ndarray, lens: np.ndarray
         buf = getattr(state, buf_name)
         raise ValueError(
             f"{where}: state.{buf_name}[{b}, {g}, {slot}, {dd}] (row {b}, position "
-            f"{pos}, {reader}) must be finite; got {float(buf[b, g, slot, dd])!r}")
+            f"{pos}, {reader}) must be finite; got {float(buf[b, g, slot, dd])!r}"
+        )
 
 
 def _check_counters(state: TransformerState, where: str) -> np.ndarray:
@@ -495,14 +631,16 @@ def _check_counters(state: TransformerState, where: str) -> np.ndarray:
     rt = np.array(state.row_tokens, dtype=np.int64, copy=True)
     for b, n in enumerate(rt.tolist()):
         if not 0 <= n <= state.max_tokens:
-            raise ValueError(f"{where}: state.row_tokens[{b}]={n} is outside [0, "
-                             f"max_tokens={state.max_tokens}]")
+            raise ValueError(
+                f"{where}: state.row_tokens[{b}]={n} is outside [0, max_tokens={state.max_tokens}]"
+            )
     return rt
 
 
 # --------------------------------------------------------------------------------------------
 # the block
 # --------------------------------------------------------------------------------------------
+
 
 class TransformerBlockInference(BlockCommon):
     """One pre-norm decoder block (attention + MLP), bit-exact float32 inference on the CPU.
@@ -645,58 +783,106 @@ class TransformerBlockInference(BlockCommon):
     _defaults = _DEFAULTS
     _build = staticmethod(_build)
 
-    def __init__(self, weights, *, n_heads, n_kv_heads=None, head_dim=None, window=0,
-                 rope_theta=10000.0, rope_scaling=None, rope_dim=None, max_positions=8192,
-                 qkv_bias=False, o_bias=False, norm="rmsnorm", norm_eps=1e-06, norm_bias=False,
-                 mlp="swiglu", mlp_bias=False, qk_norm=False, attn_softcap=None,
-                 numeric_profile=None):
+    def __init__(
+        self,
+        weights,
+        *,
+        n_heads,
+        n_kv_heads=None,
+        head_dim=None,
+        window=0,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        rope_dim=None,
+        max_positions=8192,
+        qkv_bias=False,
+        o_bias=False,
+        norm="rmsnorm",
+        norm_eps=1e-06,
+        norm_bias=False,
+        mlp="swiglu",
+        mlp_bias=False,
+        qk_norm=False,
+        attn_softcap=None,
+        numeric_profile=None,
+    ):
         raw = {
-            "n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim,
-            "window": window, "rope_theta": rope_theta, "rope_scaling": rope_scaling,
-            "rope_dim": rope_dim, "max_positions": max_positions, "qkv_bias": qkv_bias,
-            "o_bias": o_bias, "norm": norm, "norm_eps": norm_eps, "norm_bias": norm_bias,
-            "mlp": mlp, "mlp_bias": mlp_bias, "qk_norm": qk_norm,
-            "attn_softcap": attn_softcap, "numeric_profile": numeric_profile,
+            "n_heads": n_heads,
+            "n_kv_heads": n_kv_heads,
+            "head_dim": head_dim,
+            "window": window,
+            "rope_theta": rope_theta,
+            "rope_scaling": rope_scaling,
+            "rope_dim": rope_dim,
+            "max_positions": max_positions,
+            "qkv_bias": qkv_bias,
+            "o_bias": o_bias,
+            "norm": norm,
+            "norm_eps": norm_eps,
+            "norm_bias": norm_bias,
+            "mlp": mlp,
+            "mlp_bias": mlp_bias,
+            "qk_norm": qk_norm,
+            "attn_softcap": attn_softcap,
+            "numeric_profile": numeric_profile,
         }
         object.__setattr__(self, "_impl", _build(raw, f"{_CLS}.__init__", weights=weights))
 
     # -- read-only attributes -------------------------------------------------------------------
-    d_model = property(lambda self: self._impl.d_model,
-                       doc="int: Residual width, the length of input_layernorm.weight.")
-    intermediate = property(lambda self: self._impl.intermediate,
-                            doc="int: MLP hidden width, the rows of up_proj.weight.")
-    fingerprint = property(lambda self: self._impl.fingerprint,
-                           doc="str: 32 hex digits identifying class, arithmetic, options and "
-                               "weights; states carry it.")
+    d_model = property(
+        lambda self: self._impl.d_model,
+        doc="int: Residual width, the length of input_layernorm.weight.",
+    )
+    intermediate = property(
+        lambda self: self._impl.intermediate,
+        doc="int: MLP hidden width, the rows of up_proj.weight.",
+    )
+    fingerprint = property(
+        lambda self: self._impl.fingerprint,
+        doc="str: 32 hex digits identifying class, arithmetic, options and "
+        "weights; states carry it.",
+    )
     n_heads = property(lambda self: self._impl.opts["n_heads"], doc="int: Query heads.")
-    n_kv_heads = property(lambda self: self._impl.opts["n_kv_heads"],
-                          doc="int: K/V heads (resolved).")
-    head_dim = property(lambda self: self._impl.opts["head_dim"],
-                        doc="int: Width of one head (resolved).")
-    window = property(lambda self: self._impl.opts["window"],
-                      doc="int: Sliding window in tokens (0 = causal).")
+    n_kv_heads = property(
+        lambda self: self._impl.opts["n_kv_heads"], doc="int: K/V heads (resolved)."
+    )
+    head_dim = property(
+        lambda self: self._impl.opts["head_dim"], doc="int: Width of one head (resolved)."
+    )
+    window = property(
+        lambda self: self._impl.opts["window"], doc="int: Sliding window in tokens (0 = causal)."
+    )
     rope_theta = property(lambda self: self._impl.opts["rope_theta"], doc="float: RoPE base.")
     rope_scaling = property(
-        lambda self: (None if self._impl.opts["rope_scaling"] is None
-                      else dict(self._impl.opts["rope_scaling"])),
-        doc="dict or None: A copy of the RoPE scaling mapping in force.")
-    rope_dim = property(lambda self: self._impl.opts["rope_dim"],
-                        doc="int: Rotated dims per head (resolved).")
-    max_positions = property(lambda self: self._impl.opts["max_positions"],
-                             doc="int: Positions p < max_positions can be computed.")
+        lambda self: (
+            None
+            if self._impl.opts["rope_scaling"] is None
+            else dict(self._impl.opts["rope_scaling"])
+        ),
+        doc="dict or None: A copy of the RoPE scaling mapping in force.",
+    )
+    rope_dim = property(
+        lambda self: self._impl.opts["rope_dim"], doc="int: Rotated dims per head (resolved)."
+    )
+    max_positions = property(
+        lambda self: self._impl.opts["max_positions"],
+        doc="int: Positions p < max_positions can be computed.",
+    )
     qkv_bias = property(lambda self: self._impl.opts["qkv_bias"], doc="bool: q/k/v biases.")
     o_bias = property(lambda self: self._impl.opts["o_bias"], doc="bool: o_proj bias.")
     norm = property(lambda self: self._impl.opts["norm"], doc="str: Norm kind.")
     norm_eps = property(lambda self: self._impl.opts["norm_eps"], doc="float: Norm epsilon.")
-    norm_bias = property(lambda self: self._impl.opts["norm_bias"],
-                         doc="bool: LayerNorm biases.")
+    norm_bias = property(lambda self: self._impl.opts["norm_bias"], doc="bool: LayerNorm biases.")
     mlp = property(lambda self: self._impl.opts["mlp"], doc="str: MLP kind.")
     mlp_bias = property(lambda self: self._impl.opts["mlp_bias"], doc="bool: MLP biases.")
     qk_norm = property(lambda self: self._impl.opts["qk_norm"], doc="bool: Per-head q/k norm.")
-    attn_softcap = property(lambda self: self._impl.opts["attn_softcap"],
-                            doc="float or None: Attention logit softcap.")
-    numeric_profile = property(lambda self: self._impl.opts["numeric_profile"],
-                               doc="str or None: Numeric profile (None = 'fp32').")
+    attn_softcap = property(
+        lambda self: self._impl.opts["attn_softcap"], doc="float or None: Attention logit softcap."
+    )
+    numeric_profile = property(
+        lambda self: self._impl.opts["numeric_profile"],
+        doc="str or None: Numeric profile (None = 'fp32').",
+    )
 
     # -- sklearn-style parameters -------------------------------------------------------------
     def get_params(self, deep: bool = True) -> dict:
@@ -718,16 +904,14 @@ class TransformerBlockInference(BlockCommon):
             opts["rope_scaling"] = dict(opts["rope_scaling"])
         return opts
 
-
     # -- identity, copying --------------------------------------------------------------------
     def __repr__(self) -> str:
         o = self._impl.opts
         inner = ", ".join(
             [f"d_model={self._impl.d_model}", f"intermediate={self._impl.intermediate}"]
-            + [f"{k}={o[k]!r}" for k in _OPTION_NAMES])
+            + [f"{k}={o[k]!r}" for k in _OPTION_NAMES]
+        )
         return f"{_CLS}({inner})"
-
-
 
     # -- states and sessions ------------------------------------------------------------------
     def allocate_state(self, batch_size: int, max_tokens: int) -> TransformerState:
@@ -760,12 +944,13 @@ class TransformerBlockInference(BlockCommon):
         where = f"{_CLS}.allocate_state"
         impl = self._impl
         b = check_int(batch_size, "batch_size", where, min_value=1, max_value=_MAX_BATCH)
-        m = check_int(max_tokens, "max_tokens", where, min_value=1,
-                      max_value=_MAX_POSITIONS_LIMIT)
+        m = check_int(max_tokens, "max_tokens", where, min_value=1, max_value=_MAX_POSITIONS_LIMIT)
         if m > impl.opts["max_positions"]:
-            raise ValueError(f"{where}: max_tokens={m} exceeds max_positions="
-                             f"{impl.opts['max_positions']} of the block (raise max_positions, "
-                             "up to 2**24, with set_params or at construction)")
+            raise ValueError(
+                f"{where}: max_tokens={m} exceeds max_positions="
+                f"{impl.opts['max_positions']} of the block (raise max_positions, "
+                "up to 2**24, with set_params or at construction)"
+            )
         kv, hd, w = impl.opts["n_kv_heads"], impl.opts["head_dim"], impl.opts["window"]
         cap = min(w, m) if w > 0 else m
         nbytes = 2 * b * kv * cap * hd * 4 + 8 * b
@@ -773,13 +958,20 @@ class TransformerBlockInference(BlockCommon):
             if nbytes > sys.maxsize:
                 raise MemoryError
             return TransformerState._make(
-                _PRIVATE, batch_size=b, n_kv_heads=kv, head_dim=hd, max_tokens=m, window=w,
-                fingerprint=impl.fingerprint)
+                _PRIVATE,
+                batch_size=b,
+                n_kv_heads=kv,
+                head_dim=hd,
+                max_tokens=m,
+                window=w,
+                fingerprint=impl.fingerprint,
+            )
         except MemoryError:
             raise MemoryError(
                 f"{where}: cannot allocate a state of batch_size={b}, max_tokens={m}: k_cache "
                 f"and v_cache of shape {format_shape((b, kv, cap, hd))} float32 plus row_tokens "
-                f"need {nbytes} bytes ({nbytes / 2**30:.3g} GiB)") from None
+                f"need {nbytes} bytes ({nbytes / 2**30:.3g} GiB)"
+            ) from None
 
     def decode_session(self, state: TransformerState):
         """Open an exclusive decode session working in place on ``state``.
@@ -803,6 +995,7 @@ class TransformerBlockInference(BlockCommon):
             The state belongs to another block, or is claimed by an open session.
         """
         from .session import TransformerDecodeSession
+
         where = f"{_CLS}.decode_session"
         if not isinstance(state, TransformerState):
             raise _state_type_error(where, state)
@@ -885,9 +1078,16 @@ class TransformerBlockInference(BlockCommon):
     def _call(self, x, state, lengths, where: str, *, step: bool, session) -> np.ndarray:
         impl = self._impl  # one snapshot: set_params swaps configurations atomically
         xa, lens = self._check_call_inputs(
-            x, state, lengths, where, step=step, d_model=impl.d_model,
-            state_cls=TransformerState, type_error=_state_type_error,
-            alloc_call="allocate_state(batch_size, max_tokens)")
+            x,
+            state,
+            lengths,
+            where,
+            step=step,
+            d_model=impl.d_model,
+            state_cls=TransformerState,
+            type_error=_state_type_error,
+            alloc_call="allocate_state(batch_size, max_tokens)",
+        )
         bsz, n_tok, _ = xa.shape
         core = impl.core
         opts = impl.opts
@@ -896,10 +1096,12 @@ class TransformerBlockInference(BlockCommon):
         if state is None:
             # SPEC.md 4.5: a state-less call needs L <= max_positions, whatever the lengths.
             if n_tok > max_pos:
-                raise ValueError(f"{where}: x has {n_tok} tokens per row (shape "
-                                 f"{format_shape(xa.shape)}); without a state every row starts "
-                                 f"at position 0, and the limit is max_positions={max_pos} "
-                                 "tokens (raise max_positions, up to 2**24)")
+                raise ValueError(
+                    f"{where}: x has {n_tok} tokens per row (shape "
+                    f"{format_shape(xa.shape)}); without a state every row starts "
+                    f"at position 0, and the limit is max_positions={max_pos} "
+                    "tokens (raise max_positions, up to 2**24)"
+                )
             # Capacity 0: no cache is read (every row starts at 0) or kept, so no scratch
             # cache is allocated (and page-faulted) per call.
             shape = (bsz, opts["n_kv_heads"], 0, opts["head_dim"])
@@ -910,8 +1112,10 @@ class TransformerBlockInference(BlockCommon):
         self._check_state_fits(impl, state, xa, where)
         owner = state._open_session()
         if owner is not None and owner is not session:
-            raise ValueError(f"{where}: state is claimed by an open decode session {owner!r}; "
-                             "call the session's step/forward, or close it first")
+            raise ValueError(
+                f"{where}: state is claimed by an open decode session {owner!r}; "
+                "call the session's step/forward, or close it first"
+            )
         self._lock_state(state, where)
         try:
             start = _check_counters(state, where)
@@ -919,28 +1123,34 @@ class TransformerBlockInference(BlockCommon):
                 held, asked = int(start[b]), int(lens[b])
                 limit = min(state.max_tokens, max_pos)
                 if held + asked > limit:
-                    which = ("max_tokens" if state.max_tokens <= max_pos else "max_positions")
+                    which = "max_tokens" if state.max_tokens <= max_pos else "max_positions"
                     if held + asked <= max_pos:
                         hint = f"create the state with max_tokens >= {held + asked}"
                     elif held + asked <= _MAX_POSITIONS_LIMIT:
-                        hint = (f"build the block with max_positions >= {held + asked} and the "
-                                f"state with max_tokens >= {held + asked}")
+                        hint = (
+                            f"build the block with max_positions >= {held + asked} and the "
+                            f"state with max_tokens >= {held + asked}"
+                        )
                     else:
-                        hint = (f"positions stop at {_MAX_POSITIONS_LIMIT} (2^24); start a new "
-                                "sequence or roll back row_tokens")
+                        hint = (
+                            f"positions stop at {_MAX_POSITIONS_LIMIT} (2^24); start a new "
+                            "sequence or roll back row_tokens"
+                        )
                     raise ValueError(
                         f"{where}: row {b} holds {held} positions and this call adds {asked}; "
-                        f"the limit is {which}={limit} ({hint})")
+                        f"the limit is {which}={limit} ({hint})"
+                    )
             ws = session._workspace if session is not None else None
             # The native call checks the slots each row reads (SPEC 5) as it reads them, and
             # returns None before writing anything when one is not finite; the Python check
             # then names the first such element (the same rule, so it always finds one).
-            y = core.forward(xa, lens, start, state.k_cache, state.v_cache, ws,
-                             check_cache=True)
+            y = core.forward(xa, lens, start, state.k_cache, state.v_cache, ws, check_cache=True)
             if y is None:
                 _check_readable(state, start, lens, where)
-                raise RuntimeError(f"{where}: internal error: the native cache check failed "
-                                   "but no non-finite slot was found")
+                raise RuntimeError(
+                    f"{where}: internal error: the native cache check failed "
+                    "but no non-finite slot was found"
+                )
             state.row_tokens[:] = start + lens
         finally:
             state._lock.release()

@@ -30,18 +30,25 @@ TRANSFORMER_SHORT_TO_HF: dict[str, str] = {
     "input_layernorm.bias": "input_layernorm.bias",
     "post_attention_layernorm.weight": "post_attention_layernorm.weight",
     "post_attention_layernorm.bias": "post_attention_layernorm.bias",
-    **{f"{p}.{s}": f"self_attn.{p}.{s}"
-       for p in ("q_proj", "k_proj", "v_proj", "o_proj") for s in ("weight", "bias")},
+    **{
+        f"{p}.{s}": f"self_attn.{p}.{s}"
+        for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+        for s in ("weight", "bias")
+    },
     "q_norm.weight": "self_attn.q_norm.weight",
     "k_norm.weight": "self_attn.k_norm.weight",
-    **{f"{p}.{s}": f"mlp.{p}.{s}"
-       for p in ("gate_proj", "up_proj", "down_proj") for s in ("weight", "bias")},
+    **{
+        f"{p}.{s}": f"mlp.{p}.{s}"
+        for p in ("gate_proj", "up_proj", "down_proj")
+        for s in ("weight", "bias")
+    },
 }
 TRANSFORMER_HF_PREFIXES = ("self_attn.", "mlp.")
 
 
-def transformer_expected_names(*, qkv_bias: bool, o_bias: bool, norm_bias: bool,
-                               gated: bool, mlp_bias: bool, qk_norm: bool) -> dict[str, str]:
+def transformer_expected_names(
+    *, qkv_bias: bool, o_bias: bool, norm_bias: bool, gated: bool, mlp_bias: bool, qk_norm: bool
+) -> dict[str, str]:
     """Return the exact short-name key set for these options, each with its presence rule.
 
     Parameters
@@ -59,8 +66,12 @@ def transformer_expected_names(*, qkv_bias: bool, o_bias: bool, norm_bias: bool,
     names = {
         "input_layernorm.weight": "always",
         "post_attention_layernorm.weight": "always",
-        "q_proj.weight": "always", "k_proj.weight": "always", "v_proj.weight": "always",
-        "o_proj.weight": "always", "up_proj.weight": "always", "down_proj.weight": "always",
+        "q_proj.weight": "always",
+        "k_proj.weight": "always",
+        "v_proj.weight": "always",
+        "o_proj.weight": "always",
+        "up_proj.weight": "always",
+        "down_proj.weight": "always",
     }
     if norm_bias:
         names["input_layernorm.bias"] = "norm_bias=True"
@@ -83,8 +94,9 @@ def transformer_expected_names(*, qkv_bias: bool, o_bias: bool, norm_bias: bool,
     return names
 
 
-def resolve_names(weights: object, where: str, short_to_hf: Mapping[str, str],
-                  hf_prefixes: tuple[str, ...]) -> tuple[dict[str, object], dict[str, str], bool]:
+def resolve_names(
+    weights: object, where: str, short_to_hf: Mapping[str, str], hf_prefixes: tuple[str, ...]
+) -> tuple[dict[str, object], dict[str, str], bool]:
     """Map a user weight dict to short names, checking its type and spelling.
 
     Parameters
@@ -116,8 +128,10 @@ def resolve_names(weights: object, where: str, short_to_hf: Mapping[str, str],
         (each listed).
     """
     if not isinstance(weights, Mapping):
-        raise TypeError(f"{where}: weights must be a Mapping from str to float32 arrays; got "
-                        f"{describe_type(weights)}")
+        raise TypeError(
+            f"{where}: weights must be a Mapping from str to float32 arrays; got "
+            f"{describe_type(weights)}"
+        )
     keys = list(weights.keys())
     for k in keys:
         if not isinstance(k, str):
@@ -133,7 +147,8 @@ def resolve_names(weights: object, where: str, short_to_hf: Mapping[str, str],
             raise ValueError(
                 f"{where}: weights mix the short and the HF spellings: {shorts[0]!r} is short "
                 f"form, {hf_key!r} is HF form; use one spelling for every key (HF form: "
-                f"{short_to_hf[shorts[0]]!r})")
+                f"{short_to_hf[shorts[0]]!r})"
+            )
     unknown = [k for k in keys if k not in table]
     if unknown:
         spelling = "HF" if hf_form else "short"
@@ -141,18 +156,23 @@ def resolve_names(weights: object, where: str, short_to_hf: Mapping[str, str],
         layer = re.match(r"^(.*?layers\.\d+\.)", unknown[0])
         if layer:  # a whole model's state_dict (model.layers.N..., backbone.layers.N...)
             p = layer.group(1)
-            hint = (f"; these look like a whole model's names: pass one layer's weights without "
-                    f"the {p!r} prefix, e.g. {{k[{len(p)}:]: v for k, v in state_dict.items() "
-                    f"if k.startswith({p!r})}}")
-        raise ValueError(f"{where}: unknown weight names {unknown} (weights are in {spelling} "
-                         f"form); known names: {sorted(table)}{hint}")
+            hint = (
+                f"; these look like a whole model's names: pass one layer's weights without "
+                f"the {p!r} prefix, e.g. {{k[{len(p)}:]: v for k, v in state_dict.items() "
+                f"if k.startswith({p!r})}}"
+            )
+        raise ValueError(
+            f"{where}: unknown weight names {unknown} (weights are in {spelling} "
+            f"form); known names: {sorted(table)}{hint}"
+        )
     by_short = {table[k]: weights[k] for k in keys}
     user_key = {table[k]: k for k in keys}
     return by_short, user_key, hf_form
 
 
-def check_key_set(present: Iterable[str], expected: Mapping[str, str], all_optional: Mapping,
-                  where: str, spell) -> None:
+def check_key_set(
+    present: Iterable[str], expected: Mapping[str, str], all_optional: Mapping, where: str, spell
+) -> None:
     """Compare the present short names with the expected set (SPEC.md 4.2).
 
     Parameters
@@ -178,13 +198,17 @@ def check_key_set(present: Iterable[str], expected: Mapping[str, str], all_optio
     extra = sorted(present - set(expected))
     if extra:
         name = extra[0]
-        raise ValueError(f"{where}: weights[{spell(name)!r}] is present but only used with "
-                         f"{all_optional.get(name, '?')}; set that option or remove the tensor")
+        raise ValueError(
+            f"{where}: weights[{spell(name)!r}] is present but only used with "
+            f"{all_optional.get(name, '?')}; set that option or remove the tensor"
+        )
     missing = sorted(set(expected) - present)
     if missing:
-        raise ValueError(f"{where}: weights are missing {[spell(m) for m in missing]}; the "
-                         f"expected key set for these options is "
-                         f"{sorted(spell(n) for n in expected)}")
+        raise ValueError(
+            f"{where}: weights are missing {[spell(m) for m in missing]}; the "
+            f"expected key set for these options is "
+            f"{sorted(spell(n) for n in expected)}"
+        )
 
 
 def canonical_copy(value: object, name: str, where: str) -> np.ndarray:
@@ -218,8 +242,9 @@ def canonical_copy(value: object, name: str, where: str) -> np.ndarray:
     return arr
 
 
-def fingerprint(class_name: str, arithmetic: str, options_repr: str,
-                weights: Mapping[str, np.ndarray]) -> str:
+def fingerprint(
+    class_name: str, arithmetic: str, options_repr: str, weights: Mapping[str, np.ndarray]
+) -> str:
     """Return the 32-hex-digit XXH3-128 digest identifying a block.
 
     Parameters

@@ -26,6 +26,7 @@ from helpers import make_transformer_weights  # noqa: E402
 def core():
     """The compiled extension (skipped locally when missing; an error under CI)."""
     from exactblocks import _ext
+
     if os.environ.get("CI"):
         return _ext.core()
     try:
@@ -44,6 +45,7 @@ def weights():
 def block(core, weights):
     """A default block (swiglu, rmsnorm, causal) on ``weights``."""
     from exactblocks import TransformerBlockInference
+
     return TransformerBlockInference(weights, n_heads=SIZES["n_heads"])
 
 

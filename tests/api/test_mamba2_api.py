@@ -31,19 +31,25 @@ CD = DI + 2 * NG * NS
 N_IN = DI + CD + NH
 
 HF_NAMES = {
-    "block_norm.weight": "norm.weight", "in_proj.weight": "mixer.in_proj.weight",
-    "in_proj.bias": "mixer.in_proj.bias", "conv1d.weight": "mixer.conv1d.weight",
-    "conv1d.bias": "mixer.conv1d.bias", "dt_bias": "mixer.dt_bias", "A_log": "mixer.A_log",
-    "D": "mixer.D", "norm.weight": "mixer.norm.weight",
-    "out_proj.weight": "mixer.out_proj.weight", "out_proj.bias": "mixer.out_proj.bias",
+    "block_norm.weight": "norm.weight",
+    "in_proj.weight": "mixer.in_proj.weight",
+    "in_proj.bias": "mixer.in_proj.bias",
+    "conv1d.weight": "mixer.conv1d.weight",
+    "conv1d.bias": "mixer.conv1d.bias",
+    "dt_bias": "mixer.dt_bias",
+    "A_log": "mixer.A_log",
+    "D": "mixer.D",
+    "norm.weight": "mixer.norm.weight",
+    "out_proj.weight": "mixer.out_proj.weight",
+    "out_proj.bias": "mixer.out_proj.bias",
 }
 
 
-def make_weights(seed=0, *, d=D, di=DI, nh=NH, ns=NS, ng=NG, k=K, conv_bias=True,
-                 proj_bias=False):
+def make_weights(seed=0, *, d=D, di=DI, nh=NH, ns=NS, ng=NG, k=K, conv_bias=True, proj_bias=False):
     """Random Mamba-2 weights (short names) at this file's sizes (tests/helpers.py)."""
-    return make_mamba2_weights(seed, d=d, di=di, nh=nh, ns=ns, ng=ng, k=k, conv_bias=conv_bias,
-                               proj_bias=proj_bias)
+    return make_mamba2_weights(
+        seed, d=d, di=di, nh=nh, ns=ns, ng=ng, k=k, conv_bias=conv_bias, proj_bias=proj_bias
+    )
 
 
 def to_hf(w):
@@ -91,6 +97,7 @@ def build(w, **kw):
 # surface, attributes, params
 # ------------------------------------------------------------------------------------------
 
+
 def test_public_names():
     for name in ("Mamba2BlockInference", "Mamba2State"):
         assert name in exactblocks.__all__ and getattr(exactblocks, name) is not None
@@ -98,13 +105,37 @@ def test_public_names():
 
 
 def test_sizes_derived_from_shapes(block):
-    got = {a: getattr(block, a) for a in ("d_model", "d_inner", "n_heads", "head_dim", "d_state",
-                                          "n_groups", "conv_dim", "conv_kernel", "conv_bias",
-                                          "proj_bias", "dt_limit", "norm_eps")}
-    assert got == {"d_model": D, "d_inner": DI, "n_heads": NH, "head_dim": DI // NH,
-                   "d_state": NS, "n_groups": NG, "conv_dim": CD, "conv_kernel": K,
-                   "conv_bias": True, "proj_bias": False, "dt_limit": (0.0, float("inf")),
-                   "norm_eps": 1e-05}
+    got = {
+        a: getattr(block, a)
+        for a in (
+            "d_model",
+            "d_inner",
+            "n_heads",
+            "head_dim",
+            "d_state",
+            "n_groups",
+            "conv_dim",
+            "conv_kernel",
+            "conv_bias",
+            "proj_bias",
+            "dt_limit",
+            "norm_eps",
+        )
+    }
+    assert got == {
+        "d_model": D,
+        "d_inner": DI,
+        "n_heads": NH,
+        "head_dim": DI // NH,
+        "d_state": NS,
+        "n_groups": NG,
+        "conv_dim": CD,
+        "conv_kernel": K,
+        "conv_bias": True,
+        "proj_bias": False,
+        "dt_limit": (0.0, float("inf")),
+        "norm_eps": 1e-05,
+    }
     assert type(block.dt_limit[0]) is float and type(block.dt_limit[1]) is float
 
 
@@ -124,9 +155,25 @@ def test_extension_queries(block, core):
     assert block.vendor_used() == "cpu" == core.vendor()
 
 
-@pytest.mark.parametrize("attr", ["d_model", "d_inner", "n_heads", "head_dim", "d_state",
-                                  "n_groups", "conv_dim", "conv_kernel", "dt_limit", "norm_eps",
-                                  "conv_bias", "proj_bias", "fingerprint", "new_attr"])
+@pytest.mark.parametrize(
+    "attr",
+    [
+        "d_model",
+        "d_inner",
+        "n_heads",
+        "head_dim",
+        "d_state",
+        "n_groups",
+        "conv_dim",
+        "conv_kernel",
+        "dt_limit",
+        "norm_eps",
+        "conv_bias",
+        "proj_bias",
+        "fingerprint",
+        "new_attr",
+    ],
+)
 def test_block_attributes_read_only(block, attr):
     with raises(AttributeError, attr):
         setattr(block, attr, 3)
@@ -174,18 +221,21 @@ def test_set_params_n_groups(weights):
     assert blk.d_state == 2 * NS
     blk.set_params(n_groups=2)
     assert blk.d_state == NS and blk.n_groups == 2
-    blk.set_params(n_groups=3)     # 12 B/C channels = 2*3*2 and 3 divides n_heads=6
+    blk.set_params(n_groups=3)  # 12 B/C channels = 2*3*2 and 3 divides n_heads=6
     assert blk.d_state == 2 and blk.n_groups == 3
 
 
-@pytest.mark.parametrize("params,exc,fragments", [
-    ({"weights": {}}, ValueError, ["weights"]),
-    ({"n_heads": 2}, ValueError, ["n_heads"]),
-    ({"n_groups": 4}, ValueError, ["n_groups=4"]),   # 12 B/C channels: 2*4 does not divide
-    ({"norm_eps": 0.0}, ValueError, ["norm_eps"]),
-    ({"dt_limit": (1.0, 0.5)}, ValueError, ["dt_limit"]),
-    ({"n_groups": 2.0}, TypeError, ["n_groups"]),
-])
+@pytest.mark.parametrize(
+    "params,exc,fragments",
+    [
+        ({"weights": {}}, ValueError, ["weights"]),
+        ({"n_heads": 2}, ValueError, ["n_heads"]),
+        ({"n_groups": 4}, ValueError, ["n_groups=4"]),  # 12 B/C channels: 2*4 does not divide
+        ({"norm_eps": 0.0}, ValueError, ["norm_eps"]),
+        ({"dt_limit": (1.0, 0.5)}, ValueError, ["dt_limit"]),
+        ({"n_groups": 2.0}, TypeError, ["n_groups"]),
+    ],
+)
 def test_set_params_errors_change_nothing(block, x, params, exc, fragments):
     fp, opts, y = block.fingerprint, block.get_params(), block.forward(x)
     with raises(exc, f"{MBI}.set_params: ", *fragments):
@@ -226,17 +276,18 @@ def test_pickled_state_works_with_restored_block(block, x, primed):
 # fingerprint and weights
 # ------------------------------------------------------------------------------------------
 
+
 def test_fingerprint_format_and_determinism(block, weights):
     fp = block.fingerprint
     assert re.fullmatch(r"[0-9a-f]{32}", fp)
     assert build(weights).fingerprint == fp
     w2 = dict(weights)
-    w2["conv1d.weight"] = weights["conv1d.weight"].reshape(CD, K)   # the 2-D spelling
+    w2["conv1d.weight"] = weights["conv1d.weight"].reshape(CD, K)  # the 2-D spelling
     assert build(w2).fingerprint == fp
-    assert build(to_hf(weights)).fingerprint == fp                   # the HF spelling
+    assert build(to_hf(weights)).fingerprint == fp  # the HF spelling
     w3 = dict(weights)
     w3["D"] = weights["D"].copy()
-    w3["D"][0] = np.nextafter(w3["D"][0], np.float32(9))             # one ulp in one weight
+    w3["D"][0] = np.nextafter(w3["D"][0], np.float32(9))  # one ulp in one weight
     assert build(w3).fingerprint != fp
     assert build(weights, norm_eps=2e-5).fingerprint != fp
 
@@ -251,10 +302,16 @@ def test_hf_norm_weight_is_block_norm(weights, x):
     # 'mixer.norm.weight'. Swapping the two meanings must fail on shape: d_model is then read
     # from the HF 'norm.weight' (length d_inner) and out_proj has the wrong row count.
     hf = to_hf(weights)
-    hf["norm.weight"], hf["mixer.norm.weight"] = weights["norm.weight"], weights[
-        "block_norm.weight"]
-    with raises(ValueError, "weights['mixer.out_proj.weight']", f"({D}, {DI})",
-                f"d_model={DI} (length of weights['norm.weight'])"):
+    hf["norm.weight"], hf["mixer.norm.weight"] = (
+        weights["norm.weight"],
+        weights["block_norm.weight"],
+    )
+    with raises(
+        ValueError,
+        "weights['mixer.out_proj.weight']",
+        f"({D}, {DI})",
+        f"d_model={DI} (length of weights['norm.weight'])",
+    ):
         build(hf)
 
 
@@ -314,8 +371,9 @@ def test_unknown_weight_named(weights):
         build(hf)
 
 
-@pytest.mark.parametrize("present,absent", [("in_proj.bias", "out_proj.bias"),
-                                            ("out_proj.bias", "in_proj.bias")])
+@pytest.mark.parametrize(
+    "present,absent", [("in_proj.bias", "out_proj.bias"), ("out_proj.bias", "in_proj.bias")]
+)
 def test_projection_biases_come_as_a_pair(weights, present, absent):
     full = make_weights(proj_bias=True)
     weights[present] = full[present]
@@ -341,35 +399,57 @@ def test_weight_not_a_buffer(weights, bad):
         build(weights)
 
 
-@pytest.mark.parametrize("dtype,fragments", [
-    (np.float64, ["float64", "astype"]), (np.float16, ["float16", "astype"]),
-    (np.uint16, ["uint16", "bfloat16"]), (np.int32, ["int32"]),
-    (np.dtype(">f4"), ["big-endian"]),
-])
+@pytest.mark.parametrize(
+    "dtype,fragments",
+    [
+        (np.float64, ["float64", "astype"]),
+        (np.float16, ["float16", "astype"]),
+        (np.uint16, ["uint16", "bfloat16"]),
+        (np.int32, ["int32"]),
+        (np.dtype(">f4"), ["big-endian"]),
+    ],
+)
 def test_weight_dtype_refused(weights, dtype, fragments):
     weights["in_proj.weight"] = weights["in_proj.weight"].astype(dtype)
     with raises(TypeError, "weights['in_proj.weight']", *fragments):
         build(weights)
 
 
-@pytest.mark.parametrize("name,shape,fragments", [
-    ("block_norm.weight", (D, 1), ["weights['block_norm.weight']", "1-D", f"({D}, 1)"]),
-    ("block_norm.weight", (0,), ["weights['block_norm.weight']", "empty"]),
-    ("out_proj.weight", (D + 1, DI), ["weights['out_proj.weight']", f"({D + 1}, {DI})",
-                                      f"d_model={D}"]),
-    ("out_proj.weight", (D, DI + 1), ["weights['norm.weight']", f"{DI + 1}"]),
-    ("norm.weight", (DI - 1,), ["weights['norm.weight']", f"{DI - 1}", f"d_inner={DI}"]),
-    ("D", (NH + 1,), ["weights['D']", f"({NH + 1},)", f"n_heads={NH}", "weights['A_log']"]),
-    ("dt_bias", (NH, 1), ["weights['dt_bias']", "1-D"]),
-    ("A_log", (0,), ["weights['A_log']", "empty"]),
-    ("conv1d.weight", (CD, 2, K), ["weights['conv1d.weight']", f"({CD}, 2, {K})",
-                                   "(conv_dim, 1, conv_kernel)"]),
-    ("conv1d.weight", (CD, 1, 0), ["weights['conv1d.weight']", "conv_kernel", ">= 1"]),
-    ("conv1d.bias", (CD + 1,), ["weights['conv1d.bias']", f"({CD + 1},)", f"conv_dim={CD}"]),
-    ("in_proj.weight", (N_IN + 1, D), ["weights['in_proj.weight']", f"({N_IN + 1}, {D})",
-                                       f"({N_IN}, {D})", f"{DI} + {CD} + {NH}"]),
-    ("in_proj.weight", (N_IN, D + 1), ["weights['in_proj.weight']", f"d_model={D}"]),
-])
+@pytest.mark.parametrize(
+    "name,shape,fragments",
+    [
+        ("block_norm.weight", (D, 1), ["weights['block_norm.weight']", "1-D", f"({D}, 1)"]),
+        ("block_norm.weight", (0,), ["weights['block_norm.weight']", "empty"]),
+        (
+            "out_proj.weight",
+            (D + 1, DI),
+            ["weights['out_proj.weight']", f"({D + 1}, {DI})", f"d_model={D}"],
+        ),
+        ("out_proj.weight", (D, DI + 1), ["weights['norm.weight']", f"{DI + 1}"]),
+        ("norm.weight", (DI - 1,), ["weights['norm.weight']", f"{DI - 1}", f"d_inner={DI}"]),
+        ("D", (NH + 1,), ["weights['D']", f"({NH + 1},)", f"n_heads={NH}", "weights['A_log']"]),
+        ("dt_bias", (NH, 1), ["weights['dt_bias']", "1-D"]),
+        ("A_log", (0,), ["weights['A_log']", "empty"]),
+        (
+            "conv1d.weight",
+            (CD, 2, K),
+            ["weights['conv1d.weight']", f"({CD}, 2, {K})", "(conv_dim, 1, conv_kernel)"],
+        ),
+        ("conv1d.weight", (CD, 1, 0), ["weights['conv1d.weight']", "conv_kernel", ">= 1"]),
+        ("conv1d.bias", (CD + 1,), ["weights['conv1d.bias']", f"({CD + 1},)", f"conv_dim={CD}"]),
+        (
+            "in_proj.weight",
+            (N_IN + 1, D),
+            [
+                "weights['in_proj.weight']",
+                f"({N_IN + 1}, {D})",
+                f"({N_IN}, {D})",
+                f"{DI} + {CD} + {NH}",
+            ],
+        ),
+        ("in_proj.weight", (N_IN, D + 1), ["weights['in_proj.weight']", f"d_model={D}"]),
+    ],
+)
 def test_weight_shape_wrong(weights, name, shape, fragments):
     weights[name] = np.zeros(shape, np.float32) + 0.1
     with raises(ValueError, f"{MBI}.__init__: ", *fragments):
@@ -385,7 +465,7 @@ def test_bias_shape_wrong(name, shape):
 
 
 def test_head_dim_not_exact(core):
-    w = make_weights(di=24, nh=5)   # 24 / 5
+    w = make_weights(di=24, nh=5)  # 24 / 5
     with raises(ValueError, "d_inner=24", "n_heads=5", "head_dim"):
         Mamba2BlockInference(w)
 
@@ -395,21 +475,23 @@ def test_conv_dim_vs_n_groups(weights):
     w["conv1d.weight"] = np.zeros((CD + 1, 1, K), np.float32)
     with raises(ValueError, f"conv_dim={CD + 1}", f"d_inner={DI}", "2*n_groups"):
         build(w)
-    w["conv1d.weight"] = np.zeros((DI, 1, K), np.float32)    # no room for B and C
+    w["conv1d.weight"] = np.zeros((DI, 1, K), np.float32)  # no room for B and C
     with raises(ValueError, f"conv_dim={DI}", "positive"):
         build(w)
-    with raises(ValueError, "n_groups=4", f"conv_dim={CD}"):     # 12 % 8 != 0
+    with raises(ValueError, "n_groups=4", f"conv_dim={CD}"):  # 12 % 8 != 0
         build(weights, n_groups=4)
 
 
 def test_n_groups_not_dividing_n_heads(core):
-    w = make_weights(di=20, nh=5, ns=2, ng=2)   # B/C width 8 fits 2 groups, 5 heads do not
+    w = make_weights(di=20, nh=5, ns=2, ng=2)  # B/C width 8 fits 2 groups, 5 heads do not
     with raises(ValueError, "n_groups=2", "n_heads=5"):
         Mamba2BlockInference(w, n_groups=2)
 
 
-@pytest.mark.parametrize("name,index", [("in_proj.weight", (3, 2)), ("conv1d.weight", (5, 0, 1)),
-                                        ("D", (4,)), ("norm.weight", (7,))])
+@pytest.mark.parametrize(
+    "name,index",
+    [("in_proj.weight", (3, 2)), ("conv1d.weight", (5, 0, 1)), ("D", (4,)), ("norm.weight", (7,))],
+)
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 def test_nonfinite_weight(weights, name, index, value):
     weights[name][index] = value
@@ -419,10 +501,10 @@ def test_nonfinite_weight(weights, name, index, value):
 
 
 def test_a_log_with_nonfinite_a(weights):
-    weights["A_log"][2] = 89.0     # exp(89) overflows float32
+    weights["A_log"][2] = 89.0  # exp(89) overflows float32
     with raises(ValueError, "weights['A_log']", "flat index 2", "89.0", "A=-inf"):
         build(weights)
-    weights["A_log"][2] = 88.5     # largest region still finite: accepted
+    weights["A_log"][2] = 88.5  # largest region still finite: accepted
     assert build(weights).n_heads == NH
     hf = to_hf(make_weights())
     hf["mixer.A_log"][0] = 100.0
@@ -430,30 +512,49 @@ def test_a_log_with_nonfinite_a(weights):
         build(hf)
 
 
-@pytest.mark.parametrize("opt,value", [
-    ("n_groups", True), ("n_groups", 2.0), ("n_groups", "2"), ("n_groups", None),
-    ("norm_eps", "1e-5"), ("norm_eps", True), ("norm_eps", None),
-    ("dt_limit", 0.1), ("dt_limit", "ab"), ("dt_limit", None), ("dt_limit", {0: 0.0, 1: 1.0}),
-    ("dt_limit", np.array([0.0, 1.0])), ("dt_limit", (0.0, "1")), ("dt_limit", (True, 1.0)),
-])
+@pytest.mark.parametrize(
+    "opt,value",
+    [
+        ("n_groups", True),
+        ("n_groups", 2.0),
+        ("n_groups", "2"),
+        ("n_groups", None),
+        ("norm_eps", "1e-5"),
+        ("norm_eps", True),
+        ("norm_eps", None),
+        ("dt_limit", 0.1),
+        ("dt_limit", "ab"),
+        ("dt_limit", None),
+        ("dt_limit", {0: 0.0, 1: 1.0}),
+        ("dt_limit", np.array([0.0, 1.0])),
+        ("dt_limit", (0.0, "1")),
+        ("dt_limit", (True, 1.0)),
+    ],
+)
 def test_option_wrong_type(weights, opt, value):
     with raises(TypeError, f"{MBI}.__init__: ", opt):
         build(weights, **{opt: value})
 
 
-@pytest.mark.parametrize("opt,value,fragments", [
-    ("n_groups", 0, ["n_groups", "[1, 16777216]", "0"]), ("n_groups", -2, ["n_groups", "-2"]),
-    ("norm_eps", 0.0, ["norm_eps", "> 0"]), ("norm_eps", -1e-5, ["norm_eps"]),
-    ("norm_eps", float("nan"), ["norm_eps", "nan"]), ("norm_eps", float("inf"), ["norm_eps"]),
-    ("dt_limit", (float("nan"), 1.0), ["dt_limit[0]", "nan"]),
-    ("dt_limit", (0.0, float("nan")), ["dt_limit[1]", "nan"]),
-    ("dt_limit", (1.0, 0.5), ["dt_limit", "lo <= hi"]),
-    ("dt_limit", (-0.1, 1.0), ["dt_limit[0]", ">= 0"]),
-    ("dt_limit", (float("inf"), float("inf")), ["dt_limit[0]", "finite", "inf"]),
-    ("dt_limit", (0.0, -float("inf")), ["dt_limit[1]"]),
-    ("dt_limit", (0.0, 1.0, 2.0), ["dt_limit", "two", "3"]),
-    ("dt_limit", [0.5], ["dt_limit", "two", "1"]),
-])
+@pytest.mark.parametrize(
+    "opt,value,fragments",
+    [
+        ("n_groups", 0, ["n_groups", "[1, 16777216]", "0"]),
+        ("n_groups", -2, ["n_groups", "-2"]),
+        ("norm_eps", 0.0, ["norm_eps", "> 0"]),
+        ("norm_eps", -1e-5, ["norm_eps"]),
+        ("norm_eps", float("nan"), ["norm_eps", "nan"]),
+        ("norm_eps", float("inf"), ["norm_eps"]),
+        ("dt_limit", (float("nan"), 1.0), ["dt_limit[0]", "nan"]),
+        ("dt_limit", (0.0, float("nan")), ["dt_limit[1]", "nan"]),
+        ("dt_limit", (1.0, 0.5), ["dt_limit", "lo <= hi"]),
+        ("dt_limit", (-0.1, 1.0), ["dt_limit[0]", ">= 0"]),
+        ("dt_limit", (float("inf"), float("inf")), ["dt_limit[0]", "finite", "inf"]),
+        ("dt_limit", (0.0, -float("inf")), ["dt_limit[1]"]),
+        ("dt_limit", (0.0, 1.0, 2.0), ["dt_limit", "two", "3"]),
+        ("dt_limit", [0.5], ["dt_limit", "two", "1"]),
+    ],
+)
 def test_option_out_of_range(weights, opt, value, fragments):
     with raises(ValueError, f"{MBI}.__init__: ", *fragments):
         build(weights, **{opt: value})
@@ -464,7 +565,7 @@ def test_options_accepted_forms(weights, x):
     b = build(weights, dt_limit=(0.0, 1.0), norm_eps=float(np.float32(1e-5)))
     assert a.dt_limit == (0.0, 1.0) and a.n_groups == NG and type(a.n_groups) is int
     assert a.fingerprint == b.fingerprint
-    c = build(weights, dt_limit=(0.05, 0.05))      # lo == hi: dt is constant
+    c = build(weights, dt_limit=(0.05, 0.05))  # lo == hi: dt is constant
     assert c.dt_limit == (0.05, 0.05)
     c.forward(x)
 
@@ -481,6 +582,7 @@ def test_positional_and_unknown_options(weights):
 # ------------------------------------------------------------------------------------------
 # calls: x, lengths, outputs
 # ------------------------------------------------------------------------------------------
+
 
 def test_output_properties(block, x):
     y = block.forward(x)
@@ -519,8 +621,11 @@ def test_buffer_protocol_inputs(block, x):
 @pytest.mark.parametrize("bad", [None, [[0.0] * D], 1.5])
 def test_x_not_buffer(block, primed, bad):
     snap = snapshot(primed)
-    for call in (lambda: block.forward(bad), lambda: block.forward(bad, primed),
-                 lambda: block.step(bad, primed)):
+    for call in (
+        lambda: block.forward(bad),
+        lambda: block.forward(bad, primed),
+        lambda: block.step(bad, primed),
+    ):
         with raises(TypeError, "x", type(bad).__name__):
             call()
     assert snapshot(primed) == snap
@@ -559,7 +664,7 @@ def test_x_nonfinite_real_position(block, x, primed, val):
     with raises(ValueError, "x[1, 3, 7]"):
         block.forward(x, primed, lengths=[5, 4])
     assert snapshot(primed) == snap
-    y = block.forward(x, primed, lengths=[5, 3])    # position 3 of row 1 is padding now
+    y = block.forward(x, primed, lengths=[5, 3])  # position 3 of row 1 is padding now
     assert np.isfinite(y).all()
 
 
@@ -571,12 +676,18 @@ def test_nan_padding_is_never_read(block, x):
     assert (y[1, 2:].view(np.uint32) == 0).all()
 
 
-@pytest.mark.parametrize("form", [lambda v: v, tuple, lambda v: np.array(v, np.int32),
-                                  lambda v: np.array(v, np.uint8), lambda v: [np.int64(i)
-                                                                               for i in v]])
+@pytest.mark.parametrize(
+    "form",
+    [
+        lambda v: v,
+        tuple,
+        lambda v: np.array(v, np.int32),
+        lambda v: np.array(v, np.uint8),
+        lambda v: [np.int64(i) for i in v],
+    ],
+)
 def test_lengths_forms(block, x, form):
-    assert_bitwise_equal(block.forward(x, lengths=form([3, 5])),
-                         block.forward(x, lengths=[3, 5]))
+    assert_bitwise_equal(block.forward(x, lengths=form([3, 5])), block.forward(x, lengths=[3, 5]))
 
 
 def test_lengths_full_equals_none_and_zero_rows(block, x):
@@ -585,8 +696,20 @@ def test_lengths_full_equals_none_and_zero_rows(block, x):
     assert (y.view(np.uint32) == 0).all()
 
 
-@pytest.mark.parametrize("bad", [3, "35", {0: 3, 1: 5}, [3.0, 5], [True, 5], ["3", 5],
-                                 np.array([3.0, 5.0]), np.array([True, False]), {3, 5}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        3,
+        "35",
+        {0: 3, 1: 5},
+        [3.0, 5],
+        [True, 5],
+        ["3", 5],
+        np.array([3.0, 5.0]),
+        np.array([True, False]),
+        {3, 5},
+    ],
+)
 def test_lengths_wrong_type(block, x, primed, bad):
     snap = snapshot(primed)
     with raises(TypeError, f"{MBI}.forward: ", "lengths"):
@@ -594,11 +717,16 @@ def test_lengths_wrong_type(block, x, primed, bad):
     assert snapshot(primed) == snap
 
 
-@pytest.mark.parametrize("bad,fragments", [
-    ([3], ["lengths", "1 entries", "batch=2"]), ([1, 2, 3], ["lengths", "3"]),
-    ([3, 6], ["lengths[1]=6"]), ([-1, 3], ["lengths[0]=-1"]),
-    (np.zeros((2, 1), np.int64), ["lengths", "1-D"]),
-])
+@pytest.mark.parametrize(
+    "bad,fragments",
+    [
+        ([3], ["lengths", "1 entries", "batch=2"]),
+        ([1, 2, 3], ["lengths", "3"]),
+        ([3, 6], ["lengths[1]=6"]),
+        ([-1, 3], ["lengths[0]=-1"]),
+        (np.zeros((2, 1), np.int64), ["lengths", "1-D"]),
+    ],
+)
 def test_lengths_wrong_value(block, x, primed, bad, fragments):
     snap = snapshot(primed)
     with raises(ValueError, f"{MBI}.forward: ", *fragments):
@@ -609,6 +737,7 @@ def test_lengths_wrong_value(block, x, primed, bad, fragments):
 # ------------------------------------------------------------------------------------------
 # calls: state checks (every failure leaves conv_window, h, row_tokens byte-identical)
 # ------------------------------------------------------------------------------------------
+
 
 def test_step_needs_state(block, x):
     with raises(TypeError, f"{MBI}.step: ", "state", "None"):
@@ -623,8 +752,16 @@ def test_state_wrong_class(block, x, kind):
         bad = np.zeros((2, NH, DI // NH, NS), np.float32)
     else:
         from exactblocks.state import _PRIVATE
-        bad = TransformerState._make(_PRIVATE, batch_size=2, n_kv_heads=1, head_dim=4,
-                                     max_tokens=8, window=0, fingerprint="0" * 32)
+
+        bad = TransformerState._make(
+            _PRIVATE,
+            batch_size=2,
+            n_kv_heads=1,
+            head_dim=4,
+            max_tokens=8,
+            window=0,
+            fingerprint="0" * 32,
+        )
     for call in (lambda: block.forward(x, bad), lambda: block.step(x[:, 0], bad)):
         with raises(TypeError, "state", "Mamba2State", type(bad).__name__):
             call()
@@ -665,8 +802,15 @@ def test_row_tokens_negative(block, x, primed):
     assert primed.row_tokens.tolist() == [5, 1234572]
 
 
-@pytest.mark.parametrize("buf,index", [("conv_window", (1, 7, 2)), ("conv_window", (0, 0, 1)),
-                                       ("h", (1, 2, 3, 1)), ("h", (0, 0, 0, 0))])
+@pytest.mark.parametrize(
+    "buf,index",
+    [
+        ("conv_window", (1, 7, 2)),
+        ("conv_window", (0, 0, 1)),
+        ("h", (1, 2, 3, 1)),
+        ("h", (0, 0, 0, 0)),
+    ],
+)
 @pytest.mark.parametrize("val", [np.nan, np.inf])
 def test_nonfinite_state_of_advanced_row(block, x, primed, buf, index, val):
     getattr(primed, buf)[index] = val
@@ -707,10 +851,10 @@ def test_nonfinite_state_first_in_row_order(block):
     st = block.allocate_state(4)
     x4 = np.random.default_rng(11).standard_normal((4, 5, D)).astype(np.float32)
     block.forward(x4, st)
-    st.conv_window[0, 2, 0] = np.nan         # row 0: column 0, not read
-    st.conv_window[1, 5, 1] = np.inf         # row 1: idle below
-    st.h[2, 1, 0, 2] = np.nan                # row 2: the first read bad value
-    st.conv_window[3, 0, 2] = -np.inf        # row 3: later
+    st.conv_window[0, 2, 0] = np.nan  # row 0: column 0, not read
+    st.conv_window[1, 5, 1] = np.inf  # row 1: idle below
+    st.h[2, 1, 0, 2] = np.nan  # row 2: the first read bad value
+    st.conv_window[3, 0, 2] = -np.inf  # row 3: later
     snap = snapshot(st)
     for n in (1, 2, 3):
         saved = exactblocks.get_num_threads()
@@ -730,7 +874,7 @@ def test_nonfinite_state_first_in_row_order(block):
 
 
 def test_state_buffer_reshaped_in_place_is_refused(block, x, primed):
-    primed.h.shape = (2, NH, NS, DI // NH)      # in-place reshape of the same memory
+    primed.h.shape = (2, NH, NS, DI // NH)  # in-place reshape of the same memory
     with raises(ValueError, "state.h", "shape"):
         block.forward(x, primed)
 
@@ -744,21 +888,34 @@ def test_read_only_row_tokens_is_refused_before_any_write(block, x, primed):
 
 
 M_TAMPERINGS = {
-    "conv_window read-only": (lambda st: setattr(st.conv_window.flags, "writeable", False),
-                              "state.conv_window", "read-only"),
+    "conv_window read-only": (
+        lambda st: setattr(st.conv_window.flags, "writeable", False),
+        "state.conv_window",
+        "read-only",
+    ),
     "h read-only": (lambda st: setattr(st.h.flags, "writeable", False), "state.h", "read-only"),
-    "h flattened": (lambda st: object.__setattr__(st, "h", st.h.reshape(-1)),
-                    "state.h", f"shape ({2 * DI * NS},)"),
+    "h flattened": (
+        lambda st: object.__setattr__(st, "h", st.h.reshape(-1)),
+        "state.h",
+        f"shape ({2 * DI * NS},)",
+    ),
     "conv_window float64": (
         lambda st: object.__setattr__(st, "conv_window", st.conv_window.astype(np.float64)),
-        "state.conv_window", "dtype float64"),
+        "state.conv_window",
+        "dtype float64",
+    ),
     "row_tokens int32": (
         lambda st: object.__setattr__(st, "row_tokens", st.row_tokens.astype(np.int32)),
-        "state.row_tokens", "dtype int32"),
-    "h inside conv_window": (   # same bytes: the scan would overwrite the conv window
+        "state.row_tokens",
+        "dtype int32",
+    ),
+    "h inside conv_window": (  # same bytes: the scan would overwrite the conv window
         lambda st: object.__setattr__(
-            st, "h", st.conv_window.reshape(-1)[:st.h.size].reshape(st.h.shape)),
-        "state.conv_window and state.h", "share memory"),
+            st, "h", st.conv_window.reshape(-1)[: st.h.size].reshape(st.h.shape)
+        ),
+        "state.conv_window and state.h",
+        "share memory",
+    ),
 }
 
 
@@ -770,26 +927,32 @@ def test_tampered_state_buffers_refused_before_any_write(block, x, primed, case)
     tamper(primed)
 
     def snap():
-        return tuple(np.asarray(getattr(primed, n)).tobytes()
-                     for n in ("conv_window", "h", "row_tokens"))
+        return tuple(
+            np.asarray(getattr(primed, n)).tobytes() for n in ("conv_window", "h", "row_tokens")
+        )
 
     before = snap()
-    for where, call in ((f"{MBI}.forward", lambda: block.forward(x, primed)),
-                        (f"{MBI}.step", lambda: block.step(x[:, 0], primed)),
-                        ("Mamba2State.reset", lambda: primed.reset())):
+    for where, call in (
+        (f"{MBI}.forward", lambda: block.forward(x, primed)),
+        (f"{MBI}.step", lambda: block.step(x[:, 0], primed)),
+        ("Mamba2State.reset", lambda: primed.reset()),
+    ):
         with raises(ValueError, f"{where}: ", buf, what):
             call()
         assert snap() == before, f"{where} changed the state"
 
 
-@pytest.mark.parametrize("opts,fragments", [
-    ({"norm_eps": 1e-50}, ["norm_eps=1e-50", "float32", "3.4028234663852886e+38"]),
-    ({"norm_eps": 1e39}, ["norm_eps=1e+39", "float32"]),
-    ({"dt_limit": (0.0, 1e39)}, ["dt_limit[1]=1e+39", "float32", "3.4028234663852886e+38"]),
-    ({"dt_limit": (1e39, float("inf"))}, ["dt_limit[0]=1e+39", "float32"]),
-    ({"dt_limit": (0.0, 10**400)}, ["dt_limit[1]", "too large for a float"]),
-    ({"n_groups": 2**64}, ["n_groups", "[1, 16777216]"]),
-])
+@pytest.mark.parametrize(
+    "opts,fragments",
+    [
+        ({"norm_eps": 1e-50}, ["norm_eps=1e-50", "float32", "3.4028234663852886e+38"]),
+        ({"norm_eps": 1e39}, ["norm_eps=1e+39", "float32"]),
+        ({"dt_limit": (0.0, 1e39)}, ["dt_limit[1]=1e+39", "float32", "3.4028234663852886e+38"]),
+        ({"dt_limit": (1e39, float("inf"))}, ["dt_limit[0]=1e+39", "float32"]),
+        ({"dt_limit": (0.0, 10**400)}, ["dt_limit[1]", "too large for a float"]),
+        ({"n_groups": 2**64}, ["n_groups", "[1, 16777216]"]),
+    ],
+)
 def test_options_outside_float32_or_int_range(weights, opts, fragments):
     """Finding: options finite in float64 but 0 or inf in float32 (the core's type) were
     accepted; a huge int reached float() or the binding."""
@@ -799,19 +962,26 @@ def test_options_outside_float32_or_int_range(weights, opts, fragments):
 
 def test_float32_edge_options_accepted(weights, x):
     big = float(np.finfo(np.float32).max)
-    for opts in ({"dt_limit": (0.0, float("inf"))}, {"dt_limit": (1e-50, big)},
-                 {"norm_eps": 1e-45}, {"norm_eps": big}):
+    for opts in (
+        {"dt_limit": (0.0, float("inf"))},
+        {"dt_limit": (1e-50, big)},
+        {"norm_eps": 1e-45},
+        {"norm_eps": big},
+    ):
         assert np.isfinite(build(weights, **opts).forward(x)).all(), opts
     # A lo that rounds to 0 in float32 is the same arithmetic as lo = 0: same bits.
-    assert_bitwise_equal(build(weights, dt_limit=(1e-50, 1.0)).forward(x),
-                         build(weights, dt_limit=(0.0, 1.0)).forward(x))
+    assert_bitwise_equal(
+        build(weights, dt_limit=(1e-50, 1.0)).forward(x),
+        build(weights, dt_limit=(0.0, 1.0)).forward(x),
+    )
 
 
 def test_allocate_state_too_large_is_memory_error(block):
-    per_row = (CD * K + NH * (DI // NH) * NS) * 4 + 8   # conv_window + h (float32) + row_tokens
+    per_row = (CD * K + NH * (DI // NH) * NS) * 4 + 8  # conv_window + h (float32) + row_tokens
     for b in (10**14, 2**62):
-        with raises(MemoryError, f"{MBI}.allocate_state: ", f"batch_size={b}",
-                    f"{b * per_row} bytes"):
+        with raises(
+            MemoryError, f"{MBI}.allocate_state: ", f"batch_size={b}", f"{b * per_row} bytes"
+        ):
             block.allocate_state(b)
     with raises(ValueError, f"{MBI}.allocate_state: ", "batch_size", str(2**62)):
         block.allocate_state(2**62 + 1)
@@ -848,18 +1018,25 @@ def test_concurrent_use_of_a_state_is_runtime_error(block, x, primed):
         impl.core = real
     assert len(errors) == 1 and errors[0].startswith(f"{MBI}.step: ") and "state" in errors[0]
     assert primed.row_tokens.tolist() == [6, 6]
-    block.forward(x)   # other calls are not blocked by a busy state
+    block.forward(x)  # other calls are not blocked by a busy state
 
 
 # ------------------------------------------------------------------------------------------
 # allocate_state and Mamba2State (SPEC 8)
 # ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args,exc,fragment", [
-    ((2.0,), TypeError, "batch_size"), (("2",), TypeError, "batch_size"),
-    ((True,), TypeError, "batch_size"), ((0,), ValueError, "batch_size"),
-    ((-3,), ValueError, "batch_size"), ((2, 16), TypeError, "max_tokens"),
-])
+
+@pytest.mark.parametrize(
+    "args,exc,fragment",
+    [
+        ((2.0,), TypeError, "batch_size"),
+        (("2",), TypeError, "batch_size"),
+        ((True,), TypeError, "batch_size"),
+        ((0,), ValueError, "batch_size"),
+        ((-3,), ValueError, "batch_size"),
+        ((2, 16), TypeError, "max_tokens"),
+    ],
+)
 def test_allocate_state_checks(block, args, exc, fragment):
     with raises(exc, f"{MBI}.allocate_state: ", fragment):
         block.allocate_state(*args)
@@ -868,29 +1045,59 @@ def test_allocate_state_checks(block, args, exc, fragment):
 def test_allocate_state_fields(block):
     st = block.allocate_state(np.int32(3))
     assert isinstance(st, Mamba2State)
-    assert (st.batch_size, st.n_heads, st.head_dim, st.d_state, st.n_groups, st.conv_dim,
-            st.conv_kernel) == (3, NH, DI // NH, NS, NG, CD, K)
+    assert (
+        st.batch_size,
+        st.n_heads,
+        st.head_dim,
+        st.d_state,
+        st.n_groups,
+        st.conv_dim,
+        st.conv_kernel,
+    ) == (3, NH, DI // NH, NS, NG, CD, K)
     assert st.conv_window.shape == (3, CD, K) and st.conv_window.dtype == np.float32
     assert st.h.shape == (3, NH, DI // NH, NS) and st.h.dtype == np.float32
     assert st.row_tokens.dtype == np.int64 and st.row_tokens.tolist() == [0, 0, 0]
     for a in (st.conv_window, st.h):
         assert a.flags.c_contiguous and a.flags.writeable and (a.view(np.uint32) == 0).all()
     assert st.fingerprint == block.fingerprint
-    assert repr(st) == (f"Mamba2State(batch_size=3, n_heads={NH}, head_dim={DI // NH}, "
-                        f"d_state={NS}, n_groups={NG}, conv_dim={CD}, conv_kernel={K}, "
-                        "row_tokens=[0, 0, 0])")
+    assert repr(st) == (
+        f"Mamba2State(batch_size=3, n_heads={NH}, head_dim={DI // NH}, "
+        f"d_state={NS}, n_groups={NG}, conv_dim={CD}, conv_kernel={K}, "
+        "row_tokens=[0, 0, 0])"
+    )
 
 
 def test_state_direct_construction_refused():
     with raises(TypeError, "Mamba2State", "allocate_state"):
         Mamba2State()
     with raises(TypeError, "allocate_state"):
-        Mamba2State._make(object(), batch_size=1, n_heads=1, head_dim=1, d_state=1,
-                          n_groups=1, conv_dim=3, conv_kernel=1, fingerprint="")
+        Mamba2State._make(
+            object(),
+            batch_size=1,
+            n_heads=1,
+            head_dim=1,
+            d_state=1,
+            n_groups=1,
+            conv_dim=3,
+            conv_kernel=1,
+            fingerprint="",
+        )
 
 
-@pytest.mark.parametrize("attr", ["conv_window", "h", "row_tokens", "fingerprint", "batch_size",
-                                  "n_heads", "d_state", "conv_kernel", "other"])
+@pytest.mark.parametrize(
+    "attr",
+    [
+        "conv_window",
+        "h",
+        "row_tokens",
+        "fingerprint",
+        "batch_size",
+        "n_heads",
+        "d_state",
+        "conv_kernel",
+        "other",
+    ],
+)
 def test_state_attributes_not_rebindable(block, attr):
     st = block.allocate_state(1)
     with raises(AttributeError, attr):
@@ -924,8 +1131,13 @@ def test_reset_rows(block, x, primed):
     primed.reset(np.int64(0))
     primed.reset()
     assert snapshot(primed) == snapshot(block.allocate_state(2))
-    for bad, exc in (([2], ValueError), (-1, ValueError), ("0", TypeError), ([0.0], TypeError),
-                     (np.array([0.5]), TypeError)):
+    for bad, exc in (
+        ([2], ValueError),
+        (-1, ValueError),
+        ("0", TypeError),
+        ([0.0], TypeError),
+        (np.array([0.5]), TypeError),
+    ):
         with raises(exc, "Mamba2State.reset: ", "rows"):
             primed.reset(bad)
 
@@ -942,11 +1154,12 @@ def test_initial_state_written_by_hand(block, x, primed):
 # docs/mamba2.md: the example runs
 # ------------------------------------------------------------------------------------------
 
+
 def test_docs_example_runs(core):
     doc = Path(__file__).resolve().parents[2] / "docs" / "mamba2.md"
     text = doc.read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     assert blocks, "docs/mamba2.md has no python example"
     ns: dict = {}
-    exec(compile(blocks[0], str(doc), "exec"), ns)   # its own asserts check the bits
+    exec(compile(blocks[0], str(doc), "exec"), ns)  # its own asserts check the bits
     assert isinstance(ns.get("blk"), Mamba2BlockInference)

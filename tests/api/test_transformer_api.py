@@ -34,6 +34,7 @@ TBI = "TransformerBlockInference"
 # helpers
 # ------------------------------------------------------------------------------------------
 
+
 def snapshot(st):
     return (st.k_cache.tobytes(), st.v_cache.tobytes(), st.row_tokens.tobytes())
 
@@ -63,10 +64,17 @@ def raises(exc, *fragments):
 # SPEC 1: package surface
 # ------------------------------------------------------------------------------------------
 
+
 def test_public_names_and_version():
     assert exactblocks.__version__ == "0.1.0"
-    for name in ("TransformerBlockInference", "TransformerState", "TransformerDecodeSession",
-                 "arithmetic_version", "set_num_threads", "get_num_threads"):
+    for name in (
+        "TransformerBlockInference",
+        "TransformerState",
+        "TransformerDecodeSession",
+        "arithmetic_version",
+        "set_num_threads",
+        "get_num_threads",
+    ):
         assert name in exactblocks.__all__ and hasattr(exactblocks, name)
     assert not hasattr(exactblocks, "from_hf")  # reserved, no stub in v1
 
@@ -117,13 +125,15 @@ def test_threads_do_not_change_bits(block, x):
 def test_env_threads_read_at_import(tmp_path):
     code = "import exactblocks; print(exactblocks.get_num_threads())"
     env = {"EXACTBLOCKS_NUM_THREADS": "3", "PYTHONPATH": ":".join(sys.path)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "3"
     # Beyond the 4096 bound: a warning naming the variable, then the CPU count (<= 4096).
     env["EXACTBLOCKS_NUM_THREADS"] = str(10**30)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     assert "EXACTBLOCKS_NUM_THREADS" in out.stderr and "[1, 4096]" in out.stderr
     assert 1 <= int(out.stdout.strip()) <= 4096
 
@@ -136,9 +146,15 @@ def test_import_works_without_extension_and_explains_how_to_build():
         "try:\n"
         "    exactblocks.arithmetic_version()\n"
         "except ImportError as e:\n"
-        "    print('IMPORTERROR', e)\n")
-    out = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": ":".join(sys.path)},
-                         capture_output=True, text=True, check=True)
+        "    print('IMPORTERROR', e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": ":".join(sys.path)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "IMPORTERROR" in out.stdout and "pip install" in out.stdout
     assert "C++17" in out.stdout
 
@@ -159,9 +175,15 @@ def test_extension_version_mismatch_is_import_error(monkeypatch):
 # SPEC 4.1 / 4.2 / 10: construction
 # ------------------------------------------------------------------------------------------
 
+
 def test_resolved_attributes(block, weights):
-    assert (block.d_model, block.n_heads, block.n_kv_heads, block.head_dim,
-            block.intermediate) == (32, 4, 2, 8, 64)
+    assert (block.d_model, block.n_heads, block.n_kv_heads, block.head_dim, block.intermediate) == (
+        32,
+        4,
+        2,
+        8,
+        64,
+    )
     assert block.rope_dim == 8 and block.window == 0 and block.max_positions == 8192
     assert block.norm == "rmsnorm" and block.mlp == "swiglu" and block.norm_eps == 1e-06
     assert block.rope_theta == 10000.0 and block.rope_scaling is None
@@ -201,20 +223,27 @@ def test_whole_model_names_get_a_prefix_hint(weights):
     # A model's state_dict (model.layers.N.self_attn.q_proj.weight, ...) names the layer
     # prefix to strip, with the one-liner that does it.
     sd = {f"model.layers.3.{k}": v for k, v in to_hf_names(weights).items()}
-    with raises(ValueError, "unknown weight names", "'model.layers.3.'",
-                "k[15:]: v for k, v in state_dict.items() if k.startswith('model.layers.3.')"):
+    with raises(
+        ValueError,
+        "unknown weight names",
+        "'model.layers.3.'",
+        "k[15:]: v for k, v in state_dict.items() if k.startswith('model.layers.3.')",
+    ):
         build(sd)
     stripped = {k[15:]: v for k, v in sd.items() if k.startswith("model.layers.3.")}
     assert build(stripped).fingerprint == build(weights).fingerprint
 
 
-@pytest.mark.parametrize("name,shape,option", [
-    ("q_proj.bias", (32,), "qkv_bias"),
-    ("o_proj.bias", (32,), "o_bias"),
-    ("q_norm.weight", (8,), "qk_norm"),
-    ("up_proj.bias", (64,), "mlp_bias"),
-    ("input_layernorm.bias", (32,), "norm_bias"),
-])
+@pytest.mark.parametrize(
+    "name,shape,option",
+    [
+        ("q_proj.bias", (32,), "qkv_bias"),
+        ("o_proj.bias", (32,), "o_bias"),
+        ("q_norm.weight", (8,), "qk_norm"),
+        ("up_proj.bias", (64,), "mlp_bias"),
+        ("input_layernorm.bias", (32,), "norm_bias"),
+    ],
+)
 def test_optional_weight_with_option_off(weights, name, shape, option):
     weights[name] = np.zeros(shape, np.float32)
     with raises(ValueError, name, option):
@@ -253,14 +282,17 @@ def test_weight_not_a_buffer(weights, bad):
         build(weights)
 
 
-@pytest.mark.parametrize("dtype,fragments", [
-    (np.float64, ("float64", "astype")),
-    (np.float16, ("float16", "astype(numpy.float32)")),
-    (np.uint16, ("uint16", "bfloat16")),
-    (np.int32, ("int32",)),
-    (">f4", ("big-endian",)),
-    (np.bool_, ("bool",)),
-])
+@pytest.mark.parametrize(
+    "dtype,fragments",
+    [
+        (np.float64, ("float64", "astype")),
+        (np.float16, ("float16", "astype(numpy.float32)")),
+        (np.uint16, ("uint16", "bfloat16")),
+        (np.int32, ("int32",)),
+        (">f4", ("big-endian",)),
+        (np.bool_, ("bool",)),
+    ],
+)
 def test_weight_dtype_refused(weights, dtype, fragments):
     weights["k_proj.weight"] = weights["k_proj.weight"].astype(dtype)
     with raises(TypeError, "weights['k_proj.weight']", *fragments):
@@ -273,15 +305,18 @@ def test_weight_bytes_refused(weights):
         build(weights)
 
 
-@pytest.mark.parametrize("name,new_shape,fragments", [
-    ("k_proj.weight", (24, 32), ("(24, 32)", "(16, 32)", "n_kv_heads", "head_dim")),
-    ("v_proj.weight", (16, 30), ("(16, 30)", "(16, 32)", "input_layernorm.weight")),
-    ("o_proj.weight", (32, 16), ("(32, 16)", "(32, 32)", "n_heads*head_dim")),
-    ("down_proj.weight", (32, 48), ("(32, 48)", "(32, 64)", "up_proj.weight")),
-    ("gate_proj.weight", (48, 32), ("(48, 32)", "(64, 32)", "intermediate")),
-    ("post_attention_layernorm.weight", (31,), ("(31,)", "(32,)", "d_model")),
-    ("q_proj.weight", (32, 32, 1), ("2-D", "(32, 32, 1)")),
-])
+@pytest.mark.parametrize(
+    "name,new_shape,fragments",
+    [
+        ("k_proj.weight", (24, 32), ("(24, 32)", "(16, 32)", "n_kv_heads", "head_dim")),
+        ("v_proj.weight", (16, 30), ("(16, 30)", "(16, 32)", "input_layernorm.weight")),
+        ("o_proj.weight", (32, 16), ("(32, 16)", "(32, 32)", "n_heads*head_dim")),
+        ("down_proj.weight", (32, 48), ("(32, 48)", "(32, 64)", "up_proj.weight")),
+        ("gate_proj.weight", (48, 32), ("(48, 32)", "(64, 32)", "intermediate")),
+        ("post_attention_layernorm.weight", (31,), ("(31,)", "(32,)", "d_model")),
+        ("q_proj.weight", (32, 32, 1), ("2-D", "(32, 32, 1)")),
+    ],
+)
 def test_weight_shape_wrong(weights, name, new_shape, fragments):
     rng = np.random.default_rng(0)
     weights[name] = rng.standard_normal(new_shape).astype(np.float32)
@@ -317,30 +352,62 @@ def test_nonfinite_weight(weights, where):
         build(weights)
 
 
-@pytest.mark.parametrize("opt,value", [
-    ("n_heads", True), ("n_heads", "4"), ("n_heads", 4.0), ("n_kv_heads", 2.0),
-    ("head_dim", "8"), ("window", 2.5), ("window", False), ("max_positions", 100.0),
-    ("rope_dim", 8.0), ("rope_theta", "1e4"), ("rope_theta", True), ("norm_eps", "1e-6"),
-    ("attn_softcap", "50"), ("rope_scaling", [("rope_type", "linear")]),
-    ("rope_scaling", "linear"), ("qkv_bias", 1), ("o_bias", "yes"), ("norm_bias", None),
-    ("mlp_bias", 0), ("qk_norm", 1.0), ("norm", 1), ("mlp", None), ("numeric_profile", 1),
-])
+@pytest.mark.parametrize(
+    "opt,value",
+    [
+        ("n_heads", True),
+        ("n_heads", "4"),
+        ("n_heads", 4.0),
+        ("n_kv_heads", 2.0),
+        ("head_dim", "8"),
+        ("window", 2.5),
+        ("window", False),
+        ("max_positions", 100.0),
+        ("rope_dim", 8.0),
+        ("rope_theta", "1e4"),
+        ("rope_theta", True),
+        ("norm_eps", "1e-6"),
+        ("attn_softcap", "50"),
+        ("rope_scaling", [("rope_type", "linear")]),
+        ("rope_scaling", "linear"),
+        ("qkv_bias", 1),
+        ("o_bias", "yes"),
+        ("norm_bias", None),
+        ("mlp_bias", 0),
+        ("qk_norm", 1.0),
+        ("norm", 1),
+        ("mlp", None),
+        ("numeric_profile", 1),
+    ],
+)
 def test_option_wrong_type(weights, opt, value):
     with raises(TypeError, opt, type(value).__name__):
         build(weights, **{opt: value})
 
 
-@pytest.mark.parametrize("opt,value,fragment", [
-    ("n_heads", 0, "[1, 16777216]"), ("n_heads", -4, "[1, 16777216]"),
-    ("n_kv_heads", 0, "[1, 16777216]"), ("head_dim", 0, "[1, 16777216]"),
-    ("window", -1, "[0, 16777216]"),
-    ("rope_theta", 0.0, "> 0"), ("rope_theta", -1.0, "> 0"), ("rope_theta", float("inf"), "finite"),
-    ("rope_theta", float("nan"), "finite"), ("norm_eps", 0.0, "> 0"),
-    ("norm_eps", float("nan"), "finite"), ("attn_softcap", 0.0, "> 0"),
-    ("attn_softcap", float("inf"), "finite"), ("rope_dim", 3, "even"), ("rope_dim", 16, "[2, "),
-    ("rope_dim", 0, "even"), ("max_positions", 0, "[1, 16777216]"),
-    ("max_positions", 2**24 + 1, "[1, 16777216]"),
-])
+@pytest.mark.parametrize(
+    "opt,value,fragment",
+    [
+        ("n_heads", 0, "[1, 16777216]"),
+        ("n_heads", -4, "[1, 16777216]"),
+        ("n_kv_heads", 0, "[1, 16777216]"),
+        ("head_dim", 0, "[1, 16777216]"),
+        ("window", -1, "[0, 16777216]"),
+        ("rope_theta", 0.0, "> 0"),
+        ("rope_theta", -1.0, "> 0"),
+        ("rope_theta", float("inf"), "finite"),
+        ("rope_theta", float("nan"), "finite"),
+        ("norm_eps", 0.0, "> 0"),
+        ("norm_eps", float("nan"), "finite"),
+        ("attn_softcap", 0.0, "> 0"),
+        ("attn_softcap", float("inf"), "finite"),
+        ("rope_dim", 3, "even"),
+        ("rope_dim", 16, "[2, "),
+        ("rope_dim", 0, "even"),
+        ("max_positions", 0, "[1, 16777216]"),
+        ("max_positions", 2**24 + 1, "[1, 16777216]"),
+    ],
+)
 def test_option_out_of_range(weights, opt, value, fragment):
     with raises(ValueError, opt, fragment):
         build(weights, **{opt: value})
@@ -363,11 +430,17 @@ def test_odd_head_dim_needs_rope_dim(core):
     assert (blk.head_dim, blk.rope_dim) == (5, 4)
 
 
-@pytest.mark.parametrize("opt,value,accepted", [
-    ("norm", "RMSNorm", "'rmsnorm'"), ("norm", "batchnorm", "'rmsnorm_offset'"),
-    ("mlp", "relu", "'geglu_tanh'"), ("mlp", "SwiGLU", "'swiglu'"),
-    ("numeric_profile", "fp32_v1", "None"), ("numeric_profile", "fixed15_v1", "'fp32'"),
-])
+@pytest.mark.parametrize(
+    "opt,value,accepted",
+    [
+        ("norm", "RMSNorm", "'rmsnorm'"),
+        ("norm", "batchnorm", "'rmsnorm_offset'"),
+        ("mlp", "relu", "'geglu_tanh'"),
+        ("mlp", "SwiGLU", "'swiglu'"),
+        ("numeric_profile", "fp32_v1", "None"),
+        ("numeric_profile", "fixed15_v1", "'fp32'"),
+    ],
+)
 def test_unsupported_string(weights, opt, value, accepted):
     with raises(ValueError, opt, repr(value), accepted):
         build(weights, **{opt: value})
@@ -398,31 +471,62 @@ def test_qk_norm_not_with_layernorm(weights):
     assert build(weights, qk_norm=True).qk_norm is True
 
 
-@pytest.mark.parametrize("scaling,exc,fragments", [
-    ({"rope_type": "yarn", "factor": 2.0}, ValueError, ("'yarn'", "'llama3'", "'linear'")),
-    ({"rope_type": "dynamic", "factor": 2.0}, ValueError, ("'dynamic'", "not supported yet")),
-    ({"rope_type": "longrope"}, ValueError, ("'longrope'",)),
-    ({"rope_type": "linear"}, ValueError, ("rope_scaling['factor']", "missing")),
-    ({"factor": 2.0}, ValueError, ("rope_scaling['rope_type']", "missing")),
-    ({"rope_type": "linear", "factor": 2.0, "attention_factor": 1.0}, ValueError,
-     ("rope_scaling['attention_factor']",)),
-    ({"rope_type": "linear", "type": "llama3", "factor": 2.0}, ValueError,
-     ("rope_scaling['rope_type']", "rope_scaling['type']", "disagree")),
-    ({"rope_type": "linear", "factor": 0.0}, ValueError, ("rope_scaling['factor']", "> 0")),
-    ({"rope_type": "linear", "factor": float("nan")}, ValueError, ("rope_scaling['factor']",)),
-    ({"rope_type": "linear", "factor": "2"}, TypeError, ("rope_scaling['factor']",)),
-    ({"rope_type": 3}, TypeError, ("rope_scaling['rope_type']",)),
-    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
-      "original_max_position_embeddings": 64}, ValueError, ("high_freq_factor",
-                                                           "low_freq_factor")),
-    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-      "original_max_position_embeddings": 64.0}, TypeError,
-     ("rope_scaling['original_max_position_embeddings']",)),
-    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
-     ValueError, ("rope_scaling['original_max_position_embeddings']", "missing")),
-    ({"rope_type": "default", "rope_theta": 500000.0}, ValueError,
-     ("rope_scaling['rope_theta']", "rope_theta=10000.0")),
-])
+@pytest.mark.parametrize(
+    "scaling,exc,fragments",
+    [
+        ({"rope_type": "yarn", "factor": 2.0}, ValueError, ("'yarn'", "'llama3'", "'linear'")),
+        ({"rope_type": "dynamic", "factor": 2.0}, ValueError, ("'dynamic'", "not supported yet")),
+        ({"rope_type": "longrope"}, ValueError, ("'longrope'",)),
+        ({"rope_type": "linear"}, ValueError, ("rope_scaling['factor']", "missing")),
+        ({"factor": 2.0}, ValueError, ("rope_scaling['rope_type']", "missing")),
+        (
+            {"rope_type": "linear", "factor": 2.0, "attention_factor": 1.0},
+            ValueError,
+            ("rope_scaling['attention_factor']",),
+        ),
+        (
+            {"rope_type": "linear", "type": "llama3", "factor": 2.0},
+            ValueError,
+            ("rope_scaling['rope_type']", "rope_scaling['type']", "disagree"),
+        ),
+        ({"rope_type": "linear", "factor": 0.0}, ValueError, ("rope_scaling['factor']", "> 0")),
+        ({"rope_type": "linear", "factor": float("nan")}, ValueError, ("rope_scaling['factor']",)),
+        ({"rope_type": "linear", "factor": "2"}, TypeError, ("rope_scaling['factor']",)),
+        ({"rope_type": 3}, TypeError, ("rope_scaling['rope_type']",)),
+        (
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 4.0,
+                "high_freq_factor": 1.0,
+                "original_max_position_embeddings": 64,
+            },
+            ValueError,
+            ("high_freq_factor", "low_freq_factor"),
+        ),
+        (
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64.0,
+            },
+            TypeError,
+            ("rope_scaling['original_max_position_embeddings']",),
+        ),
+        (
+            {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+            ValueError,
+            ("rope_scaling['original_max_position_embeddings']", "missing"),
+        ),
+        (
+            {"rope_type": "default", "rope_theta": 500000.0},
+            ValueError,
+            ("rope_scaling['rope_theta']", "rope_theta=10000.0"),
+        ),
+    ],
+)
 def test_rope_scaling_checks(weights, scaling, exc, fragments):
     with raises(exc, *fragments):
         build(weights, rope_scaling=scaling)
@@ -438,12 +542,20 @@ def test_rope_scaling_accepted_forms(core, weights, x):
     lin = build(weights, rope_scaling={"type": "linear", "factor": 4})
     assert lin.fingerprint != base.fingerprint
     assert not np.array_equal(lin.forward(x), base.forward(x))
-    l3 = build(weights, rope_scaling={"rope_type": "llama3", "factor": 8.0,
-                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                      "original_max_position_embeddings": 64})
+    l3 = build(
+        weights,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    )
     assert l3.rope_scaling["rope_type"] == "llama3"
-    prf = build(weights, rope_dim=4, rope_scaling={"rope_type": "default",
-                                                   "partial_rotary_factor": 0.5})
+    prf = build(
+        weights, rope_dim=4, rope_scaling={"rope_type": "default", "partial_rotary_factor": 0.5}
+    )
     assert prf.rope_dim == 4
 
 
@@ -466,12 +578,15 @@ def test_positional_and_unknown_options(weights):
         TransformerBlockInference(weights)  # n_heads is required
 
 
-@pytest.mark.parametrize("opts", [
-    dict(qkv_bias=True, o_bias=True),
-    dict(norm="layernorm", norm_bias=True, mlp="gelu_tanh", mlp_bias=True),
-    dict(norm="rmsnorm_offset", qk_norm=True, mlp="geglu_tanh", attn_softcap=30.0),
-    dict(window=3, mlp="geglu", mlp_bias=True),
-])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(qkv_bias=True, o_bias=True),
+        dict(norm="layernorm", norm_bias=True, mlp="gelu_tanh", mlp_bias=True),
+        dict(norm="rmsnorm_offset", qk_norm=True, mlp="geglu_tanh", attn_softcap=30.0),
+        dict(window=3, mlp="geglu", mlp_bias=True),
+    ],
+)
 def test_option_combinations_construct_and_run(core, opts, x):
     w = make_transformer_weights(np.random.default_rng(5), **SIZES, **opts)
     blk = build(w, **opts)
@@ -512,11 +627,33 @@ def test_noncontiguous_and_buffer_weights(core, weights, x):
 # read-only attributes, repr, params, pickling
 # ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("attr", [
-    "d_model", "n_heads", "n_kv_heads", "head_dim", "intermediate", "window", "rope_theta",
-    "rope_scaling", "rope_dim", "max_positions", "qkv_bias", "o_bias", "norm", "norm_eps",
-    "norm_bias", "mlp", "mlp_bias", "qk_norm", "attn_softcap", "numeric_profile", "fingerprint",
-])
+
+@pytest.mark.parametrize(
+    "attr",
+    [
+        "d_model",
+        "n_heads",
+        "n_kv_heads",
+        "head_dim",
+        "intermediate",
+        "window",
+        "rope_theta",
+        "rope_scaling",
+        "rope_dim",
+        "max_positions",
+        "qkv_bias",
+        "o_bias",
+        "norm",
+        "norm_eps",
+        "norm_bias",
+        "mlp",
+        "mlp_bias",
+        "qk_norm",
+        "attn_softcap",
+        "numeric_profile",
+        "fingerprint",
+    ],
+)
 def test_block_attributes_read_only(block, attr):
     before = getattr(block, attr)
     with raises(AttributeError, attr):
@@ -538,10 +675,26 @@ def test_repr_shows_options_not_weights(block):
 
 def test_get_params(block):
     p = block.get_params()
-    assert set(p) == {"n_heads", "n_kv_heads", "head_dim", "window", "rope_theta",
-                      "rope_scaling", "rope_dim", "max_positions", "qkv_bias", "o_bias", "norm",
-                      "norm_eps", "norm_bias", "mlp", "mlp_bias", "qk_norm", "attn_softcap",
-                      "numeric_profile"}
+    assert set(p) == {
+        "n_heads",
+        "n_kv_heads",
+        "head_dim",
+        "window",
+        "rope_theta",
+        "rope_scaling",
+        "rope_dim",
+        "max_positions",
+        "qkv_bias",
+        "o_bias",
+        "norm",
+        "norm_eps",
+        "norm_bias",
+        "mlp",
+        "mlp_bias",
+        "qk_norm",
+        "attn_softcap",
+        "numeric_profile",
+    }
     assert (p["n_kv_heads"], p["head_dim"], p["rope_dim"]) == (2, 8, 8)
     assert all(type(p[k]) is int for k in ("n_kv_heads", "head_dim", "rope_dim"))
     assert block.get_params(deep=False) == p
@@ -573,15 +726,18 @@ def test_set_params_derives_none_options_again(block):
     assert (block.n_heads, block.head_dim, block.n_kv_heads) == (2, 16, 1)
 
 
-@pytest.mark.parametrize("params,exc,fragment", [
-    ({"weights": {}}, ValueError, "weights"),
-    ({"n_head": 2}, ValueError, "n_head"),
-    ({"window": -1}, ValueError, "window"),
-    ({"window": 1.5}, TypeError, "window"),
-    ({"mlp": "gelu"}, ValueError, "gate_proj.weight"),
-    ({"qkv_bias": True}, ValueError, "missing"),
-    ({"n_kv_heads": 3}, ValueError, "n_kv_heads=3"),
-])
+@pytest.mark.parametrize(
+    "params,exc,fragment",
+    [
+        ({"weights": {}}, ValueError, "weights"),
+        ({"n_head": 2}, ValueError, "n_head"),
+        ({"window": -1}, ValueError, "window"),
+        ({"window": 1.5}, TypeError, "window"),
+        ({"mlp": "gelu"}, ValueError, "gate_proj.weight"),
+        ({"qkv_bias": True}, ValueError, "missing"),
+        ({"n_kv_heads": 3}, ValueError, "n_kv_heads=3"),
+    ],
+)
 def test_set_params_errors_change_nothing(block, x, params, exc, fragment):
     before = (block.get_params(), block.fingerprint, repr(block))
     y0 = block.forward(x)
@@ -625,6 +781,7 @@ def test_pickled_state_works_with_restored_block(block, x):
 # forward / step: inputs
 # ------------------------------------------------------------------------------------------
 
+
 def test_output_properties(block, x):
     x0 = x.copy()
     y = block.forward(x)
@@ -650,8 +807,9 @@ def test_step_equals_forward(block, x):
 def test_stateless_equals_fresh_state(block, x):
     st = block.allocate_state(2, 5)
     assert_bitwise_equal(block.forward(x, st), block.forward(x))
-    wblk = build(make_transformer_weights(np.random.default_rng(1234), **SIZES), window=2,
-                 n_heads=NH)
+    wblk = build(
+        make_transformer_weights(np.random.default_rng(1234), **SIZES), window=2, n_heads=NH
+    )
     st = wblk.allocate_state(2, 5)
     assert st.capacity == 2
     assert_bitwise_equal(wblk.forward(x, st), wblk.forward(x))
@@ -756,11 +914,18 @@ def test_buffer_protocol_inputs(block, x):
 # lengths (SPEC 9)
 # ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("form", [
-    lambda v: list(v), lambda v: tuple(v), lambda v: np.array(v, np.int64),
-    lambda v: np.array(v, np.int32), lambda v: np.array(v, np.uint8),
-    lambda v: [np.int16(i) for i in v],
-])
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        lambda v: list(v),
+        lambda v: tuple(v),
+        lambda v: np.array(v, np.int64),
+        lambda v: np.array(v, np.int32),
+        lambda v: np.array(v, np.uint8),
+        lambda v: [np.int16(i) for i in v],
+    ],
+)
 def test_lengths_forms_equal(block, x, form):
     ref = block.forward(x, lengths=[4, 2])
     assert_bitwise_equal(block.forward(x, lengths=form([4, 2])), ref)
@@ -783,9 +948,24 @@ def test_lengths_with_state_idle_rows_untouched(block, x):
     assert_bitwise_equal(st.v_cache[1], v1)
 
 
-@pytest.mark.parametrize("bad", [3, "34", b"\x01\x02", {0: 1, 1: 2}, {1, 2}, 2.0,
-                                 [1.0, 2], [True, 1], [1, "2"], np.array([1.0, 2.0]),
-                                 np.array([True, False]), np.array(2), np.int64(2)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        3,
+        "34",
+        b"\x01\x02",
+        {0: 1, 1: 2},
+        {1, 2},
+        2.0,
+        [1.0, 2],
+        [True, 1],
+        [1, "2"],
+        np.array([1.0, 2.0]),
+        np.array([True, False]),
+        np.array(2),
+        np.int64(2),
+    ],
+)
 def test_lengths_wrong_type(block, x, bad):
     st = primed_state(block, x)
     snap = snapshot(st)
@@ -794,10 +974,16 @@ def test_lengths_wrong_type(block, x, bad):
     assert_unchanged(st, snap)
 
 
-@pytest.mark.parametrize("bad,fragment", [
-    ([1], "lengths"), ([1, 2, 3], "lengths"), (np.zeros((2, 1), np.int64), "lengths"),
-    ([1, 6], "lengths[1]=6"), ([-1, 2], "lengths[0]=-1"),
-])
+@pytest.mark.parametrize(
+    "bad,fragment",
+    [
+        ([1], "lengths"),
+        ([1, 2, 3], "lengths"),
+        (np.zeros((2, 1), np.int64), "lengths"),
+        ([1, 6], "lengths[1]=6"),
+        ([-1, 2], "lengths[0]=-1"),
+    ],
+)
 def test_lengths_wrong_value(block, x, bad, fragment):
     st = primed_state(block, x)
     snap = snapshot(st)
@@ -809,6 +995,7 @@ def test_lengths_wrong_value(block, x, bad, fragment):
 # ------------------------------------------------------------------------------------------
 # state checks in calls
 # ------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("bad", [{"k_cache": None}, "state", 3, object()])
 def test_state_wrong_class(block, x, bad):
@@ -881,10 +1068,11 @@ def isa(request, core):
 
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("softcap", [None, 0.5])
-@pytest.mark.parametrize("buf,value", [("k_cache", np.inf), ("k_cache", -np.inf),
-                                       ("v_cache", np.inf), ("v_cache", -np.inf)])
-def test_nonfinite_slot_the_softmax_would_hide(core, weights, x, isa, softcap, buf, value,
-                                               threads):
+@pytest.mark.parametrize(
+    "buf,value",
+    [("k_cache", np.inf), ("k_cache", -np.inf), ("v_cache", np.inf), ("v_cache", -np.inf)],
+)
+def test_nonfinite_slot_the_softmax_would_hide(core, weights, x, isa, softcap, buf, value, threads):
     # A decode step finds a non-finite cache slot inside its attention (no second pass over the
     # cache): by the raw scores for keys, by the outputs for values. These infinities vanish
     # from the softmax's output (a -inf score weighs 0; a softcapped +inf score becomes the
@@ -916,8 +1104,15 @@ def test_attention_overflow_is_not_a_nonfinite_slot(core, weights, x, isa):
     ref.v_cache[:] = st.v_cache
     y = blk.step(x[:, 0], st)
     assert not np.isfinite(y).all() and st.row_tokens.tolist() == [6, 6]
-    want = blk._impl.core.forward(x[:, :1], np.ones(2, np.int64), ref.row_tokens.copy(),
-                                  ref.k_cache, ref.v_cache, None, check_cache=False)
+    want = blk._impl.core.forward(
+        x[:, :1],
+        np.ones(2, np.int64),
+        ref.row_tokens.copy(),
+        ref.k_cache,
+        ref.v_cache,
+        None,
+        check_cache=False,
+    )
     assert_bitwise_equal(y, want)
 
 
@@ -1019,11 +1214,18 @@ def test_concurrent_use_of_a_state_is_runtime_error(block, x):
 # allocate_state and TransformerState (SPEC 5)
 # ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args,exc,fragment", [
-    ((2.0, 8), TypeError, "batch_size"), ((2, "8"), TypeError, "max_tokens"),
-    ((True, 8), TypeError, "batch_size"), ((0, 8), ValueError, "batch_size"),
-    ((2, 0), ValueError, "max_tokens"), ((2, 8193), ValueError, "max_positions=8192"),
-])
+
+@pytest.mark.parametrize(
+    "args,exc,fragment",
+    [
+        ((2.0, 8), TypeError, "batch_size"),
+        ((2, "8"), TypeError, "max_tokens"),
+        ((True, 8), TypeError, "batch_size"),
+        ((0, 8), ValueError, "batch_size"),
+        ((2, 0), ValueError, "max_tokens"),
+        ((2, 8193), ValueError, "max_positions=8192"),
+    ],
+)
 def test_allocate_state_checks(block, args, exc, fragment):
     with raises(exc, f"{TBI}.allocate_state: ", fragment):
         block.allocate_state(*args)
@@ -1031,8 +1233,14 @@ def test_allocate_state_checks(block, args, exc, fragment):
 
 def test_allocate_state_fields(block):
     st = block.allocate_state(3, 10)
-    assert (st.batch_size, st.n_kv_heads, st.head_dim, st.max_tokens, st.window,
-            st.capacity) == (3, 2, 8, 10, 0, 10)
+    assert (st.batch_size, st.n_kv_heads, st.head_dim, st.max_tokens, st.window, st.capacity) == (
+        3,
+        2,
+        8,
+        10,
+        0,
+        10,
+    )
     assert st.k_cache.shape == st.v_cache.shape == (3, 2, 10, 8)
     assert st.k_cache.dtype == np.float32 and st.k_cache.flags.c_contiguous
     assert (st.k_cache.view(np.uint32) == 0).all() and (st.v_cache.view(np.uint32) == 0).all()
@@ -1048,8 +1256,19 @@ def test_state_direct_construction_refused():
         TransformerState(2, 8)
 
 
-@pytest.mark.parametrize("attr", ["k_cache", "v_cache", "row_tokens", "fingerprint",
-                                  "batch_size", "max_tokens", "capacity", "window"])
+@pytest.mark.parametrize(
+    "attr",
+    [
+        "k_cache",
+        "v_cache",
+        "row_tokens",
+        "fingerprint",
+        "batch_size",
+        "max_tokens",
+        "capacity",
+        "window",
+    ],
+)
 def test_state_attributes_not_rebindable(block, attr):
     st = block.allocate_state(2, 4)
     with raises(AttributeError, attr):
@@ -1149,14 +1368,18 @@ def test_state_repr(block):
 # decode sessions (SPEC 6)
 # ------------------------------------------------------------------------------------------
 
+
 def test_session_same_bits_as_block(block, x):
     st_a, st_b = block.allocate_state(2, 16), block.allocate_state(2, 16)
     with block.decode_session(st_a) as sess:
         assert sess.state is st_a and sess.is_open
         ya = [sess.forward(x, lengths=[5, 3]), sess.step(x[:, 0]), sess.step(x[:, 1:2])]
         assert sess.sync_state() is st_a
-    yb = [block.forward(x, st_b, lengths=[5, 3]), block.step(x[:, 0], st_b),
-          block.step(x[:, 1:2], st_b)]
+    yb = [
+        block.forward(x, st_b, lengths=[5, 3]),
+        block.step(x[:, 0], st_b),
+        block.step(x[:, 1:2], st_b),
+    ]
     for a, b in zip(ya, yb):
         assert_bitwise_equal(a, b, "session vs block")
     assert_bitwise_equal(st_a.k_cache, st_b.k_cache)
@@ -1238,8 +1461,12 @@ def test_session_repr_and_load_state(block, x):
         assert repr(sess) == "TransformerDecodeSession(open=True, batch_size=2, row_tokens=[5, 4])"
         assert sess.load_state() is st
         st.k_cache[0, 0, 2, 0] = np.nan
-        with raises(ValueError, "TransformerDecodeSession.load_state: ",
-                    "state.k_cache[0, 0, 2, 0]", "read by the session's next step"):
+        with raises(
+            ValueError,
+            "TransformerDecodeSession.load_state: ",
+            "state.k_cache[0, 0, 2, 0]",
+            "read by the session's next step",
+        ):
             sess.load_state()
         st.k_cache[0, 0, 2, 0] = 0.0
         st.row_tokens[1] = 99
@@ -1253,6 +1480,7 @@ def test_session_repr_and_load_state(block, x):
 # ------------------------------------------------------------------------------------------
 # fingerprint and sharing a block between threads
 # ------------------------------------------------------------------------------------------
+
 
 def test_fingerprint_deterministic_and_sensitive(core, weights):
     fp = build(weights).fingerprint
@@ -1292,6 +1520,7 @@ def test_block_serves_threads_at_once(block, x):
 # regressions of a hostile review (state tampering, float32 ranges, int bounds, RoPE table)
 # ------------------------------------------------------------------------------------------
 
+
 def _replace(st, name, value):
     """Swap a state buffer as only a hostile caller can (the attributes are not rebindable)."""
     object.__setattr__(st, name, value)
@@ -1300,36 +1529,76 @@ def _replace(st, name, value):
 # Each entry: how the state is tampered with, the buffer the message must name, and a fragment
 # saying what is wrong. States come from primed_state(block, x): k/v (2, 2, 16, 8), row_tokens (2,).
 TAMPERINGS = {
-    "row_tokens read-only": (lambda st: setattr(st.row_tokens.flags, "writeable", False),
-                             "state.row_tokens", "read-only"),
-    "k_cache read-only": (lambda st: setattr(st.k_cache.flags, "writeable", False),
-                          "state.k_cache", "read-only"),
-    "v_cache read-only": (lambda st: setattr(st.v_cache.flags, "writeable", False),
-                          "state.v_cache", "read-only"),
-    "k_cache reshaped": (lambda st: _replace(st, "k_cache", st.k_cache.reshape(2, 2, 8, 16)),
-                         "state.k_cache", "shape (2, 2, 8, 16)"),
-    "k_cache flattened": (lambda st: _replace(st, "k_cache", st.k_cache.reshape(-1)),
-                          "state.k_cache", "shape (512,)"),
+    "row_tokens read-only": (
+        lambda st: setattr(st.row_tokens.flags, "writeable", False),
+        "state.row_tokens",
+        "read-only",
+    ),
+    "k_cache read-only": (
+        lambda st: setattr(st.k_cache.flags, "writeable", False),
+        "state.k_cache",
+        "read-only",
+    ),
+    "v_cache read-only": (
+        lambda st: setattr(st.v_cache.flags, "writeable", False),
+        "state.v_cache",
+        "read-only",
+    ),
+    "k_cache reshaped": (
+        lambda st: _replace(st, "k_cache", st.k_cache.reshape(2, 2, 8, 16)),
+        "state.k_cache",
+        "shape (2, 2, 8, 16)",
+    ),
+    "k_cache flattened": (
+        lambda st: _replace(st, "k_cache", st.k_cache.reshape(-1)),
+        "state.k_cache",
+        "shape (512,)",
+    ),
     "v_cache rows and heads mixed": (
         lambda st: _replace(st, "v_cache", st.v_cache.reshape(4, 1, 16, 8)),
-        "state.v_cache", "shape (4, 1, 16, 8)"),
-    "row_tokens (1, 2)": (lambda st: _replace(st, "row_tokens", st.row_tokens.reshape(1, 2)),
-                          "state.row_tokens", "shape (1, 2)"),
-    "row_tokens int32": (lambda st: _replace(st, "row_tokens", st.row_tokens.astype(np.int32)),
-                         "state.row_tokens", "dtype int32"),
-    "k_cache float64": (lambda st: _replace(st, "k_cache", st.k_cache.astype(np.float64)),
-                        "state.k_cache", "dtype float64"),
-    "v_cache big-endian": (lambda st: _replace(st, "v_cache", st.v_cache.astype(">f4")),
-                           "state.v_cache", "dtype '>f4'"),
-    "k_cache Fortran order": (lambda st: _replace(st, "k_cache", np.asfortranarray(st.k_cache)),
-                              "state.k_cache", "non-C-contiguous"),
-    "v_cache is k_cache": (lambda st: _replace(st, "v_cache", st.k_cache),
-                           "state.k_cache and state.v_cache", "share memory"),
+        "state.v_cache",
+        "shape (4, 1, 16, 8)",
+    ),
+    "row_tokens (1, 2)": (
+        lambda st: _replace(st, "row_tokens", st.row_tokens.reshape(1, 2)),
+        "state.row_tokens",
+        "shape (1, 2)",
+    ),
+    "row_tokens int32": (
+        lambda st: _replace(st, "row_tokens", st.row_tokens.astype(np.int32)),
+        "state.row_tokens",
+        "dtype int32",
+    ),
+    "k_cache float64": (
+        lambda st: _replace(st, "k_cache", st.k_cache.astype(np.float64)),
+        "state.k_cache",
+        "dtype float64",
+    ),
+    "v_cache big-endian": (
+        lambda st: _replace(st, "v_cache", st.v_cache.astype(">f4")),
+        "state.v_cache",
+        "dtype '>f4'",
+    ),
+    "k_cache Fortran order": (
+        lambda st: _replace(st, "k_cache", np.asfortranarray(st.k_cache)),
+        "state.k_cache",
+        "non-C-contiguous",
+    ),
+    "v_cache is k_cache": (
+        lambda st: _replace(st, "v_cache", st.k_cache),
+        "state.k_cache and state.v_cache",
+        "share memory",
+    ),
     "v_cache a view of k_cache": (
         lambda st: _replace(st, "v_cache", st.k_cache.reshape(-1).reshape(st.k_cache.shape)),
-        "state.k_cache and state.v_cache", "share memory"),
-    "k_cache a list": (lambda st: _replace(st, "k_cache", st.k_cache.tolist()),
-                       "state.k_cache", "got list"),
+        "state.k_cache and state.v_cache",
+        "share memory",
+    ),
+    "k_cache a list": (
+        lambda st: _replace(st, "k_cache", st.k_cache.tolist()),
+        "state.k_cache",
+        "got list",
+    ),
 }
 
 
@@ -1344,8 +1613,9 @@ def test_tampered_state_buffers_refused_before_any_write(block, x, case):
     tamper(st)
 
     def snap():
-        return tuple(np.asarray(getattr(st, n)).tobytes()
-                     for n in ("k_cache", "v_cache", "row_tokens"))
+        return tuple(
+            np.asarray(getattr(st, n)).tobytes() for n in ("k_cache", "v_cache", "row_tokens")
+        )
 
     before = snap()
     calls = {
@@ -1360,8 +1630,10 @@ def test_tampered_state_buffers_refused_before_any_write(block, x, case):
             call()
         assert snap() == before, f"{where} changed the state"
     with block.decode_session(st) as sess:
-        for where, call in (("TransformerDecodeSession.step", lambda: sess.step(x[:, 0])),
-                            ("TransformerDecodeSession.load_state", sess.load_state)):
+        for where, call in (
+            ("TransformerDecodeSession.step", lambda: sess.step(x[:, 0])),
+            ("TransformerDecodeSession.load_state", sess.load_state),
+        ):
             with raises(ValueError, f"{where}: ", buf, what):
                 call()
             assert snap() == before, f"{where} changed the state"
@@ -1378,21 +1650,37 @@ def test_intact_state_still_accepted_after_buffer_checks(block, x):
     assert_bitwise_equal(block.step(x[:, 0], st), ref)
 
 
-@pytest.mark.parametrize("opts,fragments", [
-    # inv_freq_0 = 1 / factor = 1e300 overflows float32 (every call used to return NaN)
-    ({"rope_scaling": {"rope_type": "linear", "factor": 1e-300}},
-     ("rope_scaling['factor']=1e-300", "inv_freq[0]=inf", "finite and > 0")),
-    # inv_freq_i = theta**(-2i/rope_dim) grows without bound for theta < 1
-    ({"rope_theta": 1e-300}, ("rope_theta=1e-300", "inv_freq[1]=inf")),
-    # and underflows to 0 for a huge theta (rope_dim 8: 1e300**-0.25 = 1e-75 -> 0.0)
-    ({"rope_theta": 1e300}, ("rope_theta=1e+300", "inv_freq[1]=0.0")),
-    # every entry finite, but float32(8191) * 1e36 overflows: the last positions' angles
-    ({"rope_scaling": {"rope_type": "linear", "factor": 1e-36}},
-     ("rope_scaling['factor']=1e-36", "max_positions - 1", "8191", "overflows")),
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 1e-300, "low_freq_factor": 1.0,
-                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
-     ("rope_theta=10000.0", "rope_scaling['factor']=1e-300", "inv_freq[")),
-])
+@pytest.mark.parametrize(
+    "opts,fragments",
+    [
+        # inv_freq_0 = 1 / factor = 1e300 overflows float32 (every call used to return NaN)
+        (
+            {"rope_scaling": {"rope_type": "linear", "factor": 1e-300}},
+            ("rope_scaling['factor']=1e-300", "inv_freq[0]=inf", "finite and > 0"),
+        ),
+        # inv_freq_i = theta**(-2i/rope_dim) grows without bound for theta < 1
+        ({"rope_theta": 1e-300}, ("rope_theta=1e-300", "inv_freq[1]=inf")),
+        # and underflows to 0 for a huge theta (rope_dim 8: 1e300**-0.25 = 1e-75 -> 0.0)
+        ({"rope_theta": 1e300}, ("rope_theta=1e+300", "inv_freq[1]=0.0")),
+        # every entry finite, but float32(8191) * 1e36 overflows: the last positions' angles
+        (
+            {"rope_scaling": {"rope_type": "linear", "factor": 1e-36}},
+            ("rope_scaling['factor']=1e-36", "max_positions - 1", "8191", "overflows"),
+        ),
+        (
+            {
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": 1e-300,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                }
+            },
+            ("rope_theta=10000.0", "rope_scaling['factor']=1e-300", "inv_freq["),
+        ),
+    ],
+)
 def test_unusable_rope_table_refused_at_construction(weights, opts, fragments):
     with raises(ValueError, f"{TBI}.__init__: ", *fragments):
         build(weights, **opts)
@@ -1407,8 +1695,11 @@ def test_extreme_but_usable_rope_tables_accepted(core, weights, x):
     lin = {"rope_type": "linear", "factor": 1e-36}
     assert build(weights, rope_scaling=lin, max_positions=1).forward(x[:, :1]).shape == (2, 1, D)
     # Huge but finite angles and a tiny theta within float32: finite outputs.
-    for opts in ({"rope_scaling": {"rope_type": "linear", "factor": 1e-30}},
-                 {"rope_theta": 1e-6, "max_positions": 64}, {"rope_theta": 1e30}):
+    for opts in (
+        {"rope_scaling": {"rope_type": "linear", "factor": 1e-30}},
+        {"rope_theta": 1e-6, "max_positions": 64},
+        {"rope_theta": 1e30},
+    ):
         blk = build(weights, **opts)
         assert np.isfinite(blk.forward(x)).all(), opts
     # The table checked is the core's own: its largest entry for theta 1e-6 is finite.
@@ -1416,15 +1707,23 @@ def test_extreme_but_usable_rope_tables_accepted(core, weights, x):
     assert np.isfinite(inv).all() and (inv > 0).all()
 
 
-@pytest.mark.parametrize("opt,value", [
-    ("norm_eps", 1e-50), ("norm_eps", 1e39), ("norm_eps", 2**-151),
-    ("attn_softcap", 1e-46), ("attn_softcap", 1e39), ("attn_softcap", 3.5e38),
-])
+@pytest.mark.parametrize(
+    "opt,value",
+    [
+        ("norm_eps", 1e-50),
+        ("norm_eps", 1e39),
+        ("norm_eps", 2**-151),
+        ("attn_softcap", 1e-46),
+        ("attn_softcap", 1e39),
+        ("attn_softcap", 3.5e38),
+    ],
+)
 def test_real_options_outside_float32_range(weights, opt, value):
     """Finding: finite in float64 but 0 or inf once rounded to float32 (as the core uses
     them): every call returned NaN (norm_eps 1e-50 on a zero row, softcap 1e-46)."""
-    with raises(ValueError, f"{TBI}.__init__: ", f"{opt}={value!r}", "float32",
-                "3.4028234663852886e+38"):
+    with raises(
+        ValueError, f"{TBI}.__init__: ", f"{opt}={value!r}", "float32", "3.4028234663852886e+38"
+    ):
         build(weights, **{opt: value})
 
 
@@ -1437,22 +1736,35 @@ def test_real_options_at_float32_range_edges_accepted(weights, x):
         assert np.isfinite(build(weights, **opts).forward(x)).all(), opts
 
 
-@pytest.mark.parametrize("opts,exc,fragments", [
-    ({"rope_theta": 10**400}, ValueError, ("rope_theta", "too large for a float")),
-    ({"rope_theta": 10**5000}, ValueError, ("rope_theta", "bits", "too large")),
-    ({"norm_eps": -10**400}, ValueError, ("norm_eps", "too large")),
-    ({"window": 2**63}, ValueError, ("window", "[0, 16777216]", str(2**63))),
-    ({"window": 2**70}, ValueError, ("window", "[0, 16777216]")),
-    ({"window": 2**24 + 1}, ValueError, ("window", "[0, 16777216]")),
-    ({"n_heads": 2**64 + 4}, ValueError, ("n_heads", "[1, 16777216]")),
-    ({"n_kv_heads": 2**40}, ValueError, ("n_kv_heads", "[1, 16777216]")),
-    ({"head_dim": 2**33}, ValueError, ("head_dim", "[1, 16777216]")),
-    ({"rope_dim": 2**70}, ValueError, ("rope_dim", "even", "[2, head_dim]")),
-    ({"rope_dim": -10**5000}, ValueError, ("rope_dim", "bits")),
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                       "high_freq_factor": 4.0, "original_max_position_embeddings": 2**64}},
-     ValueError, ("rope_scaling['original_max_position_embeddings']", "[1, 16777216]")),
-])
+@pytest.mark.parametrize(
+    "opts,exc,fragments",
+    [
+        ({"rope_theta": 10**400}, ValueError, ("rope_theta", "too large for a float")),
+        ({"rope_theta": 10**5000}, ValueError, ("rope_theta", "bits", "too large")),
+        ({"norm_eps": -(10**400)}, ValueError, ("norm_eps", "too large")),
+        ({"window": 2**63}, ValueError, ("window", "[0, 16777216]", str(2**63))),
+        ({"window": 2**70}, ValueError, ("window", "[0, 16777216]")),
+        ({"window": 2**24 + 1}, ValueError, ("window", "[0, 16777216]")),
+        ({"n_heads": 2**64 + 4}, ValueError, ("n_heads", "[1, 16777216]")),
+        ({"n_kv_heads": 2**40}, ValueError, ("n_kv_heads", "[1, 16777216]")),
+        ({"head_dim": 2**33}, ValueError, ("head_dim", "[1, 16777216]")),
+        ({"rope_dim": 2**70}, ValueError, ("rope_dim", "even", "[2, head_dim]")),
+        ({"rope_dim": -(10**5000)}, ValueError, ("rope_dim", "bits")),
+        (
+            {
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 2**64,
+                }
+            },
+            ValueError,
+            ("rope_scaling['original_max_position_embeddings']", "[1, 16777216]"),
+        ),
+    ],
+)
 def test_huge_numeric_options_are_value_errors(weights, opts, exc, fragments):
     """Finding: window=2**63 raised RuntimeError('std::bad_cast') from the binding and
     rope_theta=10**400 a bare OverflowError."""
@@ -1469,8 +1781,13 @@ def test_allocate_state_too_large_is_memory_error(block):
     kv, hd = block.n_kv_heads, block.head_dim
     for b, m in ((10**12, 64), (2**62, 8192)):
         need = 2 * b * kv * m * hd * 4 + 8 * b  # SPEC 4.5 formula plus row_tokens (int64)
-        with raises(MemoryError, f"{TBI}.allocate_state: ", f"batch_size={b}",
-                    f"max_tokens={m}", f"{need} bytes"):
+        with raises(
+            MemoryError,
+            f"{TBI}.allocate_state: ",
+            f"batch_size={b}",
+            f"max_tokens={m}",
+            f"{need} bytes",
+        ):
             block.allocate_state(b, m)
     with raises(ValueError, f"{TBI}.allocate_state: ", "batch_size", str(2**62)):
         block.allocate_state(2**62 + 1, 8)
@@ -1516,24 +1833,40 @@ def test_partial_rotary_factor_derives_rope_dim(weights, x):
     explicit = build(weights, rope_dim=4)
     for factor, rope_dim in ((0.5, 4), (0.25, 2), (0.3, 2), (1.0, hd), (0.8, 6)):
         assert int(hd * factor) == rope_dim
-        blk = build(weights, rope_scaling={"rope_type": "default",
-                                           "partial_rotary_factor": factor})
+        blk = build(weights, rope_scaling={"rope_type": "default", "partial_rotary_factor": factor})
         assert blk.rope_dim == rope_dim and blk.get_params()["rope_dim"] == rope_dim
         if rope_dim == 4:
             assert blk.fingerprint == explicit.fingerprint
             assert_bitwise_equal(blk.forward(x), explicit.forward(x))
     # With rope_dim given, both must agree.
-    assert build(weights, rope_dim=4, rope_scaling={"rope_type": "default",
-                                                    "partial_rotary_factor": 0.5}).rope_dim == 4
+    assert (
+        build(
+            weights, rope_dim=4, rope_scaling={"rope_type": "default", "partial_rotary_factor": 0.5}
+        ).rope_dim
+        == 4
+    )
     with raises(ValueError, "partial_rotary_factor", "rope_dim=6", "pass rope_dim=4"):
-        build(weights, rope_dim=6, rope_scaling={"rope_type": "default",
-                                                 "partial_rotary_factor": 0.5})
+        build(
+            weights, rope_dim=6, rope_scaling={"rope_type": "default", "partial_rotary_factor": 0.5}
+        )
     # The derived value must be an even int in [2, head_dim].
     for factor, got in ((0.375, 3), (0.99, 7), (0.1, 0), (1.5, 12)):
-        with raises(ValueError, f"{TBI}.__init__: ", f"partial_rotary_factor']={factor!r}",
-                    f"={got}", "even", f"[2, head_dim={hd}]"):
-            build(weights, rope_scaling={"rope_type": "linear", "factor": 2.0,
-                                         "partial_rotary_factor": factor})
+        with raises(
+            ValueError,
+            f"{TBI}.__init__: ",
+            f"partial_rotary_factor']={factor!r}",
+            f"={got}",
+            "even",
+            f"[2, head_dim={hd}]",
+        ):
+            build(
+                weights,
+                rope_scaling={
+                    "rope_type": "linear",
+                    "factor": 2.0,
+                    "partial_rotary_factor": factor,
+                },
+            )
     # set_params re-derives it (rope_dim stays None in the options given).
     blk = build(weights, rope_scaling={"rope_type": "default", "partial_rotary_factor": 0.5})
     assert blk.set_params(rope_scaling=None).rope_dim == hd
@@ -1542,10 +1875,12 @@ def test_partial_rotary_factor_derives_rope_dim(weights, x):
 def test_position_limit_hint_never_asks_for_the_impossible(weights):
     """At max_positions = 2^24 the error must not ask for max_tokens beyond 2^24."""
     from exactblocks import TransformerBlockInference
-    blk = TransformerBlockInference(weights, n_heads=SIZES["n_heads"], window=4,
-                                    max_positions=2 ** 24)
-    st = blk.allocate_state(1, 2 ** 24)
-    st.row_tokens[:] = 2 ** 24
+
+    blk = TransformerBlockInference(
+        weights, n_heads=SIZES["n_heads"], window=4, max_positions=2**24
+    )
+    st = blk.allocate_state(1, 2**24)
+    st.row_tokens[:] = 2**24
     before = (st.k_cache.copy(), st.v_cache.copy(), st.row_tokens.copy())
     x = np.zeros((1, SIZES["d_model"]), np.float32)
     with pytest.raises(ValueError) as err:

@@ -3,8 +3,8 @@
 // (an integer hash of (tensor, index), no RNG), and for every kernel table this build has
 // (eb::available_isas()) runs: ragged batched forwards that carry the KV cache / the conv and
 // SSM state over three calls (prefill, continuation, decode), the L16 dot/sum kernels, packed
-// GEMMs (float32 panels, and compact Q4_1/Q8_0/bfloat16 panels checked against them) and elementwise
-// sweeps of exp, log1p, tanh, erf, sin, cos, silu, softplus, gelu, gelu_tanh and the
+// GEMMs (float32 panels, and compact Q4_1/Q8_0/bfloat16 panels checked against them) and
+// elementwise sweeps of exp, log1p, tanh, erf, sin, cos, silu, softplus, gelu, gelu_tanh and the
 // vectorised exp. Everything (outputs and final states) is folded into a
 // 64-bit FNV-1a over the raw bytes.
 //
@@ -133,29 +133,65 @@ std::vector<TfCase> transformer_cases() {
   std::vector<TfCase> out;
   {  // Llama/Qwen-like: RMSNorm, SwiGLU, GQA, q/k/v bias, partial RoPE with llama3 scaling.
     eb::TransformerConfig c;
-    c.d_model = 40; c.n_heads = 4; c.n_kv_heads = 2; c.head_dim = 14; c.intermediate = 56;
-    c.window = 0; c.rope_dim = 10; c.max_positions = 64; c.rope_theta = 10000.0;
-    c.rope_scaling_kind = 2; c.rope_factor = 8.0; c.rope_low_freq_factor = 1.0;
-    c.rope_high_freq_factor = 4.0; c.rope_original_max = 16.0;
-    c.norm_eps = 1e-6f; c.attn_softcap = 0.0f; c.norm = eb::ops::kRmsNorm; c.mlp = eb::ops::kSwiGlu;
+    c.d_model = 40;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 14;
+    c.intermediate = 56;
+    c.window = 0;
+    c.rope_dim = 10;
+    c.max_positions = 64;
+    c.rope_theta = 10000.0;
+    c.rope_scaling_kind = 2;
+    c.rope_factor = 8.0;
+    c.rope_low_freq_factor = 1.0;
+    c.rope_high_freq_factor = 4.0;
+    c.rope_original_max = 16.0;
+    c.norm_eps = 1e-6f;
+    c.attn_softcap = 0.0f;
+    c.norm = eb::ops::kRmsNorm;
+    c.mlp = eb::ops::kSwiGlu;
     c.qkv_bias = true;
     out.push_back({"tf_llama", c});
   }
   {  // Gemma-like: (1 + w) RMSNorm, GeGLU(tanh), q/k norm, softcap, sliding window ring cache.
     eb::TransformerConfig c;
-    c.d_model = 36; c.n_heads = 3; c.n_kv_heads = 1; c.head_dim = 16; c.intermediate = 44;
-    c.window = 5; c.rope_dim = 16; c.max_positions = 64; c.rope_theta = 500.0;
-    c.norm_eps = 1e-6f; c.attn_softcap = 5.0f; c.norm = eb::ops::kRmsNormOffset;
-    c.mlp = eb::ops::kGeGluTanh; c.qk_norm = true;
+    c.d_model = 36;
+    c.n_heads = 3;
+    c.n_kv_heads = 1;
+    c.head_dim = 16;
+    c.intermediate = 44;
+    c.window = 5;
+    c.rope_dim = 16;
+    c.max_positions = 64;
+    c.rope_theta = 500.0;
+    c.norm_eps = 1e-6f;
+    c.attn_softcap = 5.0f;
+    c.norm = eb::ops::kRmsNormOffset;
+    c.mlp = eb::ops::kGeGluTanh;
+    c.qk_norm = true;
     out.push_back({"tf_gemma", c});
   }
   {  // GPT-NeoX/Phi-like: LayerNorm with bias, plain GELU MLP with biases, linear RoPE scaling.
     eb::TransformerConfig c;
-    c.d_model = 33; c.n_heads = 3; c.n_kv_heads = 3; c.head_dim = 11; c.intermediate = 50;
-    c.window = 0; c.rope_dim = 6; c.max_positions = 64; c.rope_theta = 10000.0;
-    c.rope_scaling_kind = 1; c.rope_factor = 2.0;
-    c.norm_eps = 1e-5f; c.norm = eb::ops::kLayerNorm; c.mlp = eb::ops::kGelu;
-    c.qkv_bias = true; c.o_bias = true; c.norm_bias = true; c.mlp_bias = true;
+    c.d_model = 33;
+    c.n_heads = 3;
+    c.n_kv_heads = 3;
+    c.head_dim = 11;
+    c.intermediate = 50;
+    c.window = 0;
+    c.rope_dim = 6;
+    c.max_positions = 64;
+    c.rope_theta = 10000.0;
+    c.rope_scaling_kind = 1;
+    c.rope_factor = 2.0;
+    c.norm_eps = 1e-5f;
+    c.norm = eb::ops::kLayerNorm;
+    c.mlp = eb::ops::kGelu;
+    c.qkv_bias = true;
+    c.o_bias = true;
+    c.norm_bias = true;
+    c.mlp_bias = true;
     out.push_back({"tf_neox", c});
   }
   return out;
@@ -249,18 +285,36 @@ std::vector<MbCase> mamba2_cases() {
   std::vector<MbCase> out;
   {  // d_state 12: not a multiple of 8 or 16, so the vector part and the tail both run.
     eb::Mamba2Config c;
-    c.d_model = 24; c.d_inner = 32; c.n_heads = 4; c.head_dim = 8; c.d_state = 12;
-    c.n_groups = 2; c.conv_dim = c.d_inner + 2 * c.n_groups * c.d_state; c.conv_kernel = 4;
-    c.norm_eps = 1e-5f; c.dt_min = 0.0f; c.dt_max = std::numeric_limits<float>::infinity();
-    c.conv_bias = true; c.proj_bias = false;
+    c.d_model = 24;
+    c.d_inner = 32;
+    c.n_heads = 4;
+    c.head_dim = 8;
+    c.d_state = 12;
+    c.n_groups = 2;
+    c.conv_dim = c.d_inner + 2 * c.n_groups * c.d_state;
+    c.conv_kernel = 4;
+    c.norm_eps = 1e-5f;
+    c.dt_min = 0.0f;
+    c.dt_max = std::numeric_limits<float>::infinity();
+    c.conv_bias = true;
+    c.proj_bias = false;
     out.push_back({"mb_a", c});
   }
   {
     eb::Mamba2Config c;
-    c.d_model = 20; c.d_inner = 40; c.n_heads = 5; c.head_dim = 8; c.d_state = 16;
-    c.n_groups = 1; c.conv_dim = c.d_inner + 2 * c.n_groups * c.d_state; c.conv_kernel = 3;
-    c.norm_eps = 1e-6f; c.dt_min = 0.001f; c.dt_max = 0.1f;
-    c.conv_bias = false; c.proj_bias = true;
+    c.d_model = 20;
+    c.d_inner = 40;
+    c.n_heads = 5;
+    c.head_dim = 8;
+    c.d_state = 16;
+    c.n_groups = 1;
+    c.conv_dim = c.d_inner + 2 * c.n_groups * c.d_state;
+    c.conv_kernel = 3;
+    c.norm_eps = 1e-6f;
+    c.dt_min = 0.001f;
+    c.dt_max = 0.1f;
+    c.conv_bias = false;
+    c.proj_bias = true;
     out.push_back({"mb_b", c});
   }
   return out;
@@ -279,7 +333,7 @@ Weights mamba2_weights(const MbCase& mc) {
   if (c.conv_bias) w["conv1d.bias"] = tensor(p + "cb", c.conv_dim, 0.1f);
   w["dt_bias"] = tensor(p + "dtb", nh, 1.0f, -2.0f);  // softplus(dt_bias) ~ 0.05 .. 0.3
   w["D"] = tensor(p + "D", nh, 0.5f, 1.0f);
-  w["A_log"] = tensor(p + "alog", nh, 1.0f, 1.0f);   // A = -exp(0 .. 2)
+  w["A_log"] = tensor(p + "alog", nh, 1.0f, 1.0f);  // A = -exp(0 .. 2)
   w["norm.weight"] = tensor(p + "gn", di, 0.25f, 1.0f);
   w["out_proj.weight"] = tensor(p + "out", d * di, inv_sqrt(di));
   if (c.proj_bias) w["out_proj.bias"] = tensor(p + "outb", d, 0.1f);
@@ -419,18 +473,37 @@ std::vector<float> sweep_inputs(bool quick) {
   const int64_t n_lin = quick ? 4001 : 40001;
   for (int64_t i = 0; i < n_lin; ++i)
     x.push_back(static_cast<float>(-120.0 + 240.0 * static_cast<double>(i) /
-                                            static_cast<double>(n_lin - 1)));
+                                                static_cast<double>(n_lin - 1)));
   const uint32_t step = quick ? (1u << 18) : (1u << 15);
   for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += step)
     x.push_back(from_bits(static_cast<uint32_t>(u) + 12345u));
   for (uint64_t i = 0; i < (quick ? 4000u : 40000u); ++i)
     x.push_back(from_bits(static_cast<uint32_t>(mix(0xE1E7 + i))));
-  const float edges[] = {0.0f, -0.0f, 1.0f, -1.0f, 0x1.62e42ep6f, 0x1.62e430p6f, -0x1.9fe36ap6f,
-                         -103.97f, -110.0f, -110.00001f, 88.0f, 89.0f, 1e-30f, -1e-30f,
-                         0x1p-149f, -0x1p-149f, 3.14159274f, 1e6f, -1e6f, 20.0f, 20.000002f,
+  const float edges[] = {0.0f,
+                         -0.0f,
+                         1.0f,
+                         -1.0f,
+                         0x1.62e42ep6f,
+                         0x1.62e430p6f,
+                         -0x1.9fe36ap6f,
+                         -103.97f,
+                         -110.0f,
+                         -110.00001f,
+                         88.0f,
+                         89.0f,
+                         1e-30f,
+                         -1e-30f,
+                         0x1p-149f,
+                         -0x1p-149f,
+                         3.14159274f,
+                         1e6f,
+                         -1e6f,
+                         20.0f,
+                         20.000002f,
                          std::numeric_limits<float>::infinity(),
                          -std::numeric_limits<float>::infinity(),
-                         std::numeric_limits<float>::quiet_NaN(), from_bits(0xFFC12345u)};
+                         std::numeric_limits<float>::quiet_NaN(),
+                         from_bits(0xFFC12345u)};
   for (float e : edges) x.push_back(e);
   // Odd total length, so the vector loops of exp_array also end in a scalar tail.
   if (x.size() % 2 == 0) x.push_back(0.5f);
@@ -438,8 +511,8 @@ std::vector<float> sweep_inputs(bool quick) {
 }
 
 uint64_t run_elementwise(const std::vector<float>& x, const std::string& isa) {
-  static const char* names[] = {"exp", "log1p", "tanh", "erf", "sin", "cos", "silu",
-                                "softplus", "gelu", "gelu_tanh", "exp_vec"};
+  static const char* names[] = {"exp",  "log1p",    "tanh", "erf",       "sin",    "cos",
+                                "silu", "softplus", "gelu", "gelu_tanh", "exp_vec"};
   const int64_t n = static_cast<int64_t>(x.size());
   std::vector<float> y(x.size()), y_exp(x.size());
   Fnv1a all;

@@ -1,7 +1,7 @@
 // Accuracy sweep of csrc/math/ against the long double C library (x87 80-bit on x86-64), and a
 // fingerprint of every output so two machines can compare bits.
-// Build: g++ -std=c++17 -O2 -ffp-contract=off -I csrc tests/cpp/math_check.cpp -o math_check -pthread
-// Run:   ./math_check [--stride S] [--threads T] [--only name,name]
+// Build: g++ -std=c++17 -O2 -ffp-contract=off -I csrc tests/cpp/math_check.cpp -o math_check
+// -pthread Run:   ./math_check [--stride S] [--threads T] [--only name,name]
 //        S = 1 sweeps every binary32 input (about 4.3e9 per function); the default S = 41 visits
 //        ~1.05e8 inputs per function (every 41st bit pattern, so every mantissa residue occurs).
 // Exits 1 if a binary32 elementary function exceeds 1 ulp, an exactness property fails, or a
@@ -78,7 +78,7 @@ struct Fn32 {
   const char* name;
   float (*ours)(float);
   LD (*ref)(LD);
-  bool bounded;  // must be <= 1 ulp
+  bool bounded;   // must be <= 1 ulp
   double lo, hi;  // restrict the sweep to lo <= x <= hi (domain / where it is not constant)
 };
 
@@ -119,10 +119,10 @@ Result sweep(const Fn32& f, std::uint64_t stride, int n_threads) {
   for (int t = 0; t < n_threads; ++t) {
     pool.emplace_back([&, t] {
       Result& r = part[static_cast<std::size_t>(t)];
-      const std::uint64_t begin = n_total * static_cast<std::uint64_t>(t) /
-                                  static_cast<std::uint64_t>(n_threads);
-      const std::uint64_t end = n_total * static_cast<std::uint64_t>(t + 1) /
-                                static_cast<std::uint64_t>(n_threads);
+      const std::uint64_t begin =
+          n_total * static_cast<std::uint64_t>(t) / static_cast<std::uint64_t>(n_threads);
+      const std::uint64_t end =
+          n_total * static_cast<std::uint64_t>(t + 1) / static_cast<std::uint64_t>(n_threads);
       for (std::uint64_t i = begin; i < end; ++i) {
         const std::uint32_t u = static_cast<std::uint32_t>(i * stride);
         const float x = float_of(u);
@@ -248,8 +248,8 @@ double check_f64(const char* name, int which, int n) {
       worst_y = y;
     }
   }
-  std::printf("%-10s max %.4f ulp (binary64)  over %d samples  worst x=%a y=%a\n", name, worst,
-              n, worst_x, worst_y);
+  std::printf("%-10s max %.4f ulp (binary64)  over %d samples  worst x=%a y=%a\n", name, worst, n,
+              worst_x, worst_y);
   return worst;
 }
 
@@ -261,9 +261,12 @@ int main(int argc, char** argv) {
   std::string only;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--stride") stride = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (a == "--threads") n_threads = std::atoi(argv[i + 1]);
-    else if (a == "--only") only = argv[i + 1];
+    if (a == "--stride")
+      stride = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (a == "--threads")
+      n_threads = std::atoi(argv[i + 1]);
+    else if (a == "--only")
+      only = argv[i + 1];
   }
   if (stride == 0 || n_threads < 1) return 2;
   using namespace eb::math;
@@ -285,12 +288,13 @@ int main(int argc, char** argv) {
   check_properties();
   std::printf("stride %" PRIu64 ", %d thread(s)\n", stride, n_threads);
   for (const Fn32& f : fns) {
-    if (!only.empty() && ("," + only + ",").find("," + std::string(f.name) + ",") ==
-                             std::string::npos) {
+    if (!only.empty() &&
+        ("," + only + ",").find("," + std::string(f.name) + ",") == std::string::npos) {
       continue;
     }
     const Result r = sweep(f, stride, n_threads);
-    std::printf("%-10s max %.7f ulp over %" PRIu64 " inputs in [%g, %g]  worst x=%a  "
+    std::printf("%-10s max %.7f ulp over %" PRIu64
+                " inputs in [%g, %g]  worst x=%a  "
                 "fingerprint %016" PRIx64 "%s\n",
                 f.name, r.max_err, r.count, f.lo, f.hi, static_cast<double>(r.worst_x),
                 r.fingerprint, f.bounded ? "" : "  (derived: not bounded)");

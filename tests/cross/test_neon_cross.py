@@ -37,7 +37,7 @@ QEMU = "qemu-aarch64"
 # ISAs compiled per architecture (the EB_ISA_LIST branches of CMakeLists.txt).
 ISAS = {"x86_64": ["scalar", "avx2", "avx512"], "aarch64": ["scalar", "neon"]}
 COMPILE_TIMEOUT = 300  # seconds per translation unit
-RUN_TIMEOUT = 120      # seconds per binary (qemu is ~10x slower than native)
+RUN_TIMEOUT = 120  # seconds per binary (qemu is ~10x slower than native)
 
 
 def in_ci():
@@ -100,8 +100,7 @@ def core_sources():
     list of pathlib.Path
         Every ``csrc/**/*.cpp`` except ``csrc/bindings/`` and ``csrc/isa/``, sorted.
     """
-    return sorted(p for p in CSRC.rglob("*.cpp")
-                  if p.parent.name not in ("bindings", "isa"))
+    return sorted(p for p in CSRC.rglob("*.cpp") if p.parent.name not in ("bindings", "isa"))
 
 
 def build_digest(cxx, arch, out_dir, static):
@@ -125,16 +124,35 @@ def build_digest(cxx, arch, out_dir, static):
     """
     flags = cmake_flags()
     assert "EB_NUMERIC_FLAGS" in flags and "-ffp-contract=off" in flags["EB_NUMERIC_FLAGS"], flags
-    base = [cxx, "-std=c++17", "-O3", "-DNDEBUG", "-fopenmp", *flags["EB_NUMERIC_FLAGS"],
-            f"-I{CSRC}"]
+    base = [
+        cxx,
+        "-std=c++17",
+        "-O3",
+        "-DNDEBUG",
+        "-fopenmp",
+        *flags["EB_NUMERIC_FLAGS"],
+        f"-I{CSRC}",
+    ]
     have = [f"-DEB_HAVE_{isa.upper()}=1" for isa in ISAS[arch]]
     jobs = []
     for isa in ISAS[arch]:
         assert f"EB_FLAGS_{isa}" in flags, f"CMakeLists.txt defines no EB_FLAGS_{isa}"
         obj = out_dir / f"kernels_{isa}.o"
-        jobs.append((base + [f"-DEB_ISA_{isa}=1", f"-DEB_ISA_NAME=isa_{isa}",
-                             *flags[f"EB_FLAGS_{isa}"], "-c", str(CSRC / "isa" / "kernels_isa.cpp"),
-                             "-o", str(obj)], obj))
+        jobs.append(
+            (
+                base
+                + [
+                    f"-DEB_ISA_{isa}=1",
+                    f"-DEB_ISA_NAME=isa_{isa}",
+                    *flags[f"EB_FLAGS_{isa}"],
+                    "-c",
+                    str(CSRC / "isa" / "kernels_isa.cpp"),
+                    "-o",
+                    str(obj),
+                ],
+                obj,
+            )
+        )
     for src in [DIGEST_MAIN, *core_sources()]:
         obj = out_dir / f"{src.parent.name}_{src.stem}.o"
         jobs.append((base + have + ["-c", str(src), "-o", str(obj)], obj))
@@ -146,8 +164,14 @@ def build_digest(cxx, arch, out_dir, static):
     with ThreadPoolExecutor(max_workers=2) as pool:  # the machine has 2 cores
         list(pool.map(compile_one, jobs))
     exe = out_dir / "digest"
-    link = [cxx, "-fopenmp", *(["-static"] if static else []), *(str(o) for _, o in jobs),
-            "-o", str(exe)]
+    link = [
+        cxx,
+        "-fopenmp",
+        *(["-static"] if static else []),
+        *(str(o) for _, o in jobs),
+        "-o",
+        str(exe),
+    ]
     res = subprocess.run(link, capture_output=True, text=True, timeout=COMPILE_TIMEOUT)
     assert res.returncode == 0, f"{' '.join(link)}\n{res.stderr[-4000:]}"
     return exe
@@ -198,9 +222,12 @@ def digests(tmp_path_factory):
     cross_dir = tmp_path_factory.mktemp("digest_aarch64")
     native = build_digest(gxx, "x86_64", native_dir, static=False)
     arm = build_digest(cross, "aarch64", cross_dir, static=True)
-    return {"native": run_digest([str(native)]), "aarch64": run_digest([qemu, str(arm)]),
-            "objects": {("x86_64", isa): native_dir / f"kernels_{isa}.o" for isa in ISAS["x86_64"]}
-            | {("aarch64", isa): cross_dir / f"kernels_{isa}.o" for isa in ISAS["aarch64"]}}
+    return {
+        "native": run_digest([str(native)]),
+        "aarch64": run_digest([qemu, str(arm)]),
+        "objects": {("x86_64", isa): native_dir / f"kernels_{isa}.o" for isa in ISAS["x86_64"]}
+        | {("aarch64", isa): cross_dir / f"kernels_{isa}.o" for isa in ISAS["aarch64"]},
+    }
 
 
 VEC_TYPE = {"scalar": "VecScalar", "avx2": "VecAvx2", "avx512": "VecAvx512", "neon": "VecNeon"}
@@ -217,12 +244,17 @@ def test_isa_objects_share_no_code(digests):
     for (arch, isa), obj in digests["objects"].items():
         nm = shutil.which("aarch64-linux-gnu-nm" if arch == "aarch64" else "nm")
         if nm is None:
-            msg = f"no nm for {arch} (Debian: binutils{'-aarch64-linux-gnu' if arch == 'aarch64' else ''})"
+            pkg = "binutils" + ("-aarch64-linux-gnu" if arch == "aarch64" else "")
+            msg = f"no nm for {arch} (Debian: {pkg})"
             if in_ci():
                 pytest.fail(msg)
             pytest.skip(msg)
-        res = subprocess.run([nm, "-C", "--defined-only", "--extern-only", str(obj)],
-                             capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            [nm, "-C", "--defined-only", "--extern-only", str(obj)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert res.returncode == 0, res.stderr
         for line in res.stdout.splitlines():
             parts = line.split(maxsplit=2)
@@ -266,8 +298,10 @@ def test_native_isas(digests):
         expect.append("avx2")
         if {"avx512f", "avx512dq", "avx512bw", "avx512vl"} <= flags:
             expect.append("avx512")
-    assert list(got) == expect, (got, sorted(flags & {"avx2", "fma", "avx512f", "avx512dq",
-                                                       "avx512bw", "avx512vl"}))
+    assert list(got) == expect, (
+        got,
+        sorted(flags & {"avx2", "fma", "avx512f", "avx512dq", "avx512bw", "avx512vl"}),
+    )
 
 
 def test_all_isas_and_architectures_agree(digests):
@@ -277,4 +311,5 @@ def test_all_isas_and_architectures_agree(digests):
     lines.update({f"aarch64/{k}": v for k, v in arm.items()})
     assert len(set(lines.values())) == 1, (
         f"digests differ: {lines}\n--- x86_64 cases ---\n{native_err}\n"
-        f"--- aarch64 cases ---\n{arm_err}")
+        f"--- aarch64 cases ---\n{arm_err}"
+    )

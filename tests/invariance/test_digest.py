@@ -17,13 +17,12 @@ import subprocess
 import sys
 
 import numpy as np
-
 import pytest
+from reference.mamba2_ref import mamba2_ref, prepare
+from reference.transformer_ref import transformer_ref
 
 import exactblocks as eb
 from exactblocks import _ext
-from reference.mamba2_ref import mamba2_ref, prepare
-from reference.transformer_ref import transformer_ref
 
 PINNED = {
     "fp32-identical-1": {
@@ -36,7 +35,7 @@ PINNED = {
         # prefill rows >= 16 tokens: the blocked prefill attention (ops::attention_prefill_block),
         # pinned before its value pass took several heads at once.
         "prefill_r3_hd24": "b777a087c555041dabf0781bd0a2beaf8eb1e126ab2b474a960f50e6345a452d",
-        "prefill_r4_hd40_window": "83e6f5f00fcb60e12ed5be1a84ff2b7a7cbe5e4af1bd0e77b7875bb24852e666",
+        "prefill_r4_hd40_window": "83e6f5f00fcb60e12ed5be1a84ff2b7a7cbe5e4af1bd0e77b7875bb24852e666",  # noqa: E501
         "prefill_r1_hd16": "3977ceb8d49bf555160bd8c07bbac11dc1f13f433679d2e698c705103a395fc8",
     },
 }
@@ -46,9 +45,9 @@ def det(shape, salt, scale=0.25, offset=0.0):
     """Deterministic float32 array: an integer hash of (index, salt) mapped to [-scale, scale)."""
     n = int(np.prod(shape))
     i = np.arange(n, dtype=np.uint64) + np.uint64(salt * 1000003)
-    h = (i * np.uint64(2654435761) + np.uint64(12345)) % np.uint64(2 ** 32)
-    h = (h ^ (h >> np.uint64(13))) * np.uint64(2246822519) % np.uint64(2 ** 32)
-    u = h.astype(np.float64) / 2.0 ** 32 - 0.5
+    h = (i * np.uint64(2654435761) + np.uint64(12345)) % np.uint64(2**32)
+    h = (h ^ (h >> np.uint64(13))) * np.uint64(2246822519) % np.uint64(2**32)
+    u = h.astype(np.float64) / 2.0**32 - 0.5
     return (offset + 2 * scale * u).astype(np.float32).reshape(shape)
 
 
@@ -61,15 +60,32 @@ def digest(*arrays):
 
 def transformer_case():
     d, H, KV, hd, it = 24, 4, 2, 8, 40
-    shapes = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,),
-              "q_proj.weight": (H * hd, d), "k_proj.weight": (KV * hd, d),
-              "v_proj.weight": (KV * hd, d), "o_proj.weight": (d, H * hd),
-              "q_proj.bias": (H * hd,), "k_proj.bias": (KV * hd,), "v_proj.bias": (KV * hd,),
-              "q_norm.weight": (hd,), "k_norm.weight": (hd,),
-              "gate_proj.weight": (it, d), "up_proj.weight": (it, d), "down_proj.weight": (d, it)}
+    shapes = {
+        "input_layernorm.weight": (d,),
+        "post_attention_layernorm.weight": (d,),
+        "q_proj.weight": (H * hd, d),
+        "k_proj.weight": (KV * hd, d),
+        "v_proj.weight": (KV * hd, d),
+        "o_proj.weight": (d, H * hd),
+        "q_proj.bias": (H * hd,),
+        "k_proj.bias": (KV * hd,),
+        "v_proj.bias": (KV * hd,),
+        "q_norm.weight": (hd,),
+        "k_norm.weight": (hd,),
+        "gate_proj.weight": (it, d),
+        "up_proj.weight": (it, d),
+        "down_proj.weight": (d, it),
+    }
     w = det_transformer_weights(shapes)
-    opts = dict(n_heads=H, n_kv_heads=KV, window=6, qkv_bias=True, qk_norm=True,
-                rope_theta=1000.0, attn_softcap=20.0)
+    opts = dict(
+        n_heads=H,
+        n_kv_heads=KV,
+        window=6,
+        qkv_bias=True,
+        qk_norm=True,
+        rope_theta=1000.0,
+        attn_softcap=20.0,
+    )
     x = det((2, 9, d), 99, scale=2.0)
     return w, opts, x
 
@@ -78,17 +94,25 @@ def det_mamba2_weights(d, di, nh, ns, K, G):
     """Deterministic Mamba-2 weights: d_model d, d_inner di, nh heads, d_state ns, conv K,
     G groups."""
     cd = di + 2 * G * ns
-    return {"block_norm.weight": det((d,), 1, offset=1.0),
-            "in_proj.weight": det((di + cd + nh, d), 2), "conv1d.weight": det((cd, 1, K), 3),
-            "conv1d.bias": det((cd,), 4), "dt_bias": det((nh,), 5, offset=-1.0),
-            "A_log": det((nh,), 6, scale=1.0), "D": det((nh,), 7, offset=1.0),
-            "norm.weight": det((di,), 8, offset=1.0), "out_proj.weight": det((d, di), 9)}
+    return {
+        "block_norm.weight": det((d,), 1, offset=1.0),
+        "in_proj.weight": det((di + cd + nh, d), 2),
+        "conv1d.weight": det((cd, 1, K), 3),
+        "conv1d.bias": det((cd,), 4),
+        "dt_bias": det((nh,), 5, offset=-1.0),
+        "A_log": det((nh,), 6, scale=1.0),
+        "D": det((nh,), 7, offset=1.0),
+        "norm.weight": det((di,), 8, offset=1.0),
+        "out_proj.weight": det((d, di), 9),
+    }
 
 
 def det_transformer_weights(shapes):
     """Deterministic weights of the given {name: shape}; norms around 1, the rest around 0."""
-    return {k: det(s, i, offset=1.0 if k.endswith("norm.weight") else 0.0)
-            for i, (k, s) in enumerate(sorted(shapes.items()))}
+    return {
+        k: det(s, i, offset=1.0 if k.endswith("norm.weight") else 0.0)
+        for i, (k, s) in enumerate(sorted(shapes.items()))
+    }
 
 
 def mamba2_case():
@@ -104,7 +128,7 @@ def test_transformer_digest():
     blk = eb.TransformerBlockInference(w, **opts)
     st = blk.allocate_state(2, 12)
     y = blk.forward(x, st, lengths=[9, 5])
-    for b, n in enumerate([9, 5]):   # the pinned bits are also close to the float64 reference
+    for b, n in enumerate([9, 5]):  # the pinned bits are also close to the float64 reference
         ref = transformer_ref(w, x[b, :n], **opts).y
         assert np.max(np.abs(y[b, :n] - ref)) <= 1e-5 * max(1.0, np.max(np.abs(ref)))
     got = digest(y, st.k_cache, st.v_cache)
@@ -125,8 +149,8 @@ def test_mamba2_digest():
 
 
 SCAN_CASES = {  # name: (d, d_inner, n_heads, d_state, conv kernel, n_groups, L, lengths)
-    "mamba2_ds48": (16, 30, 3, 48, 4, 1, 40, [40, 33]),     # head_dim 10: 4-row passes + rest
-    "mamba2_ds128": (16, 20, 4, 128, 2, 2, 37, [37, 5]),    # head_dim 5: 2-row passes + rest
+    "mamba2_ds48": (16, 30, 3, 48, 4, 1, 40, [40, 33]),  # head_dim 10: 4-row passes + rest
+    "mamba2_ds128": (16, 20, 4, 128, 2, 2, 37, [37, 5]),  # head_dim 5: 2-row passes + rest
 }
 
 
@@ -156,10 +180,17 @@ PREFILL_CASES = {  # name: (d, n_heads, n_kv_heads, head_dim, intermediate, L, l
 def prefill_case_digest(name):
     """Digest of a ragged prefill, then a 20-token call on the same state."""
     d, H, KV, hd, it, L, lengths, window = PREFILL_CASES[name]
-    shapes = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,),
-              "q_proj.weight": (H * hd, d), "k_proj.weight": (KV * hd, d),
-              "v_proj.weight": (KV * hd, d), "o_proj.weight": (d, H * hd),
-              "gate_proj.weight": (it, d), "up_proj.weight": (it, d), "down_proj.weight": (d, it)}
+    shapes = {
+        "input_layernorm.weight": (d,),
+        "post_attention_layernorm.weight": (d,),
+        "q_proj.weight": (H * hd, d),
+        "k_proj.weight": (KV * hd, d),
+        "v_proj.weight": (KV * hd, d),
+        "o_proj.weight": (d, H * hd),
+        "gate_proj.weight": (it, d),
+        "up_proj.weight": (it, d),
+        "down_proj.weight": (d, it),
+    }
     w = det_transformer_weights(shapes)
     opts = dict(n_heads=H, n_kv_heads=KV, window=window, rope_theta=1000.0)
     blk = eb.TransformerBlockInference(w, **opts)
@@ -174,8 +205,9 @@ def prefill_case_digest(name):
 
 
 def all_case_digests():
-    return ([scan_case_digest(n) for n in sorted(SCAN_CASES)]
-            + [prefill_case_digest(n) for n in sorted(PREFILL_CASES)])
+    return [scan_case_digest(n) for n in sorted(SCAN_CASES)] + [
+        prefill_case_digest(n) for n in sorted(PREFILL_CASES)
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(SCAN_CASES))
@@ -191,14 +223,21 @@ def test_prefill_block_digest(name):
 def test_digests_on_every_isa():
     """Every SIMD path this CPU has gives the pinned bits (EXACTBLOCKS_ISA in a subprocess)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    code = ("import sys; sys.path[:0] = [%r, %r]\n"
-            "import test_digest as t\n"
-            "print(*t.all_case_digests())\n"
-            % (here, os.path.dirname(here)))
+    code = (
+        "import sys; sys.path[:0] = [%r, %r]\n"  # noqa: UP031
+        "import test_digest as t\n"
+        "print(*t.all_case_digests())\n" % (here, os.path.dirname(here))
+    )
     pinned = PINNED[eb.arithmetic_version()]
-    want = " ".join([pinned[n] for n in sorted(SCAN_CASES)] + [pinned[n] for n in sorted(PREFILL_CASES)])
+    want = " ".join(
+        [pinned[n] for n in sorted(SCAN_CASES)] + [pinned[n] for n in sorted(PREFILL_CASES)]
+    )
     for isa in _ext.core().available_isas():
-        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env=dict(os.environ, EXACTBLOCKS_ISA=isa))
+        res = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, EXACTBLOCKS_ISA=isa),
+        )
         assert res.returncode == 0, res.stderr
         assert res.stdout.split() == want.split(), isa

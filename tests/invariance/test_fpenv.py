@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import make_transformer_weights
 
 import exactblocks as eb
 from exactblocks import _ext
-from helpers import make_transformer_weights
 
 
 def test_caller_ftz_daz_changes_no_bit():
@@ -58,7 +58,7 @@ def _subnormal_q4_block() -> np.ndarray:
     FTZ on, fma(d, 1, m) flushes to 0.0, so a packer that checked its guess in the caller's
     mode would take the block for Q4_1 and the kernels (subnormals kept) would rebuild 2^-127."""
     q = np.arange(32) % 16
-    w = np.float32(-2.0 ** -120 + (2.0 ** -120 + 2.0 ** -127) * q)
+    w = np.float32(-(2.0**-120) + (2.0**-120 + 2.0**-127) * q)
     w[q == 1] = 0.0
     return w.astype(np.float32)
 
@@ -67,6 +67,7 @@ def _libm_fesetround():
     import ctypes
     import ctypes.util
     import platform
+
     if platform.machine() not in ("x86_64", "AMD64"):
         return None
     libm = ctypes.CDLL(ctypes.util.find_library("m"))
@@ -122,14 +123,17 @@ def test_float_options_ignore_the_callers_rounding_mode(kind):
         w = make_transformer_weights(rng, 64, 4, 2, 16, 64)
 
         def build():
-            return eb.TransformerBlockInference(w, n_heads=4, n_kv_heads=2, norm_eps=1e-5,
-                                                attn_softcap=50.1)
+            return eb.TransformerBlockInference(
+                w, n_heads=4, n_kv_heads=2, norm_eps=1e-5, attn_softcap=50.1
+            )
+
         x = (1e-4 * rng.standard_normal((1, 5, 64))).astype(np.float32)
     else:
         w = make_mamba2_weights(6)
 
         def build():
             return eb.Mamba2BlockInference(w, dt_limit=(0.0011, 0.0913), norm_eps=1e-5)
+
         x = (1e-4 * rng.standard_normal((1, 5, 24))).astype(np.float32)  # eps then matters
     ref = build()
     saved = fegetround()
@@ -139,4 +143,6 @@ def test_float_options_ignore_the_callers_rounding_mode(kind):
             other = build()
         finally:
             fesetround(saved)
-        assert np.array_equal(ref.forward(x).view(np.uint32), other.forward(x).view(np.uint32)), mode
+        assert np.array_equal(ref.forward(x).view(np.uint32), other.forward(x).view(np.uint32)), (
+            mode
+        )

@@ -11,15 +11,17 @@ import pytest
 
 from exactblocks import _ext
 
-_CODE = ("import numpy as np, exactblocks as eb, exactblocks.runtime as rt\n"
-         "w = {k: (np.arange(np.prod(s), dtype=np.float32).reshape(s) % 7 - 3) / np.float32(40)\n"
-         "     for k, s in [('input_layernorm.weight', (16,)), ('post_attention_layernorm.weight', (16,)),\n"
-         "                  ('q_proj.weight', (16, 16)), ('k_proj.weight', (8, 16)), ('v_proj.weight', (8, 16)),\n"
-         "                  ('o_proj.weight', (16, 16)), ('gate_proj.weight', (24, 16)),\n"
-         "                  ('up_proj.weight', (24, 16)), ('down_proj.weight', (16, 24))]}\n"
-         "blk = eb.TransformerBlockInference(w, n_heads=2)\n"
-         "x = (np.arange(5 * 16, dtype=np.float32).reshape(1, 5, 16) % 11 - 5) / np.float32(3)\n"
-         "print(rt.get_isa(), blk.forward(x).tobytes().hex())\n")
+_CODE = (
+    "import numpy as np, exactblocks as eb, exactblocks.runtime as rt\n"
+    "w = {k: (np.arange(np.prod(s), dtype=np.float32).reshape(s) % 7 - 3) / np.float32(40)\n"
+    "     for k, s in [('input_layernorm.weight', (16,)), ('post_attention_layernorm.weight', (16,)),\n"  # noqa: E501
+    "                  ('q_proj.weight', (16, 16)), ('k_proj.weight', (8, 16)), ('v_proj.weight', (8, 16)),\n"  # noqa: E501
+    "                  ('o_proj.weight', (16, 16)), ('gate_proj.weight', (24, 16)),\n"
+    "                  ('up_proj.weight', (24, 16)), ('down_proj.weight', (16, 24))]}\n"
+    "blk = eb.TransformerBlockInference(w, n_heads=2)\n"
+    "x = (np.arange(5 * 16, dtype=np.float32).reshape(1, 5, 16) % 11 - 5) / np.float32(3)\n"
+    "print(rt.get_isa(), blk.forward(x).tobytes().hex())\n"
+)
 
 
 def run(isa):
@@ -56,6 +58,7 @@ def test_isa_name_is_case_insensitive():
 def test_set_isa_name_is_case_insensitive():
     """runtime.set_isa takes the names as EXACTBLOCKS_ISA does, in any letter case."""
     from exactblocks import runtime
+
     saved = runtime.get_isa()
     try:
         for isa in runtime.available_isas():

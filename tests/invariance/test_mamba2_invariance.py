@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 import exactblocks as eb
 from exactblocks import _ext
 
-U = 2.0 ** -24  # unit roundoff of binary32
+U = 2.0**-24  # unit roundoff of binary32
 
 
 CONFIGS = {
@@ -70,6 +70,7 @@ def chunks_run(block, x, cuts):
 # step == forward == chunks
 # ------------------------------------------------------------------------------------------
 
+
 def test_forward_step_chunks_bitwise(blk):
     x = rand_x(1, 3, 13, blk.d_model)
     s_full = blk.allocate_state(3)
@@ -91,7 +92,7 @@ def test_ragged_chunked_streams_equal_rows_alone(blk):
     """Each call gives each row a random number of its remaining tokens (0 allowed)."""
     b, n, d = 4, 12, blk.d_model
     x = rand_x(3, b, n, d)
-    alone = [blk.forward(x[i:i + 1])[0] for i in range(b)]
+    alone = [blk.forward(x[i : i + 1])[0] for i in range(b)]
     s = blk.allocate_state(b)
     done = np.zeros(b, np.int64)
     outs = [[] for _ in range(b)]
@@ -99,15 +100,14 @@ def test_ragged_chunked_streams_equal_rows_alone(blk):
     while (done < n).any():
         lc = int(rng.integers(1, 5))
         lens = np.minimum(rng.integers(0, lc + 1, size=b), n - done)
-        xc = np.full((b, lc, d), np.nan, np.float32)      # padding is NaN: never read
+        xc = np.full((b, lc, d), np.nan, np.float32)  # padding is NaN: never read
         for i in range(b):
-            xc[i, :lens[i]] = x[i, done[i]:done[i] + lens[i]]
-        idle = {i: (s.conv_window[i].tobytes(), s.h[i].tobytes()) for i in range(b)
-                if lens[i] == 0}
+            xc[i, : lens[i]] = x[i, done[i] : done[i] + lens[i]]
+        idle = {i: (s.conv_window[i].tobytes(), s.h[i].tobytes()) for i in range(b) if lens[i] == 0}
         yc = blk.forward(xc, s, lengths=lens)
         for i in range(b):
-            outs[i].append(yc[i, :lens[i]])
-            assert (u32(yc[i, lens[i]:]) == 0).all(), "padding output must be +0.0"
+            outs[i].append(yc[i, : lens[i]])
+            assert (u32(yc[i, lens[i] :]) == 0).all(), "padding output must be +0.0"
             if i in idle:
                 assert (s.conv_window[i].tobytes(), s.h[i].tobytes()) == idle[i]
         done += lens
@@ -120,6 +120,7 @@ def test_ragged_chunked_streams_equal_rows_alone(blk):
 # ragged rows, padding
 # ------------------------------------------------------------------------------------------
 
+
 def test_ragged_row_equals_row_alone_without_state(blk):
     x = rand_x(5, 4, 9, blk.d_model)
     lens = [9, 3, 0, 7]
@@ -129,7 +130,7 @@ def test_ragged_row_equals_row_alone_without_state(blk):
         xn[i, n:] = np.nan
         assert (u32(y[i, n:]) == 0).all()
         if n:
-            assert_bitwise_equal(y[i, :n], blk.forward(x[i:i + 1, :n])[0], f"row {i}")
+            assert_bitwise_equal(y[i, :n], blk.forward(x[i : i + 1, :n])[0], f"row {i}")
     assert_bitwise_equal(blk.forward(xn, lengths=lens), y, "NaN padding")
     assert_bitwise_equal(blk.forward(x, lengths=[9] * 4), blk.forward(x), "full lengths")
     # Other rows and a different batch size do not change a row.
@@ -141,15 +142,15 @@ def test_ragged_row_equals_row_alone_with_state(blk):
     d = blk.d_model
     prefix = rand_x(7, 3, 6, d)
     s = blk.allocate_state(3)
-    blk.forward(prefix, s, lengths=[6, 2, 4])              # rows at different positions
+    blk.forward(prefix, s, lengths=[6, 2, 4])  # rows at different positions
     x = rand_x(8, 3, 5, d)
     lens = [5, 0, 3]
     singles = []
-    for i in range(3):                                     # each row alone, from a 1-row copy
+    for i in range(3):  # each row alone, from a 1-row copy
         si = blk.allocate_state(1)
         si.conv_window[0] = s.conv_window[i]
         si.h[0] = s.h[i]
-        singles.append((si, blk.forward(x[i:i + 1, :lens[i]], si) if lens[i] else None))
+        singles.append((si, blk.forward(x[i : i + 1, : lens[i]], si) if lens[i] else None))
     row1 = (s.conv_window[1].tobytes(), s.h[1].tobytes())
     y = blk.forward(x, s, lengths=lens)
     assert s.row_tokens.tolist() == [11, 2, 7]
@@ -157,7 +158,7 @@ def test_ragged_row_equals_row_alone_with_state(blk):
     assert (u32(y[1]) == 0).all()
     for i in (0, 2):
         si, yi = singles[i]
-        assert_bitwise_equal(y[i, :lens[i]], yi[0], f"row {i}")
+        assert_bitwise_equal(y[i, : lens[i]], yi[0], f"row {i}")
         assert_bitwise_equal(s.h[i], si.h[0], f"h row {i}")
         assert_bitwise_equal(s.conv_window[i], si.conv_window[0], f"conv_window row {i}")
 
@@ -179,6 +180,7 @@ def test_written_state_equals_continuing_sequence(blk):
 # ------------------------------------------------------------------------------------------
 # threads and ISAs
 # ------------------------------------------------------------------------------------------
+
 
 def _digest(a):
     return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
@@ -223,8 +225,9 @@ def test_threads_env_subprocess():
     outs = {}
     for n in ("1", "2"):
         env = dict(os.environ, EXACTBLOCKS_NUM_THREADS=n, PYTHONPATH=os.pathsep.join(sys.path))
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                           timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
         assert r.returncode == 0, r.stderr
         got_n, dig = r.stdout.split()
         assert got_n == n
@@ -261,6 +264,7 @@ def test_every_isa_equals_scalar(blk):
 # ------------------------------------------------------------------------------------------
 # float64 reference with a first-order forward error bound
 # ------------------------------------------------------------------------------------------
+
 
 def _gamma(n):
     return n * U / (1 - n * U)
@@ -308,20 +312,27 @@ def reference_row(w, cfg, x, cw0, h0):
         W = f["in_proj.weight"]
         zx = W @ hn + b_in
         ezx = _gamma(d + 1) * (np.abs(W) @ np.abs(hn) + np.abs(b_in)) + np.abs(W) @ ehn
-        z, u, dt_raw = zx[:di], zx[di:di + cd], zx[di + cd:]
-        ez, eu, edt_raw = ezx[:di], ezx[di:di + cd], ezx[di + cd:]
+        z, u, dt_raw = zx[:di], zx[di : di + cd], zx[di + cd :]
+        ez, eu, edt_raw = ezx[:di], ezx[di : di + cd], ezx[di + cd :]
         # 3. conv over [window columns 1..K-1, u], then SiLU
         win = np.concatenate([win[:, 1:], u[:, None]], axis=1)
         ewin = np.concatenate([ewin[:, 1:], eu[:, None]], axis=1)
         c = np.sum(conv_w * win, axis=1) + conv_b
-        ec = (_gamma(K + 1) * (np.sum(np.abs(conv_w * win), axis=1) + np.abs(conv_b))
-              + np.sum(np.abs(conv_w) * ewin, axis=1))
+        ec = _gamma(K + 1) * (np.sum(np.abs(conv_w * win), axis=1) + np.abs(conv_b)) + np.sum(
+            np.abs(conv_w) * ewin, axis=1
+        )
         a = _silu(c)
         ea = 1.1 * ec + 4 * U * np.abs(a)
-        xs, Bt, Ct = a[:di].reshape(nh, hd), a[di:di + ng * ns].reshape(ng, ns), \
-            a[di + ng * ns:].reshape(ng, ns)
-        exs, eB, eC = ea[:di].reshape(nh, hd), ea[di:di + ng * ns].reshape(ng, ns), \
-            ea[di + ng * ns:].reshape(ng, ns)
+        xs, Bt, Ct = (
+            a[:di].reshape(nh, hd),
+            a[di : di + ng * ns].reshape(ng, ns),
+            a[di + ng * ns :].reshape(ng, ns),
+        )
+        exs, eB, eC = (
+            ea[:di].reshape(nh, hd),
+            ea[di : di + ng * ns].reshape(ng, ns),
+            ea[di + ng * ns :].reshape(ng, ns),
+        )
         # 5. dt
         s_ = dt_raw + f["dt_bias"]
         es = edt_raw + U * np.abs(s_)
@@ -340,15 +351,23 @@ def reference_row(w, cfg, x, cw0, h0):
             dA = np.exp(p)
             edA = dA * (ep + 2 * U)
             q = (dt[i] * Bt[g])[None, :] * xs[i][:, None]
-            eq = (np.abs(Bt[g] * xs[i][:, None]) * edt[i] + np.abs(dt[i] * xs[i][:, None]) * eB[g]
-                  + np.abs(dt[i] * Bt[g])[None, :] * exs[i][:, None] + 2 * U * np.abs(q))
+            eq = (
+                np.abs(Bt[g] * xs[i][:, None]) * edt[i]
+                + np.abs(dt[i] * xs[i][:, None]) * eB[g]
+                + np.abs(dt[i] * Bt[g])[None, :] * exs[i][:, None]
+                + 2 * U * np.abs(q)
+            )
             hnew = h[i] * dA + q
             eh[i] = dA * eh[i] + np.abs(h[i]) * edA + eq + U * np.abs(hnew)
             h[i] = hnew
             y[i] = h[i] @ Ct[g] + xs[i] * f["D"][i]
-            ey[i] = (_gamma(ns) * (np.abs(h[i]) @ np.abs(Ct[g])) + eh[i] @ np.abs(Ct[g])
-                     + np.abs(h[i]) @ eC[g] + abs(f["D"][i]) * exs[i]
-                     + 2 * U * (np.abs(xs[i] * f["D"][i]) + np.abs(y[i])))
+            ey[i] = (
+                _gamma(ns) * (np.abs(h[i]) @ np.abs(Ct[g]))
+                + eh[i] @ np.abs(Ct[g])
+                + np.abs(h[i]) @ eC[g]
+                + abs(f["D"][i]) * exs[i]
+                + 2 * U * (np.abs(xs[i] * f["D"][i]) + np.abs(y[i]))
+            )
         y, ey = y.reshape(di), ey.reshape(di)
         # 7. gate and gated RMSNorm per group
         sz = _silu(z)
@@ -361,25 +380,44 @@ def reference_row(w, cfg, x, cw0, h0):
             sl = slice(g * gs, (g + 1) * gs)
             ssg = np.sum(v[sl] ** 2)
             rg = 1 / np.sqrt(ssg / gs + eps)
-            er = 0.5 * (_gamma(gs) * ssg + 2 * np.sum(np.abs(v[sl]) * ev[sl])) / (
-                ssg + gs * eps) + 4 * U
+            er = (
+                0.5 * (_gamma(gs) * ssg + 2 * np.sum(np.abs(v[sl]) * ev[sl])) / (ssg + gs * eps)
+                + 4 * U
+            )
             o[sl] = v[sl] * rg * f["norm.weight"][sl]
-            eo[sl] = np.abs(f["norm.weight"][sl]) * rg * (ev[sl] + np.abs(v[sl]) * er) \
-                + 2 * U * np.abs(o[sl])
+            eo[sl] = np.abs(f["norm.weight"][sl]) * rg * (
+                ev[sl] + np.abs(v[sl]) * er
+            ) + 2 * U * np.abs(o[sl])
         # 8. out_proj and residual
         Wo = f["out_proj.weight"]
         out = xt + (Wo @ o + b_out)
-        eout = (_gamma(di + 1) * (np.abs(Wo) @ np.abs(o) + np.abs(b_out)) + np.abs(Wo) @ eo
-                + U * np.abs(out) + U * np.abs(Wo @ o + b_out))
+        eout = (
+            _gamma(di + 1) * (np.abs(Wo) @ np.abs(o) + np.abs(b_out))
+            + np.abs(Wo) @ eo
+            + U * np.abs(out)
+            + U * np.abs(Wo @ o + b_out)
+        )
         outs.append(out)
         bounds.append(eout)
     return np.array(outs), np.array(bounds), (win, ewin), (h, eh)
 
 
 def _cfg(blk):
-    return {k: getattr(blk, k) for k in ("d_model", "d_inner", "n_heads", "head_dim", "d_state",
-                                         "n_groups", "conv_dim", "conv_kernel", "norm_eps",
-                                         "dt_limit")}
+    return {
+        k: getattr(blk, k)
+        for k in (
+            "d_model",
+            "d_inner",
+            "n_heads",
+            "head_dim",
+            "d_state",
+            "n_groups",
+            "conv_dim",
+            "conv_kernel",
+            "norm_eps",
+            "dt_limit",
+        )
+    }
 
 
 def assert_within_bound(y32, ref, bound, what):
@@ -387,9 +425,11 @@ def assert_within_bound(y32, ref, bound, what):
     # 2x covers second-order terms of the first-order bound; 1e-30 covers subnormal outputs.
     lim = 2 * bound + 1e-30
     bad = np.argwhere(err > lim)
-    assert bad.size == 0, (f"{what}: {len(bad)} elements beyond the bound; first at "
-                           f"{tuple(bad[0])}: err {err[tuple(bad[0])]:.3g} > "
-                           f"{lim[tuple(bad[0])]:.3g}")
+    assert bad.size == 0, (
+        f"{what}: {len(bad)} elements beyond the bound; first at "
+        f"{tuple(bad[0])}: err {err[tuple(bad[0])]:.3g} > "
+        f"{lim[tuple(bad[0])]:.3g}"
+    )
     # The bound must be informative, not vacuous: a wrong op (group, tap, clamp, D, eps) moves
     # outputs by O(1e-2) of their scale or more; worst-case gamma_n terms put the bound near
     # 1e-4..5e-4 of the scale at these sizes (measured errors are ~1e-3 of the bound).
@@ -420,25 +460,44 @@ def test_matches_float64_reference_with_initial_state(blk):
 # hypothesis: random small shapes
 # ------------------------------------------------------------------------------------------
 
+
 @st.composite
 def mamba_shapes(draw):
     ng = draw(st.integers(1, 4))
     nh = ng * draw(st.integers(1, 3))
     hd = draw(st.integers(1, 20))
     return dict(
-        d=draw(st.integers(8, 48)), di=nh * hd, nh=nh, ns=draw(st.integers(1, 40)), ng=ng,
-        k=draw(st.integers(1, 5)), conv_bias=draw(st.booleans()),
-        proj_bias=draw(st.booleans()), seed=draw(st.integers(0, 2 ** 16)),
+        d=draw(st.integers(8, 48)),
+        di=nh * hd,
+        nh=nh,
+        ns=draw(st.integers(1, 40)),
+        ng=ng,
+        k=draw(st.integers(1, 5)),
+        conv_bias=draw(st.booleans()),
+        proj_bias=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
         dt_limit=draw(st.sampled_from([(0.0, float("inf")), (0.005, 0.05), (0.0, 0.02)])),
-        b=draw(st.integers(1, 3)), n=draw(st.integers(1, 7)))
+        b=draw(st.integers(1, 3)),
+        n=draw(st.integers(1, 7)),
+    )
 
 
-@settings(max_examples=30, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(mamba_shapes())
 def test_hypothesis_shapes(p):
-    w = make_weights(p["seed"], d=p["d"], di=p["di"], nh=p["nh"], ns=p["ns"], ng=p["ng"],
-                     k=p["k"], conv_bias=p["conv_bias"], proj_bias=p["proj_bias"])
+    w = make_weights(
+        p["seed"],
+        d=p["d"],
+        di=p["di"],
+        nh=p["nh"],
+        ns=p["ns"],
+        ng=p["ng"],
+        k=p["k"],
+        conv_bias=p["conv_bias"],
+        proj_bias=p["proj_bias"],
+    )
     blk = eb.Mamba2BlockInference(w, n_groups=p["ng"], dt_limit=p["dt_limit"])
     assert (blk.d_state, blk.head_dim, blk.conv_kernel) == (p["ns"], p["di"] // p["nh"], p["k"])
     b, n = p["b"], p["n"]
@@ -460,7 +519,11 @@ def test_hypothesis_shapes(p):
         assert (u32(yr[i, li:]) == 0).all()
         if li:
             assert_bitwise_equal(yr[i, :li], y[i, :li], f"ragged row {i}")
-    ref, bound, _, _ = reference_row(blk._impl.weights, _cfg(blk), x[0],
-                                     np.zeros((blk.conv_dim, blk.conv_kernel)),
-                                     np.zeros((blk.n_heads, blk.head_dim, blk.d_state)))
+    ref, bound, _, _ = reference_row(
+        blk._impl.weights,
+        _cfg(blk),
+        x[0],
+        np.zeros((blk.conv_dim, blk.conv_kernel)),
+        np.zeros((blk.n_heads, blk.head_dim, blk.d_state)),
+    )
     assert_within_bound(y[0], ref, bound, "float64 reference")

@@ -17,8 +17,11 @@ import exactblocks as eb
 
 N_LAYERS, D, SLOTS = 3, 20, 3
 # (d_inner, n_heads, d_state, n_groups, conv kernel, conv bias, projection biases) per layer.
-LAYERS = [(40, 4, 6, 2, 4, True, False), (30, 5, 3, 1, 3, False, True),
-          (24, 6, 4, 3, 2, True, True)]
+LAYERS = [
+    (40, 4, 6, 2, 4, True, False),
+    (30, 5, 3, 1, 3, False, True),
+    (24, 6, 4, 3, 2, True, True),
+]
 
 
 def make_layer(rng, di, nh, ns, ng, k, conv_bias, proj_bias):
@@ -28,11 +31,16 @@ def make_layer(rng, di, nh, ns, ng, k, conv_bias, proj_bias):
         return (s * rng.standard_normal(shape)).astype(np.float32)
 
     dt = np.exp(rng.uniform(np.log(1e-3), np.log(0.1), nh))
-    w = {"block_norm.weight": 1 + r(D, s=0.1), "in_proj.weight": r(di + cd + nh, D, s=D ** -0.5),
-         "conv1d.weight": r(cd, 1, k, s=0.5),
-         "dt_bias": (dt + np.log(-np.expm1(-dt))).astype(np.float32),
-         "A_log": np.log(rng.uniform(1, 16, nh)).astype(np.float32), "D": 1 + r(nh, s=0.1),
-         "norm.weight": 1 + r(di, s=0.1), "out_proj.weight": r(D, di, s=di ** -0.5)}
+    w = {
+        "block_norm.weight": 1 + r(D, s=0.1),
+        "in_proj.weight": r(di + cd + nh, D, s=D**-0.5),
+        "conv1d.weight": r(cd, 1, k, s=0.5),
+        "dt_bias": (dt + np.log(-np.expm1(-dt))).astype(np.float32),
+        "A_log": np.log(rng.uniform(1, 16, nh)).astype(np.float32),
+        "D": 1 + r(nh, s=0.1),
+        "norm.weight": 1 + r(di, s=0.1),
+        "out_proj.weight": r(D, di, s=di**-0.5),
+    }
     if conv_bias:
         w["conv1d.bias"] = r(cd)
     if proj_bias:
@@ -55,14 +63,14 @@ def test_stack_continuous_batching_equals_sequences_alone():
     alone = [run_stack(layers, s[None])[0] for s in seqs]
 
     states = [blk.allocate_state(SLOTS) for blk in layers]
-    slot_seq = [-1] * SLOTS           # which sequence occupies each slot (-1: empty)
-    pos = [0] * SLOTS                 # tokens of that sequence already fed
+    slot_seq = [-1] * SLOTS  # which sequence occupies each slot (-1: empty)
+    pos = [0] * SLOTS  # tokens of that sequence already fed
     queue = list(range(len(seqs)))
     outs = {i: [] for i in range(len(seqs))}
     ticks = joins = idle_checks = 0
     while queue or any(s >= 0 for s in slot_seq):
         ticks += 1
-        for b in range(SLOTS):        # free slots take the next waiting sequence
+        for b in range(SLOTS):  # free slots take the next waiting sequence
             if slot_seq[b] < 0 and queue and rng.random() < 0.7:
                 for st in states:
                     st.reset([b])
@@ -70,31 +78,35 @@ def test_stack_continuous_batching_equals_sequences_alone():
                 joins += 1
         lc = int(rng.integers(1, 5))  # this tick's width: a prefill chunk or a decode step
         lens = np.zeros(SLOTS, np.int64)
-        x = np.full((SLOTS, lc, D), np.nan, np.float32)   # padding: never read
+        x = np.full((SLOTS, lc, D), np.nan, np.float32)  # padding: never read
         for b in range(SLOTS):
             if slot_seq[b] < 0 or rng.random() < 0.25:
-                continue              # empty or deliberately idle this tick
+                continue  # empty or deliberately idle this tick
             s = seqs[slot_seq[b]]
             n = min(int(rng.integers(1, lc + 1)), len(s) - pos[b])
             lens[b] = n
-            x[b, :n] = s[pos[b]:pos[b] + n]
-        idle = {b: [(st.conv_window[b].tobytes(), st.h[b].tobytes()) for st in states]
-                for b in range(SLOTS) if lens[b] == 0}
+            x[b, :n] = s[pos[b] : pos[b] + n]
+        idle = {
+            b: [(st.conv_window[b].tobytes(), st.h[b].tobytes()) for st in states]
+            for b in range(SLOTS)
+            if lens[b] == 0
+        }
         before_rt = [st.row_tokens.copy() for st in states]
         y = run_stack(layers, x, states, lengths=lens)
         for b in range(SLOTS):
-            assert (y[b, lens[b]:].view(np.uint32) == 0).all(), "padding must be +0.0"
+            assert (y[b, lens[b] :].view(np.uint32) == 0).all(), "padding must be +0.0"
             for li, st in enumerate(states):
                 assert st.row_tokens[b] == before_rt[li][b] + lens[b]
             if b in idle:
                 idle_checks += 1
-                assert idle[b] == [(st.conv_window[b].tobytes(), st.h[b].tobytes())
-                                   for st in states], f"idle slot {b} touched"
+                assert idle[b] == [
+                    (st.conv_window[b].tobytes(), st.h[b].tobytes()) for st in states
+                ], f"idle slot {b} touched"
                 continue
-            outs[slot_seq[b]].append(y[b, :lens[b]])
+            outs[slot_seq[b]].append(y[b, : lens[b]])
             pos[b] += int(lens[b])
             if pos[b] == len(seqs[slot_seq[b]]):
-                slot_seq[b] = -1      # the sequence leaves; its slot is reset on reuse
+                slot_seq[b] = -1  # the sequence leaves; its slot is reset on reuse
         assert ticks < 500
     assert joins == len(seqs) and idle_checks > 0
     for i, s in enumerate(seqs):
@@ -109,9 +121,9 @@ def test_stack_step_decode_after_batched_prefill():
     prompts = [4, 1, 6]
     total = 9
     x = rng.standard_normal((SLOTS, total, D)).astype(np.float32)
-    alone = [run_stack(layers, x[b:b + 1, :total]) for b in range(SLOTS)]
+    alone = [run_stack(layers, x[b : b + 1, :total]) for b in range(SLOTS)]
     states = [blk.allocate_state(SLOTS) for blk in layers]
-    y0 = run_stack(layers, x[:, :max(prompts)], states, lengths=prompts)
+    y0 = run_stack(layers, x[:, : max(prompts)], states, lengths=prompts)
     for b, p in enumerate(prompts):
         assert_bitwise_equal(y0[b, :p], alone[b][0, :p], f"prefill row {b}")
     # Rows then advance one token per call; rows whose prompt was shorter catch up with

@@ -17,12 +17,12 @@ import textwrap
 
 import numpy as np
 import pytest
+from helpers import make_transformer_weights
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import exactblocks as eb
 from exactblocks import _ext
-from helpers import make_transformer_weights
 
 SIZES = dict(d_model=48, n_heads=4, n_kv_heads=2, head_dim=12, intermediate=80)
 
@@ -37,12 +37,20 @@ CONFIGS = {
     "qwen3_like": dict(qk_norm=True, head_dim=16, window=7, qkv_bias=True),
     "gemma3_qknorm": dict(norm="rmsnorm_offset", qk_norm=True, mlp="geglu"),
     "softcap": dict(attn_softcap=1.5, window=6),
-    "llama3_rope": dict(rope_theta=500000.0, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+    "llama3_rope": dict(
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ),
     "linear_rope_partial": dict(rope_scaling={"type": "linear", "factor": 2.0}, rope_dim=6),
-    "stablelm_like": dict(norm="layernorm", norm_bias=True, mlp="gelu_tanh", rope_dim=4,
-                          qkv_bias=True),
+    "stablelm_like": dict(
+        norm="layernorm", norm_bias=True, mlp="gelu_tanh", rope_dim=4, qkv_bias=True
+    ),
     "odd_head_dim": dict(head_dim=7, rope_dim=4, n_kv_heads=4),
 }
 
@@ -59,9 +67,11 @@ def assert_bitwise_equal(a: np.ndarray, b: np.ndarray, what: str = "") -> None:
     diff = bits(a) != bits(b)
     if diff.any():
         idx = tuple(int(i) for i in np.argwhere(diff)[0])
-        raise AssertionError(f"{what}: {int(diff.sum())} elements differ; first at {idx}: "
-                             f"{a[idx]!r} (0x{int(bits(a)[idx]):08x}) vs {b[idx]!r} "
-                             f"(0x{int(bits(b)[idx]):08x})")
+        raise AssertionError(
+            f"{what}: {int(diff.sum())} elements differ; first at {idx}: "
+            f"{a[idx]!r} (0x{int(bits(a)[idx]):08x}) vs {b[idx]!r} "
+            f"(0x{int(bits(b)[idx]):08x})"
+        )
 
 
 def make_block(name: str, seed: int = 0):
@@ -119,10 +129,11 @@ def test_ragged_row_equals_row_alone_and_padding_is_zero(name):
     for b, n in enumerate(lengths):
         assert np.all(bits(y[b, n:]) == 0), f"{name}: padding of row {b} is not +0.0"
         if n:
-            alone = blk.forward(x[b:b + 1, :n])
+            alone = blk.forward(x[b : b + 1, :n])
             assert_bitwise_equal(y[b, :n], alone[0], f"{name}: row {b} vs alone")
-    assert_bitwise_equal(blk.forward(x), blk.forward(x, lengths=[L] * B),
-                         f"{name}: lengths=[L]*B vs None")
+    assert_bitwise_equal(
+        blk.forward(x), blk.forward(x, lengths=[L] * B), f"{name}: lengths=[L]*B vs None"
+    )
 
 
 @pytest.mark.parametrize("name", ["default", "gqa_window", "qwen3_like"])
@@ -142,12 +153,12 @@ def test_continuous_batching_rows_at_different_positions(name):
         L = max(max(n), 1)
         x = np.full((B, L, blk.d_model), np.nan, np.float32)
         for b in range(B):
-            x[b, :n[b]] = seqs[b][pos[b]:pos[b] + n[b]]
+            x[b, : n[b]] = seqs[b][pos[b] : pos[b] + n[b]]
         before = st.k_cache.copy()
         y = blk.forward(x, st, lengths=n)
         for b in range(B):
-            outs[b].append(y[b, :n[b]])
-            assert np.all(bits(y[b, n[b]:]) == 0)
+            outs[b].append(y[b, : n[b]])
+            assert np.all(bits(y[b, n[b] :]) == 0)
             if n[b] == 0:  # idle rows are untouched
                 assert_bitwise_equal(before[b], st.k_cache[b], "idle row cache")
             pos[b] += n[b]
@@ -164,8 +175,10 @@ def test_window_ring_longer_than_capacity():
     ref = blk.forward(x)
     st = blk.allocate_state(2, 30)
     assert st.capacity == 5
-    y = np.concatenate([blk.forward(x[:, :12], st), blk.forward(x[:, 12:13], st),
-                        blk.forward(x[:, 13:], st)], axis=1)
+    y = np.concatenate(
+        [blk.forward(x[:, :12], st), blk.forward(x[:, 12:13], st), blk.forward(x[:, 13:], st)],
+        axis=1,
+    )
     assert_bitwise_equal(ref, y, "ring chunks")
     # the window edge: position p attends to exactly [p-4, p]; changing token p-5 changes
     # nothing at p, changing token p-4 does.
@@ -187,8 +200,8 @@ def test_rollback_without_window_is_exact():
     ref = blk.forward(x)
     st = blk.allocate_state(1, 16)
     blk.forward(x[:, :8], st)
-    blk.forward(other, st)          # a wrong continuation ...
-    st.row_tokens[0] = 8            # ... rolled back
+    blk.forward(other, st)  # a wrong continuation ...
+    st.row_tokens[0] = 8  # ... rolled back
     assert_bitwise_equal(ref[:, 8:], blk.forward(x[:, 8:], st), "after rollback")
 
 
@@ -204,8 +217,9 @@ def test_threads_do_not_change_bits(name):
             eb.set_num_threads(n)
             st = blk.allocate_state(3, 40)
             y = blk.forward(x[:, :20], st)
-            results.append((np.concatenate([y, blk.forward(x[:, 20:], st)], axis=1),
-                            blk.step(x[:, 0], st)))
+            results.append(
+                (np.concatenate([y, blk.forward(x[:, 20:], st)], axis=1), blk.step(x[:, 0], st))
+            )
     finally:
         eb.set_num_threads(saved)
     for (y, s), n in zip(results[1:], (2, 3, 8)):
@@ -230,8 +244,13 @@ def test_threads_env_subprocess():
     outs = {}
     for n in ("1", "2"):
         env = dict(os.environ, EXACTBLOCKS_NUM_THREADS=n, OMP_NUM_THREADS=n)
-        res = subprocess.run([sys.executable, "-c", _SUBPROCESS.format(tests=tests)], env=env,
-                             capture_output=True, text=True, check=True)
+        res = subprocess.run(
+            [sys.executable, "-c", _SUBPROCESS.format(tests=tests)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         threads, hexbytes = res.stdout.split()
         assert threads == n
         outs[n] = hexbytes
@@ -274,6 +293,7 @@ def test_decode_session_equals_block_calls():
 
 def test_same_call_twice_and_pickled_block():
     import pickle
+
     blk = make_block("biases")
     x = inputs(np.random.default_rng(9), 2, 9, blk.d_model)
     y1, y2 = blk.forward(x), blk.forward(x)
@@ -290,28 +310,37 @@ def test_hypothesis_shapes(data):
     n_heads = n_kv * data.draw(st.integers(1, 3), "n_rep")
     head_dim = data.draw(st.integers(2, 20), "head_dim")
     rope_dim = data.draw(st.integers(1, head_dim // 2), "rope_half") * 2
-    opts = dict(d_model=data.draw(st.integers(1, 40), "d_model"), n_heads=n_heads,
-                n_kv_heads=n_kv, head_dim=head_dim, intermediate=data.draw(st.integers(1, 50)),
-                window=data.draw(st.integers(0, 6), "window"), rope_dim=rope_dim,
-                mlp=data.draw(st.sampled_from(["swiglu", "gelu", "geglu_tanh"])),
-                qkv_bias=data.draw(st.booleans()), qk_norm=data.draw(st.booleans()))
+    opts = dict(
+        d_model=data.draw(st.integers(1, 40), "d_model"),
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        intermediate=data.draw(st.integers(1, 50)),
+        window=data.draw(st.integers(0, 6), "window"),
+        rope_dim=rope_dim,
+        mlp=data.draw(st.sampled_from(["swiglu", "gelu", "geglu_tanh"])),
+        qkv_bias=data.draw(st.booleans()),
+        qk_norm=data.draw(st.booleans()),
+    )
     w = make_transformer_weights(np.random.default_rng(data.draw(st.integers(0, 99))), **opts)
     blk = eb.TransformerBlockInference(
-        w, **{k: v for k, v in opts.items() if k not in ("d_model", "intermediate")})
+        w, **{k: v for k, v in opts.items() if k not in ("d_model", "intermediate")}
+    )
     B, L = data.draw(st.integers(1, 3), "B"), data.draw(st.integers(1, 12), "L")
     x = inputs(np.random.default_rng(0), B, L, opts["d_model"])
     ref = blk.forward(x)
     st_ = blk.allocate_state(B, L)
     cut = data.draw(st.integers(1, L), "cut")
-    y = np.concatenate([blk.forward(x[:, :cut], st_)] +
-                       ([blk.forward(x[:, cut:], st_)] if cut < L else []), axis=1)
+    y = np.concatenate(
+        [blk.forward(x[:, :cut], st_)] + ([blk.forward(x[:, cut:], st_)] if cut < L else []), axis=1
+    )
     assert_bitwise_equal(ref, y, f"hypothesis {opts} B={B} L={L} cut={cut}")
     lengths = [data.draw(st.integers(0, L)) for _ in range(B)]
     yr = blk.forward(x, lengths=lengths)
     for b, n in enumerate(lengths):
         assert np.all(bits(yr[b, n:]) == 0)
         if n:
-            assert_bitwise_equal(yr[b, :n], blk.forward(x[b:b + 1, :n])[0], "ragged row")
+            assert_bitwise_equal(yr[b, :n], blk.forward(x[b : b + 1, :n])[0], "ragged row")
 
 
 @pytest.mark.parametrize("n_kv,n_rep", [(1, 8), (1, 3), (3, 3), (2, 5), (3, 1)])
@@ -324,7 +353,8 @@ def test_decode_heads_split_over_threads(n_kv, n_rep):
     opts = dict(SIZES, n_kv_heads=n_kv, n_heads=n_kv * n_rep, head_dim=16)
     w = make_transformer_weights(np.random.default_rng(n_kv * 10 + n_rep), **opts)
     blk = eb.TransformerBlockInference(
-        w, **{k: v for k, v in opts.items() if k not in ("d_model", "intermediate")})
+        w, **{k: v for k, v in opts.items() if k not in ("d_model", "intermediate")}
+    )
     x = inputs(np.random.default_rng(3), 1, 24, blk.d_model)
     ref = blk.forward(x)
     saved_isa, saved_nt = core.get_isa(), eb.get_num_threads()
@@ -355,8 +385,13 @@ def test_long_prefill_paths_agree_on_every_isa(name):
         for isa in core.available_isas():
             core.set_isa(isa)
             st = blk.allocate_state(2, 48)
-            y = np.concatenate([blk.forward(x[:, :30], st, lengths=[30, 20])[:, :20],
-                                blk.forward(x[:, 20:41], st, lengths=[0, 21])[:, :0]], axis=1)
+            y = np.concatenate(
+                [
+                    blk.forward(x[:, :30], st, lengths=[30, 20])[:, :20],
+                    blk.forward(x[:, 20:41], st, lengths=[0, 21])[:, :0],
+                ],
+                axis=1,
+            )
             outs[isa] = (blk.forward(x), y, st.k_cache.copy())
             st2 = blk.allocate_state(2, 48)
             steps = np.concatenate([blk.step(x[:, t], st2) for t in range(41)], axis=1)

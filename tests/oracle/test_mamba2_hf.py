@@ -79,22 +79,26 @@ transformers = require("transformers", "oracle tests need transformers==5.23.0")
 if __name__ == "__main__":  # direct run: make `reference` importable like the conftest does
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transformers import Mamba2Config  # noqa: E402
-from transformers.cache_utils import DynamicCache  # noqa: E402
-from transformers.models.mamba2 import modeling_mamba2  # noqa: E402
-from transformers.models.mamba2.modeling_mamba2 import Mamba2Block  # noqa: E402
-
 from reference.mamba2_ref import (  # noqa: E402
     HF_TO_SHORT,
     mamba2_ref,
     mamba2_ssd_ref,
     prepare,
 )
+from transformers import Mamba2Config  # noqa: E402
+from transformers.cache_utils import DynamicCache  # noqa: E402
+from transformers.models.mamba2 import modeling_mamba2  # noqa: E402
+from transformers.models.mamba2.modeling_mamba2 import Mamba2Block  # noqa: E402
 
 INF = math.inf
 # The five functions Mamba2Mixer may take from a kernel package; each must be the torch one.
-_WRAPPED = ("causal_conv1d_fn", "causal_conv1d_update", "mamba2_chunk_scan",
-            "mamba2_selective_state_update", "mamba2_split_conv1d_scan_combined")
+_WRAPPED = (
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
+    "mamba2_chunk_scan",
+    "mamba2_selective_state_update",
+    "mamba2_split_conv1d_scan_combined",
+)
 
 
 @dataclass(frozen=True)
@@ -125,20 +129,32 @@ CASES = [
     Spec("s16_hd16_g1_k4", 64, 2, 16, 16, 1, 4, False, True, (0.0, INF), 256, 1e-5, 1),
     Spec("s64_hd32_g2_k3_bias_lim", 64, 2, 32, 64, 2, 3, True, True, (0.02, 0.3), 8, 1e-5, 2),
     Spec("s128_hd16_g4_k2_e1_nobias", 64, 1, 16, 128, 4, 2, False, False, (0.0, INF), 5, 1e-6, 3),
-    Spec("s16_hd64_g4_k4_bias_noconvb_lim", 128, 2, 64, 16, 4, 4, True, False, (0.05, 0.5),
-         256, 1e-5, 4),
+    Spec(
+        "s16_hd64_g4_k4_bias_noconvb_lim",
+        128,
+        2,
+        64,
+        16,
+        4,
+        4,
+        True,
+        False,
+        (0.05, 0.5),
+        256,
+        1e-5,
+        4,
+    ),
     Spec("s64_hd64_g1_k2_e1_bias_lo", 64, 1, 64, 64, 1, 2, True, True, (0.001, INF), 7, 1e-5, 5),
     Spec("s128_hd32_g1_k3_hi", 64, 2, 32, 128, 1, 3, False, True, (0.0, 0.25), 256, 1e-6, 6),
     Spec("s16_hd64_g2_k2_nobias", 64, 2, 64, 16, 2, 2, False, False, (0.0, INF), 4, 1e-5, 7),
     Spec("s64_hd16_g4_k4_bias_lim", 96, 2, 16, 64, 4, 4, True, True, (0.05, 1.0), 256, 1e-5, 8),
-    Spec("s16_hd32_g2_k3_e1_bias_noconvb", 64, 1, 32, 16, 2, 3, True, False, (0.0, INF), 256,
-         1e-5, 9),
-    Spec("s128_hd64_g2_k4_e1_lim", 128, 1, 64, 128, 2, 4, False, True, (0.01, 0.2), 6, 1e-5,
-         10),
+    Spec(
+        "s16_hd32_g2_k3_e1_bias_noconvb", 64, 1, 32, 16, 2, 3, True, False, (0.0, INF), 256, 1e-5, 9
+    ),
+    Spec("s128_hd64_g2_k4_e1_lim", 128, 1, 64, 128, 2, 4, False, True, (0.01, 0.2), 6, 1e-5, 10),
     Spec("s64_hd16_g4_k3", 64, 2, 16, 64, 4, 3, False, True, (0.0, INF), 256, 1e-5, 11),
     Spec("s128_hd64_g1_k4_bias", 64, 2, 64, 128, 1, 4, True, True, (0.0, INF), 256, 1e-5, 12),
-    Spec("odd_d40_s20_h5_k1_bias_lim", 40, 2, 16, 20, 1, 1, True, True, (0.02, 0.4), 256, 1e-5,
-         13),
+    Spec("odd_d40_s20_h5_k1_bias_lim", 40, 2, 16, 20, 1, 1, True, True, (0.02, 0.4), 256, 1e-5, 13),
     Spec("odd_d72_s24_h3_g3_k3_e1", 72, 1, 24, 24, 3, 3, False, True, (0.0, INF), 8, 1e-6, 14),
 ]
 CASE_NAMES = [c.name for c in CASES]
@@ -195,11 +211,20 @@ def _perturb(block, seed: int) -> None:
 def build(spec: Spec) -> Case:
     """HF block, weights and options of `spec`."""
     cfg = Mamba2Config(
-        hidden_size=spec.d_model, expand=spec.expand, head_dim=spec.head_dim,
-        num_heads=spec.n_heads, state_size=spec.d_state, n_groups=spec.n_groups,
-        conv_kernel=spec.conv_kernel, use_bias=spec.use_bias, use_conv_bias=spec.use_conv_bias,
-        time_step_limit=spec.dt_limit, chunk_size=spec.chunk_size,
-        layer_norm_epsilon=spec.eps, num_hidden_layers=1, hidden_act="silu",
+        hidden_size=spec.d_model,
+        expand=spec.expand,
+        head_dim=spec.head_dim,
+        num_heads=spec.n_heads,
+        state_size=spec.d_state,
+        n_groups=spec.n_groups,
+        conv_kernel=spec.conv_kernel,
+        use_bias=spec.use_bias,
+        use_conv_bias=spec.use_conv_bias,
+        time_step_limit=spec.dt_limit,
+        chunk_size=spec.chunk_size,
+        layer_norm_epsilon=spec.eps,
+        num_hidden_layers=1,
+        hidden_act="silu",
     )
     block = Mamba2Block(cfg, 0)
     _perturb(block, 1000 + spec.seed)
@@ -300,8 +325,13 @@ def compare(case: Case, what: str, got, want, *, rtol=RTOL, atol=ATOL) -> None:
     old = case.errors.get(what, (0.0, 0.0))
     case.errors[what] = (max(old[0], mx), max(old[1], rel))
     print(f"[oracle] {case.spec.name} {what}: max_abs={mx:.3e} max_rel={rel:.3e}")
-    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
-                               rtol=rtol, atol=atol, err_msg=f"{case.spec.name}: {what}")
+    np.testing.assert_allclose(
+        np.asarray(got, np.float64),
+        np.asarray(want, np.float64),
+        rtol=rtol,
+        atol=atol,
+        err_msg=f"{case.spec.name}: {what}",
+    )
 
 
 def ref_rows(case: Case, x: np.ndarray, h0=None, cw0=None, lengths=None) -> list:
@@ -309,8 +339,14 @@ def ref_rows(case: Case, x: np.ndarray, h0=None, cw0=None, lengths=None) -> list
     out = []
     for b in range(x.shape[0]):
         n = x.shape[1] if lengths is None else lengths[b]
-        out.append(mamba2_ref(x[b, :n], case.params,
-                              None if h0 is None else h0[b], None if cw0 is None else cw0[b]))
+        out.append(
+            mamba2_ref(
+                x[b, :n],
+                case.params,
+                None if h0 is None else h0[b],
+                None if cw0 is None else cw0[b],
+            )
+        )
     return out
 
 
@@ -338,13 +374,20 @@ def test_oracle_environment():
 def test_grid_covers_issue_values():
     """Each value of each axis of the issue's grid appears in CASES."""
     want = {
-        "d_state": {16, 64, 128}, "head_dim": {16, 32, 64}, "n_groups": {1, 2, 4},
-        "conv_kernel": {2, 3, 4}, "expand": {1, 2},
+        "d_state": {16, 64, 128},
+        "head_dim": {16, 32, 64},
+        "n_groups": {1, 2, 4},
+        "conv_kernel": {2, 3, 4},
+        "expand": {1, 2},
     }
     for axis, values in want.items():
         assert values <= {getattr(c, axis) for c in CASES}, axis
     assert {(c.use_bias, c.use_conv_bias) for c in CASES} == {
-        (False, False), (False, True), (True, False), (True, True)}
+        (False, False),
+        (False, True),
+        (True, False),
+        (True, True),
+    }
     limits = {c.dt_limit for c in CASES}
     assert (0.0, INF) in limits
     assert any(lo > 0 for lo, _ in limits) and any(hi < INF for _, hi in limits)
@@ -424,8 +467,9 @@ def test_chunked_forward_with_state_matches_hf(eb, name):
     st = blk.allocate_state(2)
     y = np.concatenate([blk.forward(x[:, :9], st), blk.forward(x[:, 9:], st)], axis=1)
     cache = hf_cache(case)
-    y_hf = np.concatenate([hf_forward(case, x[:, :9], cache), hf_forward(case, x[:, 9:], cache)],
-                          axis=1)
+    y_hf = np.concatenate(
+        [hf_forward(case, x[:, :9], cache), hf_forward(case, x[:, 9:], cache)], axis=1
+    )
     compare(case, "chunks ours-vs-hf_chunks", y, y_hf)
     compare(case, "chunks ours-vs-hf_forward", y, hf_forward(case, x))
     h_hf, cw_hf = hf_cache_states(cache)
@@ -447,8 +491,12 @@ def test_initial_state_matches_reference_and_hf(eb, name):
     refs = ref_rows(case, x, h0, cw0)
     compare(case, "init-state ours-vs-ref64", y, stack(refs, "y"))
     compare(case, "init-state state.h ours-vs-ref64", st.h, stack(refs, "h"))
-    compare(case, "init-state state.conv_window ours-vs-ref64", st.conv_window,
-            stack(refs, "conv_window"))
+    compare(
+        case,
+        "init-state state.conv_window ours-vs-ref64",
+        st.conv_window,
+        stack(refs, "conv_window"),
+    )
     cache = hf_cache_with_state(case, h0, cw0)
     y_hf = hf_forward(case, x, cache)
     compare(case, "init-state ours-vs-hf", y, y_hf)
@@ -491,13 +539,13 @@ def test_ragged_batch_matches_hf_rows_alone(eb, name):
         compare(case, "ragged ours-vs-hf_row", got, want)
         ref = mamba2_ref(xb[0], case.params)
         compare(case, "ragged state.h ours-vs-ref64", st.h[b], ref.h)
-        compare(case, "ragged state.conv_window ours-vs-ref64", st.conv_window[b],
-                ref.conv_window)
+        compare(case, "ragged state.conv_window ours-vs-ref64", st.conv_window[b], ref.conv_window)
     assert np.array_equal(st.row_tokens, np.add(first, second))
 
 
-@pytest.mark.parametrize("name", [n for n in CASE_NAMES if _SPECS[n].dt_limit != (0.0, INF)][:2]
-                         + ["s16_hd16_g1_k4"])
+@pytest.mark.parametrize(
+    "name", [n for n in CASE_NAMES if _SPECS[n].dt_limit != (0.0, INF)][:2] + ["s16_hd16_g1_k4"]
+)
 def test_hf_cached_decode(eb, name):
     """SPEC 7.5, both halves: HF's cached one-token decode matches its forward (and our step)
     with the default dt_limit, and departs from it when a finite dt_limit bites."""

@@ -50,9 +50,11 @@ def require(module: str, why: str):
     except ImportError as exc:  # pragma: no cover - local convenience only
         pytest.skip(f"{why}: {exc}", allow_module_level=True)
 
+
 torch = require("torch", "oracle tests need torch==2.13.0 (pip install '.[test]')")
 transformers = require("transformers", "oracle tests need transformers==5.23.0")
 
+from reference.transformer_ref import error_bound, transformer_ref  # noqa: E402
 from transformers import (  # noqa: E402
     Gemma2Config,
     GemmaConfig,
@@ -97,8 +99,6 @@ from transformers.models.starcoder2.modeling_starcoder2 import (  # noqa: E402
     Starcoder2DecoderLayer,
     Starcoder2RotaryEmbedding,
 )
-
-from reference.transformer_ref import error_bound, transformer_ref  # noqa: E402
 
 RTOL = ATOL = 2e-4  # SPEC 4.6
 
@@ -176,91 +176,201 @@ def _llama_llama3() -> Case:
         "high_freq_factor": 4.0,
         "original_max_position_embeddings": 32,
     }
-    cfg = _eager(LlamaConfig(
-        hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-        rms_norm_eps=1e-5, attention_bias=True, mlp_bias=True, hidden_act="silu",
-        num_hidden_layers=1, max_position_embeddings=256, rope_parameters=dict(rope),
-    ))
+    cfg = _eager(
+        LlamaConfig(
+            hidden_size=64,
+            intermediate_size=96,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            attention_bias=True,
+            mlp_bias=True,
+            hidden_act="silu",
+            num_hidden_layers=1,
+            max_position_embeddings=256,
+            rope_parameters=dict(rope),
+        )
+    )
     case = Case(
-        "llama_gqa_llama3_bias", LlamaDecoderLayer(cfg, 0), LlamaRotaryEmbedding(cfg), cfg, 0,
-        dict(n_heads=4, n_kv_heads=2, rope_theta=10000.0, rope_scaling=dict(rope),
-             qkv_bias=True, o_bias=True, mlp_bias=True, norm_eps=1e-5, max_positions=256),
+        "llama_gqa_llama3_bias",
+        LlamaDecoderLayer(cfg, 0),
+        LlamaRotaryEmbedding(cfg),
+        cfg,
+        0,
+        dict(
+            n_heads=4,
+            n_kv_heads=2,
+            rope_theta=10000.0,
+            rope_scaling=dict(rope),
+            qkv_bias=True,
+            o_bias=True,
+            mlp_bias=True,
+            norm_eps=1e-5,
+            max_positions=256,
+        ),
     )
     return _finish(case, 101)
 
 
 def _llama_linear() -> Case:
     rope = {"rope_type": "linear", "rope_theta": 50000.0, "factor": 4.0}
-    cfg = _eager(LlamaConfig(
-        hidden_size=64, intermediate_size=80, num_attention_heads=4, num_key_value_heads=1,
-        rms_norm_eps=1e-6, hidden_act="gelu", num_hidden_layers=1,
-        max_position_embeddings=256, rope_parameters=dict(rope),
-    ))
+    cfg = _eager(
+        LlamaConfig(
+            hidden_size=64,
+            intermediate_size=80,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            rms_norm_eps=1e-6,
+            hidden_act="gelu",
+            num_hidden_layers=1,
+            max_position_embeddings=256,
+            rope_parameters=dict(rope),
+        )
+    )
     case = Case(
-        "llama_mqa_linear_geglu", LlamaDecoderLayer(cfg, 0), LlamaRotaryEmbedding(cfg), cfg, 0,
-        dict(n_heads=4, n_kv_heads=1, rope_theta=50000.0, rope_scaling=dict(rope),
-             mlp="geglu", norm_eps=1e-6, max_positions=256),
+        "llama_mqa_linear_geglu",
+        LlamaDecoderLayer(cfg, 0),
+        LlamaRotaryEmbedding(cfg),
+        cfg,
+        0,
+        dict(
+            n_heads=4,
+            n_kv_heads=1,
+            rope_theta=50000.0,
+            rope_scaling=dict(rope),
+            mlp="geglu",
+            norm_eps=1e-6,
+            max_positions=256,
+        ),
     )
     return _finish(case, 102)
 
 
 def _mistral() -> Case:
-    cfg = _eager(MistralConfig(
-        hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=24, rms_norm_eps=1e-5, sliding_window=8, num_hidden_layers=1,
-        max_position_embeddings=256, rope_parameters={"rope_type": "default",
-                                                      "rope_theta": 1e6},
-    ))
+    cfg = _eager(
+        MistralConfig(
+            hidden_size=64,
+            intermediate_size=96,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=24,
+            rms_norm_eps=1e-5,
+            sliding_window=8,
+            num_hidden_layers=1,
+            max_position_embeddings=256,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        )
+    )
     case = Case(
-        "mistral_window8_hd24", MistralDecoderLayer(cfg, 0), MistralRotaryEmbedding(cfg), cfg, 8,
-        dict(n_heads=4, n_kv_heads=2, head_dim=24, window=8, rope_theta=1e6, norm_eps=1e-5,
-             max_positions=256),
+        "mistral_window8_hd24",
+        MistralDecoderLayer(cfg, 0),
+        MistralRotaryEmbedding(cfg),
+        cfg,
+        8,
+        dict(
+            n_heads=4,
+            n_kv_heads=2,
+            head_dim=24,
+            window=8,
+            rope_theta=1e6,
+            norm_eps=1e-5,
+            max_positions=256,
+        ),
         seq_len=30,
     )
     return _finish(case, 103)
 
 
 def _qwen2() -> Case:
-    cfg = _eager(Qwen2Config(
-        hidden_size=64, intermediate_size=112, num_attention_heads=4, num_key_value_heads=2,
-        rms_norm_eps=1e-6, use_sliding_window=False, num_hidden_layers=1,
-        max_position_embeddings=256, rope_parameters={"rope_type": "default",
-                                                      "rope_theta": 1e6},
-    ))
+    cfg = _eager(
+        Qwen2Config(
+            hidden_size=64,
+            intermediate_size=112,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            use_sliding_window=False,
+            num_hidden_layers=1,
+            max_position_embeddings=256,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        )
+    )
     case = Case(
-        "qwen2_qkv_bias", Qwen2DecoderLayer(cfg, 0), Qwen2RotaryEmbedding(cfg), cfg, 0,
-        dict(n_heads=4, n_kv_heads=2, rope_theta=1e6, qkv_bias=True, norm_eps=1e-6,
-             max_positions=256),
+        "qwen2_qkv_bias",
+        Qwen2DecoderLayer(cfg, 0),
+        Qwen2RotaryEmbedding(cfg),
+        cfg,
+        0,
+        dict(
+            n_heads=4, n_kv_heads=2, rope_theta=1e6, qkv_bias=True, norm_eps=1e-6, max_positions=256
+        ),
     )
     return _finish(case, 104)
 
 
 def _qwen3() -> Case:
-    cfg = _eager(Qwen3Config(
-        hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=32, rms_norm_eps=1e-6, num_hidden_layers=1, max_position_embeddings=256,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-    ))
+    cfg = _eager(
+        Qwen3Config(
+            hidden_size=64,
+            intermediate_size=96,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            rms_norm_eps=1e-6,
+            num_hidden_layers=1,
+            max_position_embeddings=256,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        )
+    )
     case = Case(
-        "qwen3_qk_norm_hd32", Qwen3DecoderLayer(cfg, 0), Qwen3RotaryEmbedding(cfg), cfg, 0,
-        dict(n_heads=4, n_kv_heads=2, head_dim=32, rope_theta=1e6, qk_norm=True, norm_eps=1e-6,
-             max_positions=256),
+        "qwen3_qk_norm_hd32",
+        Qwen3DecoderLayer(cfg, 0),
+        Qwen3RotaryEmbedding(cfg),
+        cfg,
+        0,
+        dict(
+            n_heads=4,
+            n_kv_heads=2,
+            head_dim=32,
+            rope_theta=1e6,
+            qk_norm=True,
+            norm_eps=1e-6,
+            max_positions=256,
+        ),
     )
     return _finish(case, 105)
 
 
 def _gemma() -> Case:
-    cfg = _eager(GemmaConfig(
-        hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=1,
-        head_dim=24, rms_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh", num_hidden_layers=1,
-        max_position_embeddings=256, rope_parameters={"rope_type": "default",
-                                                      "rope_theta": 10000.0},
-    ))
+    cfg = _eager(
+        GemmaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=24,
+            rms_norm_eps=1e-6,
+            hidden_act="gelu_pytorch_tanh",
+            num_hidden_layers=1,
+            max_position_embeddings=256,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        )
+    )
     case = Case(
-        "gemma_offset_geglu_tanh_mqa", GemmaDecoderLayer(cfg, 0), GemmaRotaryEmbedding(cfg),
-        cfg, 0,
-        dict(n_heads=4, n_kv_heads=1, head_dim=24, norm="rmsnorm_offset", mlp="geglu_tanh",
-             norm_eps=1e-6, max_positions=256),
+        "gemma_offset_geglu_tanh_mqa",
+        GemmaDecoderLayer(cfg, 0),
+        GemmaRotaryEmbedding(cfg),
+        cfg,
+        0,
+        dict(
+            n_heads=4,
+            n_kv_heads=1,
+            head_dim=24,
+            norm="rmsnorm_offset",
+            mlp="geglu_tanh",
+            norm_eps=1e-6,
+            max_positions=256,
+        ),
     )
     return _finish(case, 106)
 
@@ -274,16 +384,31 @@ def _softcap_layer(cap):
     query_pre_attn_scalar = head_dim, so Gemma2's scaling equals head_dim**-0.5; the norms, MLP
     and residual order stay Llama's (SPEC 4.1: Gemma2's sandwich norms are not in v1).
     """
-    lcfg = _eager(LlamaConfig(
-        hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-        rms_norm_eps=1e-6, num_hidden_layers=1, max_position_embeddings=256,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-    ))
-    gcfg = _eager(Gemma2Config(
-        hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, query_pre_attn_scalar=16, attn_logit_softcapping=cap, num_hidden_layers=1,
-        max_position_embeddings=256,
-    ))
+    lcfg = _eager(
+        LlamaConfig(
+            hidden_size=64,
+            intermediate_size=96,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            num_hidden_layers=1,
+            max_position_embeddings=256,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        )
+    )
+    gcfg = _eager(
+        Gemma2Config(
+            hidden_size=64,
+            intermediate_size=96,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            attn_logit_softcapping=cap,
+            num_hidden_layers=1,
+            max_position_embeddings=256,
+        )
+    )
     layer = LlamaDecoderLayer(lcfg, 0)
     layer.self_attn = Gemma2Attention(gcfg, 0)
     assert layer.self_attn.scaling == 16**-0.5
@@ -294,7 +419,11 @@ def _softcap_layer(cap):
 def _gemma2_softcap() -> Case:
     layer, lcfg = _softcap_layer(SOFTCAP)
     case = Case(
-        "gemma2_attn_softcap", layer, LlamaRotaryEmbedding(lcfg), lcfg, 0,
+        "gemma2_attn_softcap",
+        layer,
+        LlamaRotaryEmbedding(lcfg),
+        lcfg,
+        0,
         dict(n_heads=4, n_kv_heads=2, attn_softcap=SOFTCAP, norm_eps=1e-6, max_positions=256),
     )
     # Larger q/k so that many scores reach the nonlinear part of cap * tanh(s / cap).
@@ -307,38 +436,85 @@ def _gemma2_softcap() -> Case:
 
 
 def _stablelm() -> Case:
-    cfg = _eager(StableLmConfig(
-        hidden_size=128, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,
-        layer_norm_eps=1e-5, use_qkv_bias=True, qk_layernorm=False, use_parallel_residual=False,
-        hidden_act="silu", num_hidden_layers=1, max_position_embeddings=256,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                         "partial_rotary_factor": 0.25},
-    ))
+    cfg = _eager(
+        StableLmConfig(
+            hidden_size=128,
+            intermediate_size=160,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            layer_norm_eps=1e-5,
+            use_qkv_bias=True,
+            qk_layernorm=False,
+            use_parallel_residual=False,
+            hidden_act="silu",
+            num_hidden_layers=1,
+            max_position_embeddings=256,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+            },
+        )
+    )
     layer = StableLmDecoderLayer(cfg, 0)
     assert layer.self_attn.rotary_ndims == 8
     case = Case(
-        "stablelm_layernorm_partial_rope", layer, StableLmRotaryEmbedding(cfg), cfg, 0,
-        dict(n_heads=4, n_kv_heads=2, rope_dim=8, qkv_bias=True, norm="layernorm",
-             norm_bias=True, norm_eps=1e-5, max_positions=256),
+        "stablelm_layernorm_partial_rope",
+        layer,
+        StableLmRotaryEmbedding(cfg),
+        cfg,
+        0,
+        dict(
+            n_heads=4,
+            n_kv_heads=2,
+            rope_dim=8,
+            qkv_bias=True,
+            norm="layernorm",
+            norm_bias=True,
+            norm_eps=1e-5,
+            max_positions=256,
+        ),
         seq_len=20,
     )
     return _finish(case, 108)
 
 
 def _starcoder2(act: str) -> Case:
-    cfg = _eager(Starcoder2Config(
-        hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-        norm_epsilon=1e-5, use_bias=True, hidden_act=act, sliding_window=None,
-        num_hidden_layers=1, max_position_embeddings=256,
-        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
-    ))
+    cfg = _eager(
+        Starcoder2Config(
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            norm_epsilon=1e-5,
+            use_bias=True,
+            hidden_act=act,
+            sliding_window=None,
+            num_hidden_layers=1,
+            max_position_embeddings=256,
+            rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+        )
+    )
     mlp = {"gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}[act]
     case = Case(
-        f"starcoder2_{mlp}", Starcoder2DecoderLayer(cfg, 0), Starcoder2RotaryEmbedding(cfg),
-        cfg, 0,
-        dict(n_heads=4, n_kv_heads=2, rope_theta=100000.0, qkv_bias=True, o_bias=True,
-             norm="layernorm", norm_bias=True, mlp=mlp, mlp_bias=True, norm_eps=1e-5,
-             max_positions=256),
+        f"starcoder2_{mlp}",
+        Starcoder2DecoderLayer(cfg, 0),
+        Starcoder2RotaryEmbedding(cfg),
+        cfg,
+        0,
+        dict(
+            n_heads=4,
+            n_kv_heads=2,
+            rope_theta=100000.0,
+            qkv_bias=True,
+            o_bias=True,
+            norm="layernorm",
+            norm_bias=True,
+            mlp=mlp,
+            mlp_bias=True,
+            norm_eps=1e-5,
+            max_positions=256,
+        ),
     )
     return _finish(case, 109 if mlp == "gelu_tanh" else 110, to_short=STARCODER2_TO_SHORT)
 
@@ -378,8 +554,13 @@ def _check_float32(case: Case) -> None:
 
 def _mask(case: Case, xt, pos, cache):
     fn = create_sliding_window_causal_mask if case.window else create_causal_mask
-    return fn(config=case.config, inputs_embeds=xt, attention_mask=None,
-              past_key_values=cache, position_ids=pos)
+    return fn(
+        config=case.config,
+        inputs_embeds=xt,
+        attention_mask=None,
+        past_key_values=cache,
+        position_ids=pos,
+    )
 
 
 def _hf_call(case: Case, xt, pos, cache=None):
@@ -387,8 +568,14 @@ def _hf_call(case: Case, xt, pos, cache=None):
     assert mask is not None and mask.dtype == torch.float32
     cos_sin = case.rotary(xt, pos)
     with torch.no_grad():
-        out = case.layer(xt, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                         use_cache=cache is not None, position_embeddings=cos_sin)
+        out = case.layer(
+            xt,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=cache is not None,
+            position_embeddings=cos_sin,
+        )
     out = out[0] if isinstance(out, tuple) else out
     assert out.dtype == torch.float32
     return out
@@ -448,8 +635,10 @@ def assert_within_bound(tag, got, ref_result, verbose=True) -> float:
     ratio = err / tol
     worst = np.unravel_index(np.argmax(ratio), ratio.shape)
     if verbose:
-        print(f"[oracle] {tag}: max err/bound = {ratio.max():.3f} "
-              f"(median bound {np.median(tol):.2e}, max bound {tol.max():.2e})")
+        print(
+            f"[oracle] {tag}: max err/bound = {ratio.max():.3f} "
+            f"(median bound {np.median(tol):.2e}, max bound {tol.max():.2e})"
+        )
     assert ratio.max() <= 1.0, (
         f"{tag}: |got - ref| exceeds 8 sigma at {worst}: got {got[worst]!r}, "
         f"ref {ref_result.y[worst]!r}, bound {tol[worst]:.3e}"
@@ -578,17 +767,25 @@ def test_decode_matches_hf_cache(eb, name):
         for who, got in (("hf", y_hf[b]), ("ours", y[b])):
             worst = 0.0
             for t0, r in zip([0] + list(range(n_pre, n)), ys):
-                worst = max(worst, assert_within_bound(
-                    f"{name} decode {who}-vs-ref row{b} t{t0}",
-                    got[t0 : t0 + r.y.shape[0]], r, verbose=False))
+                worst = max(
+                    worst,
+                    assert_within_bound(
+                        f"{name} decode {who}-vs-ref row{b} t{t0}",
+                        got[t0 : t0 + r.y.shape[0]],
+                        r,
+                        verbose=False,
+                    ),
+                )
             print(f"[oracle] {name} decode {who}-vs-ref row{b}: max err/bound = {worst:.3f}")
 
 
 def test_short_and_hf_names_agree(eb):
     """SPEC 4.2: the short spelling of the same tensors gives the same bits."""
     case = get_case("qwen3_qk_norm_hd32")
-    short = {k.split(".", 1)[1] if k.startswith(("self_attn.", "mlp.")) else k: v
-             for k, v in case.weights.items()}
+    short = {
+        k.split(".", 1)[1] if k.startswith(("self_attn.", "mlp.")) else k: v
+        for k, v in case.weights.items()
+    }
     assert "q_norm.weight" in short and "gate_proj.weight" in short
     x = make_x(case, 1, seed=8)
     y_hf_names = eb.TransformerBlockInference(case.weights, **case.options).forward(x)
@@ -613,5 +810,6 @@ def test_ragged_batch_matches_hf_rows_alone(eb):
             continue
         y_hf = hf_forward(case, x[b : b + 1, :n_b])
         _report(f"ragged row{b} n={n_b} ours-vs-hf", y[b : b + 1, :n_b], y_hf)
-        np.testing.assert_allclose(y[b : b + 1, :n_b], y_hf, rtol=RTOL, atol=ATOL,
-                                   err_msg=f"row {b}")
+        np.testing.assert_allclose(
+            y[b : b + 1, :n_b], y_hf, rtol=RTOL, atol=ATOL, err_msg=f"row {b}"
+        )

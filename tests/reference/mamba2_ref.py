@@ -132,8 +132,9 @@ def short_names(weights) -> dict:
     return out
 
 
-def prepare(weights, *, n_groups: int = 1, dt_limit=(0.0, float("inf")),
-            norm_eps: float = 1e-5) -> Mamba2Params:
+def prepare(
+    weights, *, n_groups: int = 1, dt_limit=(0.0, float("inf")), norm_eps: float = 1e-5
+) -> Mamba2Params:
     """Float64 parameters and sizes of a block (SPEC 7.2 derivations).
 
     Parameters
@@ -170,10 +171,20 @@ def prepare(weights, *, n_groups: int = 1, dt_limit=(0.0, float("inf")),
     d_state = (conv_dim - d_inner) // (2 * n_groups)
     if w["in_proj.weight"].shape != (d_inner + conv_dim + n_heads, d_model):
         raise ValueError("prepare: in_proj.weight shape")
-    return Mamba2Params(w=w, A=-np.exp(w["A_log"]), d_model=d_model, d_inner=d_inner,
-                        n_heads=n_heads, head_dim=d_inner // n_heads, d_state=d_state,
-                        n_groups=n_groups, conv_dim=conv_dim, K=K,
-                        dt_limit=(float(dt_limit[0]), float(dt_limit[1])), eps=float(norm_eps))
+    return Mamba2Params(
+        w=w,
+        A=-np.exp(w["A_log"]),
+        d_model=d_model,
+        d_inner=d_inner,
+        n_heads=n_heads,
+        head_dim=d_inner // n_heads,
+        d_state=d_state,
+        n_groups=n_groups,
+        conv_dim=conv_dim,
+        K=K,
+        dt_limit=(float(dt_limit[0]), float(dt_limit[1])),
+        eps=float(norm_eps),
+    )
 
 
 def softplus(v: np.ndarray) -> np.ndarray:
@@ -375,8 +386,9 @@ def ssd_chunked(X, A, B, C, chunk_size: int, initial_state=None):
     return Y, final_state
 
 
-def mamba2_ssd_ref(x, params: Mamba2Params, h0=None, conv0=None,
-                   chunk_size: int = 8) -> Mamba2RefResult:
+def mamba2_ssd_ref(
+    x, params: Mamba2Params, h0=None, conv0=None, chunk_size: int = 8
+) -> Mamba2RefResult:
     """The same block as `mamba2_ref`, with the scan in the chunked SSD form (`ssd_chunked`).
 
     Independent check of `mamba2_ref`: the causal conv is a strided window over

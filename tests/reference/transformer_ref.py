@@ -418,8 +418,14 @@ def transformer_ref(
     get = w.get
 
     # 1. input norm (x is exact: variance 0)
-    h, var_h = _norm(x, np.zeros_like(x), w["input_layernorm.weight"],
-                     get("input_layernorm.bias"), norm, norm_eps)
+    h, var_h = _norm(
+        x,
+        np.zeros_like(x),
+        w["input_layernorm.weight"],
+        get("input_layernorm.bias"),
+        norm,
+        norm_eps,
+    )
     # 2. projections
     q, var_q = _linear(h, var_h, w["q_proj.weight"], get("q_proj.bias"))
     k, var_k = _linear(h, var_h, w["k_proj.weight"], get("k_proj.bias"))
@@ -439,8 +445,12 @@ def transformer_ref(
     # 5. cache (KV, P, hd)
     new = [a.transpose(1, 0, 2) for a in (k, v, var_k, var_v)]
     if past is not None:
-        old = [past["k"], past["v"], past.get("k_var", np.zeros_like(past["k"])),
-               past.get("v_var", np.zeros_like(past["v"]))]
+        old = [
+            past["k"],
+            past["v"],
+            past.get("k_var", np.zeros_like(past["k"])),
+            past.get("v_var", np.zeros_like(past["v"])),
+        ]
         new = [np.concatenate([o_, n_], axis=1) for o_, n_ in zip(old, new)]
     k_all, v_all, vk_all, vv_all = new
     pos_all = np.concatenate([past_pos, pos])
@@ -459,8 +469,7 @@ def transformer_ref(
             kk, vkk, vv, vvv = k_all[g, idx], vk_all[g, idx], v_all[g, idx], vv_all[g, idx]
             qq, vqq = q[t, i], var_q[t, i]
             s = (kk @ qq) * scale
-            var_s = scale**2 * (vkk @ (qq * qq) + (kk * kk) @ vqq + _sum_var(kk * qq)) \
-                + _R * s * s
+            var_s = scale**2 * (vkk @ (qq * qq) + (kk * kk) @ vqq + _sum_var(kk * qq)) + _R * s * s
             if attn_softcap is not None:
                 th = np.tanh(s / attn_softcap)
                 s = th * attn_softcap
@@ -472,8 +481,11 @@ def transformer_ref(
             # relative variances: exp argument (propagated + its rounding), exp, Z, divide
             rel_e = var_s + _R * (s - m) ** 2 + _ULP2
             rel_z = (p * p * rel_e).sum() + _sum_var(e) / (z * z)
-            var_p = p * p * (rel_e * (1.0 - p) ** 2 + (p * p * rel_e).sum() - p * p * rel_e
-                             + rel_z + _R)
+            var_p = (
+                p
+                * p
+                * (rel_e * (1.0 - p) ** 2 + (p * p * rel_e).sum() - p * p * rel_e + rel_z + _R)
+            )
             o[t, i] = p @ vv
             var_o[t, i] = var_p @ (vv * vv) + (p * p) @ vvv + _sum_var(p[:, None] * vv, axis=0)
     o, var_o = o.reshape(n_tok, -1), var_o.reshape(n_tok, -1)
@@ -483,8 +495,14 @@ def transformer_ref(
     x1 = x + a
     var_x1 = var_a + _R * x1 * x1
     # 8. post norm
-    h2, var_h2 = _norm(x1, var_x1, w["post_attention_layernorm.weight"],
-                       get("post_attention_layernorm.bias"), norm, norm_eps)
+    h2, var_h2 = _norm(
+        x1,
+        var_x1,
+        w["post_attention_layernorm.weight"],
+        get("post_attention_layernorm.bias"),
+        norm,
+        norm_eps,
+    )
     # 9. MLP
     act = _ACT_OF_MLP[mlp]
     up, var_up = _linear(h2, var_h2, w["up_proj.weight"], get("up_proj.bias"))

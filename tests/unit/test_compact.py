@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import make_mamba2_weights, make_transformer_weights
 
 import exactblocks as eb
 from exactblocks import _ext, bench
-from helpers import make_mamba2_weights, make_transformer_weights
 
 gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize, quantize  # noqa: E402
@@ -58,8 +58,17 @@ def u32(a):
 # per panel, the rebuilt-panel (prefill) path. k: one block, several, and past one K block
 # (kGemmKC = 2048), so partial sums continue across K blocks from rebuilt panels.
 @pytest.mark.parametrize("kind", sorted(FORMATS))
-@pytest.mark.parametrize("m,n,k", [(1, 70, 32), (8, 48, 96), (9, 100, 64), (17, 49, 2048 + 64),
-                                   (40, 130, 160), (1, 200, 4096 + 32)])
+@pytest.mark.parametrize(
+    "m,n,k",
+    [
+        (1, 70, 32),
+        (8, 48, 96),
+        (9, 100, 64),
+        (17, 49, 2048 + 64),
+        (40, 130, 160),
+        (1, 200, 4096 + 32),
+    ],
+)
 def test_compact_gemm_equals_float32_panels_and_reference(core, kind, m, n, k):
     rng = np.random.default_rng(m * 1000 + n + k)
     w = gguf_values(0.05 * rng.standard_normal((n, k)), kind)
@@ -83,7 +92,7 @@ def test_compact_row_equals_row_alone(core):
         full, fmt = core.gemm(a, w)
         assert fmt == "q4_1"
         for r in (0, 8, 36):
-            one, _ = core.gemm(np.ascontiguousarray(a[r:r + 1]), w)
+            one, _ = core.gemm(np.ascontiguousarray(a[r : r + 1]), w)
             assert np.array_equal(u32(full[r]), u32(one[0])), (isa, nt, r)
 
 
@@ -107,7 +116,7 @@ def test_what_is_not_exactly_compact_stays_float32(core):
     neg_zero[2, 5] = -0.0  # not d*q (+ m) of any block, but a bfloat16 value
     cases["a -0.0 among zeros"] = neg_zero
     for what, m in cases.items():
-        aa = np.ascontiguousarray(a[:, :m.shape[1]])
+        aa = np.ascontiguousarray(a[:, : m.shape[1]])
         got, fmt = core.gemm(aa, np.ascontiguousarray(m))
         assert fmt == ("bf16" if what.startswith("a -0.0") else "float32"), what
         assert np.array_equal(u32(got), u32(core.gemm_ref(aa, np.ascontiguousarray(m), None))), what
@@ -119,9 +128,12 @@ def test_degenerate_blocks(core):
     a = rng.standard_normal((2, 64)).astype(np.float32)
     const = np.full((48, 64), 0.375, np.float32)
     zeros = np.zeros((10, 64), np.float32)
-    huge = gguf_values(rng.standard_normal((10, 64)), "Q8_0") * np.float32(2.0 ** 100)
-    for what, m, fmt_ok in [("constant", const, {"q4_1"}), ("zeros", zeros, {"q4_1"}),
-                            ("huge", huge, {"q8_0", "float32"})]:
+    huge = gguf_values(rng.standard_normal((10, 64)), "Q8_0") * np.float32(2.0**100)
+    for what, m, fmt_ok in [
+        ("constant", const, {"q4_1"}),
+        ("zeros", zeros, {"q4_1"}),
+        ("huge", huge, {"q8_0", "float32"}),
+    ]:
         got, fmt = core.gemm(a, m)
         assert fmt in fmt_ok, (what, fmt)
         assert np.array_equal(u32(got), u32(core.gemm_ref(a, m, None))), what
@@ -140,6 +152,7 @@ def test_packed_linear_reports_format_and_bytes(core):
 
 
 # ---- whole blocks: compact storage vs float32 panels, bit for bit --------------------------
+
 
 def build_twice(make):
     """The same block built with compact storage allowed, then with float32 panels only."""
@@ -163,7 +176,10 @@ def test_transformer_block_compact_equals_float32(kind):
     compact, plain = build_twice(lambda: eb.TransformerBlockInference(w, **opts, max_positions=64))
     assert [f for _, f, _ in compact.weight_storage()] == [FORMATS[kind]] * 4
     assert [f for _, f, _ in plain.weight_storage()] == ["float32"] * 4
-    assert sum(b for *_, b in compact.weight_storage()) < sum(b for *_, b in plain.weight_storage()) / 3
+    assert (
+        sum(b for *_, b in compact.weight_storage())
+        < sum(b for *_, b in plain.weight_storage()) / 3
+    )
     x = rng.standard_normal((3, 20, 64)).astype(np.float32)
     lengths = np.array([20, 7, 13])
     for isa, nt in each_isa_and_threads(_ext.core()):
@@ -197,6 +213,7 @@ def test_mamba2_block_compact_equals_float32():
 
 
 # ---- bfloat16 checkpoints: float32 weights whose low 16 bits are zero ----------------------
+
 
 def bf16_values(x: np.ndarray) -> np.ndarray:
     """x rounded to bfloat16 and widened back (float32 with low 16 bits zero)."""

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import make_transformer_weights
 
 import exactblocks as eb
 from exactblocks import _ext
-from helpers import make_transformer_weights
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def isa(request, core):
 
 def test_first_nonfinite_finds_first(core, threads, isa):
     a = np.linspace(-3e38, 3e38, 600_001, dtype=np.float32)  # > one parallel piece
-    a[1::7] = np.float32(1e-45)        # subnormal
+    a[1::7] = np.float32(1e-45)  # subnormal
     a[2::11] = np.float32(-0.0)
     a[3] = np.finfo(np.float32).max
     assert core.first_nonfinite(a) == -1
@@ -50,16 +50,16 @@ def test_first_nonfinite_finds_first(core, threads, isa):
 
 
 def test_first_nonfinite_spans(core, threads, isa):
-    cache = np.ones((3, 2, 4000, 16), np.float32)          # (B, KV, cap, hd)
+    cache = np.ones((3, 2, 4000, 16), np.float32)  # (B, KV, cap, hd)
     spans = np.array([[0, 0, 4000], [2, 100, 3000], [2, 3500, 3900]], np.int64)
     assert core.first_nonfinite_spans(cache, spans) is None
-    cache[2, 1, 3600, 5] = np.nan       # in span 2
-    cache[1, 0, 10, 0] = np.inf         # row 1 is not read: never reported
-    cache[2, 0, 99, 3] = np.nan         # just before span 1: not read
+    cache[2, 1, 3600, 5] = np.nan  # in span 2
+    cache[1, 0, 10, 0] = np.inf  # row 1 is not read: never reported
+    cache[2, 0, 99, 3] = np.nan  # just before span 1: not read
     assert core.first_nonfinite_spans(cache, spans) == (2, 1, 3600, 5)
-    cache[2, 1, 2999, 15] = -np.inf     # last element of span 1, KV head 1
+    cache[2, 1, 2999, 15] = -np.inf  # last element of span 1, KV head 1
     assert core.first_nonfinite_spans(cache, spans) == (1, 1, 2999, 15)
-    cache[2, 0, 2000, 1] = np.nan       # KV head 0 of span 1 comes first
+    cache[2, 0, 2000, 1] = np.nan  # KV head 0 of span 1 comes first
     assert core.first_nonfinite_spans(cache, spans) == (1, 0, 2000, 1)
     # A row's spans are searched head by head: (row, KV head, position) order, so head 0's
     # later span beats head 1's earlier one.
@@ -76,11 +76,11 @@ def test_state_error_names_first_bad_slot_of_a_wrapped_window():
     blk = eb.TransformerBlockInference(w, n_heads=H, n_kv_heads=KV, window=5)
     st = blk.allocate_state(2, 64)
     x = rng.standard_normal((2, 7, d)).astype(np.float32)
-    blk.forward(x, st)        # positions 0..6 -> ring slots 0,1,2,3,4,0,1 (capacity 5)
+    blk.forward(x, st)  # positions 0..6 -> ring slots 0,1,2,3,4,0,1 (capacity 5)
     # The next query (7) reads positions 3..6 = slots 3, 4, 0, 1: two spans of the ring.
-    st.v_cache[1, 0, 0, 2] = np.nan     # row 1, position 5
-    st.k_cache[1, 1, 4, 7] = np.inf     # row 1, position 4
-    st.k_cache[0, 0, 2, 0] = np.nan     # slot 2 (position 7's own slot): not read
+    st.v_cache[1, 0, 0, 2] = np.nan  # row 1, position 5
+    st.k_cache[1, 1, 4, 7] = np.inf  # row 1, position 4
+    st.k_cache[0, 0, 2, 0] = np.nan  # slot 2 (position 7's own slot): not read
     before = (st.k_cache.copy(), st.v_cache.copy(), st.row_tokens.copy())
     with pytest.raises(ValueError, match=r"state\.k_cache\[1, 1, 4, 7\] \(row 1, position 4,"):
         blk.step(x[:, 0], st)
@@ -92,7 +92,7 @@ def test_state_error_names_first_bad_slot_of_a_wrapped_window():
     blk.step(x[:, 0], st)
 
 
-@pytest.mark.parametrize("fed", [3, 6])   # window 4: the ring has not / has wrapped
+@pytest.mark.parametrize("fed", [3, 6])  # window 4: the ring has not / has wrapped
 def test_state_error_order_does_not_depend_on_the_ring(fed):
     """The first bad element is chosen in (row, k before v, KV head, position) order."""
     rng = np.random.default_rng(7)
@@ -102,12 +102,15 @@ def test_state_error_order_does_not_depend_on_the_ring(fed):
     st = blk.allocate_state(1, 64)
     x = rng.standard_normal((1, fed, d)).astype(np.float32)
     blk.forward(x, st)
-    q = fed                                # the next query reads positions q-3 .. q-1
+    q = fed  # the next query reads positions q-3 .. q-1
     oldest, newest = (q - 3) % 4, (q - 1) % 4
-    st.k_cache[0, 1, oldest, 0] = np.nan   # KV head 1, oldest position read
-    st.k_cache[0, 0, newest, 0] = np.nan   # KV head 0, newest position read
-    with pytest.raises(ValueError, match=rf"state\.k_cache\[0, 0, {newest}, 0\] \(row 0, "
-                                         rf"position {q - 1},"):
+    st.k_cache[0, 1, oldest, 0] = np.nan  # KV head 1, oldest position read
+    st.k_cache[0, 0, newest, 0] = np.nan  # KV head 0, newest position read
+    with pytest.raises(
+        ValueError,
+        match=rf"state\.k_cache\[0, 0, {newest}, 0\] \(row 0, "
+        rf"position {q - 1},",
+    ):
         blk.step(x[:, 0], st)
 
 
@@ -140,11 +143,11 @@ def test_cache_check_in_the_kernel_matches_the_reading_rule(window, threads):
         pre = rng.integers(0, 40, size=3)
         x = rng.standard_normal((3, int(pre.max()) or 1, d)).astype(np.float32)
         blk.forward(x, st, lengths=np.minimum(pre, x.shape[1]))
-        for _ in range(int(rng.integers(1, 4))):          # poison a few slots, read or not
+        for _ in range(int(rng.integers(1, 4))):  # poison a few slots, read or not
             buf = st.k_cache if rng.random() < 0.5 else st.v_cache
             idx = tuple(int(rng.integers(0, s)) for s in buf.shape)
             buf[idx] = rng.choice([np.nan, np.inf, -np.inf])
-        n_new = int(rng.choice([1, 3, 20]))               # decode, short chunk, prefill block
+        n_new = int(rng.choice([1, 3, 20]))  # decode, short chunk, prefill block
         lens = rng.integers(0, n_new + 1, size=3)
         xn = rng.standard_normal((3, n_new, d)).astype(np.float32)
         before = (st.k_cache.copy(), st.v_cache.copy(), st.row_tokens.copy())
@@ -161,6 +164,6 @@ def test_cache_check_in_the_kernel_matches_the_reading_rule(window, threads):
         else:
             assert not want_error, case
             for b in range(3):
-                assert np.isfinite(y[b, :lens[b]]).all()
+                assert np.isfinite(y[b, : lens[b]]).all()
             passed += 1
     assert raised > 5 and passed > 5, (raised, passed)

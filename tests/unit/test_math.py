@@ -81,25 +81,83 @@ def reference(name: str, x: np.ndarray) -> np.ndarray:
 
 
 SPECIAL_BITS = [
-    0x00000000, 0x80000000,  # +0, -0
-    0x00000001, 0x80000001, 0x00000002, 0x007FFFFF, 0x807FFFFF,  # subnormals
-    0x00800000, 0x80800000, 0x00800001,  # smallest normals
-    0x7F7FFFFF, 0xFF7FFFFF, 0x7F000000, 0xFF000000,  # huge
-    0x33800000, 0xB3800000, 0x34000000, 0x39800000, 0x3F800000, 0xBF800000,  # 2^-24.., +-1
+    0x00000000,
+    0x80000000,  # +0, -0
+    0x00000001,
+    0x80000001,
+    0x00000002,
+    0x007FFFFF,
+    0x807FFFFF,  # subnormals
+    0x00800000,
+    0x80800000,
+    0x00800001,  # smallest normals
+    0x7F7FFFFF,
+    0xFF7FFFFF,
+    0x7F000000,
+    0xFF000000,  # huge
+    0x33800000,
+    0xB3800000,
+    0x34000000,
+    0x39800000,
+    0x3F800000,
+    0xBF800000,  # 2^-24.., +-1
 ]
 
 # Interesting points per function (each is added with its float32 neighbours).
 THRESHOLDS = {
-    "exp": [88.72283172607422, 88.72283935546875, -87.33654, -103.97207, -103.27893,
-            -104.0, 100.0, -110.0, 0.34657359, -0.34657359, 1e-8, -1e-8],
-    "log1p": [-1.0, -0.99999994, -0.5, 2.0**-29, -(2.0**-29), 2.0**29, 1e30, 0.41421356,
-              -0.29289322],
+    "exp": [
+        88.72283172607422,
+        88.72283935546875,
+        -87.33654,
+        -103.97207,
+        -103.27893,
+        -104.0,
+        100.0,
+        -110.0,
+        0.34657359,
+        -0.34657359,
+        1e-8,
+        -1e-8,
+    ],
+    "log1p": [
+        -1.0,
+        -0.99999994,
+        -0.5,
+        2.0**-29,
+        -(2.0**-29),
+        2.0**29,
+        1e30,
+        0.41421356,
+        -0.29289322,
+    ],
     "tanh": [9.0109133, -9.0109133, 10.0, -10.0, 2.0**-12, 0.5493061, 1e-20],
     "erf": [3.9192059, -3.9192059, 3.921875, -3.921875, 1.0, 2.0, -2.0, 1e-30],
-    "sin": [math.pi / 2, math.pi, 2.0**20, -(2.0**20), 2.0**24, 1e10, 1e38, 3.0, 1e-30,
-            16367173.0 * 2.0**72, 201.06193],
-    "cos": [math.pi / 2, math.pi, 2.0**20, -(2.0**20), 2.0**24, 1e10, 1e38, 3.0, 1e-30,
-            16367173.0 * 2.0**72, 201.06193],
+    "sin": [
+        math.pi / 2,
+        math.pi,
+        2.0**20,
+        -(2.0**20),
+        2.0**24,
+        1e10,
+        1e38,
+        3.0,
+        1e-30,
+        16367173.0 * 2.0**72,
+        201.06193,
+    ],
+    "cos": [
+        math.pi / 2,
+        math.pi,
+        2.0**20,
+        -(2.0**20),
+        2.0**24,
+        1e10,
+        1e38,
+        3.0,
+        1e-30,
+        16367173.0 * 2.0**72,
+        201.06193,
+    ],
 }
 
 # Where uniform samples are drawn (besides random bit patterns over the whole domain).
@@ -129,9 +187,15 @@ def inputs_for(name: str, seed: int) -> np.ndarray:
     # log-uniform magnitudes with random signs: every binade from 2^-149 to 2^128 is visited
     mag = f32(np.exp2(rng.uniform(-149.0, 128.0, size=n)))
     signed = np.where(rng.random(n) < 0.5, -mag, mag)
-    x = np.concatenate([
-        bits, uniform, signed, from_bits(SPECIAL_BITS), neighbours(THRESHOLDS.get(name, [])),
-    ]).astype(np.float32)
+    x = np.concatenate(
+        [
+            bits,
+            uniform,
+            signed,
+            from_bits(SPECIAL_BITS),
+            neighbours(THRESHOLDS.get(name, [])),
+        ]
+    ).astype(np.float32)
     x = x[np.isfinite(x)]
     if name == "log1p":
         x = x[x >= F32(-1.0)]
@@ -147,13 +211,14 @@ def test_elementary_within_one_ulp(name):
     assert err[worst] <= 1.0, (
         f"{name}: max error {err[worst]:.4f} ulp at x={x[worst]!r} "
         f"(bits {x.view(np.uint32)[worst]:#010x}): got {y[worst]!r}, "
-        f"float64 reference {reference(name, x[worst:worst + 1])[0]!r}"
+        f"float64 reference {reference(name, x[worst : worst + 1])[0]!r}"
     )
 
 
 def test_exp_exactness():
-    x = f32([0.0, -0.0, 88.72283172607422, 88.72283935546875, 100.0, 1e30, FLT_MAX,
-             -1000.0, -FLT_MAX])
+    x = f32(
+        [0.0, -0.0, 88.72283172607422, 88.72283935546875, 100.0, 1e30, FLT_MAX, -1000.0, -FLT_MAX]
+    )
     y = run("exp", x)
     assert y[0] == F32(1.0) and y[1] == F32(1.0)
     assert np.isfinite(y[2]) and y[2] > F32(3.4e38)
@@ -191,8 +256,9 @@ def test_tanh_erf_reach_one_and_are_odd():
     for name in ("tanh", "erf", "sin"):
         pos, neg = run(name, x), run(name, np.ascontiguousarray(-x))
         assert np.array_equal(neg.view(np.uint32), pos.view(np.uint32) ^ np.uint32(0x80000000))
-    assert np.array_equal(run("cos", x).view(np.uint32),
-                          run("cos", np.ascontiguousarray(-x)).view(np.uint32))
+    assert np.array_equal(
+        run("cos", x).view(np.uint32), run("cos", np.ascontiguousarray(-x)).view(np.uint32)
+    )
 
 
 def test_signed_zeros():
@@ -321,13 +387,23 @@ def test_canonical_nan_out():
 
 def test_exp_f64_log_f64_relative_error():
     rng = np.random.default_rng(5)
-    xs = np.concatenate([rng.uniform(-700.0, 700.0, 20_000), rng.uniform(-1.0, 1.0, 5_000),
-                         [0.0, 1e-300, -1e-300, 0.5, 700.0, -700.0]])
+    xs = np.concatenate(
+        [
+            rng.uniform(-700.0, 700.0, 20_000),
+            rng.uniform(-1.0, 1.0, 5_000),
+            [0.0, 1e-300, -1e-300, 0.5, 700.0, -700.0],
+        ]
+    )
     for x in xs.tolist():
         want = math.exp(x)
         assert abs(core.exp_f64(x) - want) <= 4e-16 * want, x
-    ys = np.concatenate([np.exp2(rng.uniform(-1000.0, 1000.0, 20_000)),
-                         1.0 + rng.uniform(-0.25, 0.25, 5_000), [1.0, 2.0, 0.5, 1e6, 1e-300]])
+    ys = np.concatenate(
+        [
+            np.exp2(rng.uniform(-1000.0, 1000.0, 20_000)),
+            1.0 + rng.uniform(-0.25, 0.25, 5_000),
+            [1.0, 2.0, 0.5, 1e6, 1e-300],
+        ]
+    )
     for y in ys.tolist():
         want = math.log(y)
         got = core.log_f64(y)

@@ -13,7 +13,7 @@ import pytest
 
 from exactblocks import _ext
 
-U = 2.0 ** -24
+U = 2.0**-24
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +35,10 @@ def each_isa(core):
         core.set_isa(saved)
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 17, 3), (3, 33, 31), (7, 64, 32),
-                                   (13, 100, 65), (16, 257, 97), (40, 31, 200)])
+@pytest.mark.parametrize(
+    "m,k,n",
+    [(1, 1, 1), (1, 17, 3), (3, 33, 31), (7, 64, 32), (13, 100, 65), (16, 257, 97), (40, 31, 200)],
+)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_gemm_matches_float64_and_scalar_twin(core, m, k, n, with_bias):
     rng = np.random.default_rng(m * 1000 + k * 10 + n)
@@ -52,8 +54,10 @@ def test_gemm_matches_float64_and_scalar_twin(core, m, k, n, with_bias):
     ref = core.gemm_ref(a, w, bias)
     err = np.abs(ref - exact)
     worst = np.unravel_index(np.argmax(err / bound), err.shape)
-    assert np.all(err <= bound), (f"m={m} k={k} n={n}: worst {worst}: got {ref[worst]}, "
-                                  f"exact {exact[worst]}, bound {bound[worst]}")
+    assert np.all(err <= bound), (
+        f"m={m} k={k} n={n}: worst {worst}: got {ref[worst]}, "
+        f"exact {exact[worst]}, bound {bound[worst]}"
+    )
     for isa in each_isa(core):
         got, _ = core.gemm(a, w, bias)
         assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), f"{isa} != gemm_ref"
@@ -67,7 +71,7 @@ def test_gemm_row_independent_of_tile_mates(core):
     for isa in each_isa(core):
         full, _ = core.gemm(a, w)
         for r in (0, 5, 22):
-            one, _ = core.gemm(np.ascontiguousarray(a[r:r + 1]), w)
+            one, _ = core.gemm(np.ascontiguousarray(a[r : r + 1]), w)
             assert np.array_equal(full[r].view(np.uint32), one[0].view(np.uint32)), isa
 
 
@@ -82,7 +86,7 @@ def test_l16_reductions(core, n):
     for i in range(n):
         lanes[i % 16] = np.float32(lanes[i % 16] + a[i])
     for w in (8, 4, 2, 1):
-        lanes[:w] = lanes[:w] + lanes[w:2 * w]
+        lanes[:w] = lanes[:w] + lanes[w : 2 * w]
     for isa in each_isa(core):
         s = core.sum_l16(a)
         assert np.float32(s).view(np.uint32) == lanes[0].view(np.uint32), isa
@@ -114,7 +118,7 @@ def test_reduce16_x16_is_sixteen_l16_trees(core, seed):
             for i in range(16):
                 lanes = acc[i].copy()
                 for w in (8, 4, 2, 1):
-                    lanes[:w] = lanes[:w] + lanes[w:2 * w]
+                    lanes[:w] = lanes[:w] + lanes[w : 2 * w]
                 want[i] = lanes[0]
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), isa
 
@@ -141,7 +145,7 @@ def test_norms_match_float64(core, kind, n):
     bound = (gamma(n) * 4 + 10 * U) * scale + 1e-30
     err = np.abs(got - ref)
     assert np.all(err <= bound), f"kind={kind} n={n} max err {err.max()} bound {bound.max()}"
-    for isa in each_isa(core):
+    for _isa in each_isa(core):
         assert np.array_equal(core.norm(kind, x, w, b, eps).view(np.uint32), got.view(np.uint32))
 
 
@@ -150,6 +154,7 @@ def test_rope_inv_freq_table(core, kind, factor):
     """inv_freq in binary64 then rounded once: within 1 float32 ulp of the exact value
     (2 for llama3's smoothed band, whose binary64 arithmetic adds a few ulp of double)."""
     import math
+
     rope_dim, theta, O = 64, 500000.0, 8192.0
     got = core.rope_inv_freq(rope_dim, theta, kind, factor, 1.0, 4.0, O)
     for i, g in enumerate(got):
@@ -170,17 +175,34 @@ def test_rope_inv_freq_table(core, kind, factor):
 def test_vectorised_exp_equals_scalar_exp_on_every_isa(core):
     """V::exp_array (binary64 lanes) == math::exp_f32 bit for bit, incl. tails and specials."""
     rng = np.random.default_rng(11)
-    x = np.concatenate([
-        rng.uniform(-120, 95, 400_000), rng.uniform(-1, 1, 200_000),
-        rng.standard_normal(200_000) * 20,
-        np.linspace(-104.5, -86.0, 100_001),           # subnormal and tiny results
-        np.linspace(87.5, 89.5, 10_001),               # around overflow
-        [0.0, -0.0, 88.72283935546875, 88.7228317, -103.972084, -110.0, -110.00001,
-         np.inf, -np.inf, np.nan, 3.4e38, -3.4e38, 1e-45, -1e-45],
-    ]).astype(np.float32)
+    x = np.concatenate(
+        [
+            rng.uniform(-120, 95, 400_000),
+            rng.uniform(-1, 1, 200_000),
+            rng.standard_normal(200_000) * 20,
+            np.linspace(-104.5, -86.0, 100_001),  # subnormal and tiny results
+            np.linspace(87.5, 89.5, 10_001),  # around overflow
+            [
+                0.0,
+                -0.0,
+                88.72283935546875,
+                88.7228317,
+                -103.972084,
+                -110.0,
+                -110.00001,
+                np.inf,
+                -np.inf,
+                np.nan,
+                3.4e38,
+                -3.4e38,
+                1e-45,
+                -1e-45,
+            ],
+        ]
+    ).astype(np.float32)
     ref = core.elementwise("exp", x)
     for isa in each_isa(core):
-        for n in (len(x), 13, 7, 1):   # odd lengths exercise the scalar tails
+        for n in (len(x), 13, 7, 1):  # odd lengths exercise the scalar tails
             got = core.elementwise("exp_vec", x[:n].copy())
             bad = np.flatnonzero(got.view(np.uint32) != ref[:n].view(np.uint32))
             assert bad.size == 0, (isa, n, x[bad[:5]], got[bad[:5]], ref[bad[:5]])

@@ -405,9 +405,14 @@ def load_gguf_llama(path: Any = None, progress: ProgressFn | None = None):
     qw = config["num_attention_heads"] * config["head_dim"]
     kw = config["num_key_value_heads"] * config["head_dim"]
     shapes = {
-        "q_proj.weight": (qw, d), "k_proj.weight": (kw, d), "v_proj.weight": (kw, d),
-        "o_proj.weight": (d, qw), "gate_proj.weight": (it, d), "up_proj.weight": (it, d),
-        "down_proj.weight": (d, it), "input_layernorm.weight": (d,),
+        "q_proj.weight": (qw, d),
+        "k_proj.weight": (kw, d),
+        "v_proj.weight": (kw, d),
+        "o_proj.weight": (d, qw),
+        "gate_proj.weight": (it, d),
+        "up_proj.weight": (it, d),
+        "down_proj.weight": (d, it),
+        "input_layernorm.weight": (d,),
         "post_attention_layernorm.weight": (d,),
     }
     layers: list[dict] = [{} for _ in range(n_layers)]
@@ -488,8 +493,12 @@ def hf_state_dict(layers: list[dict], top: dict) -> dict:
     return sd
 
 
-def build_blocks(config: dict, layers: list[dict], max_positions: int | None = None,
-                 progress: ProgressFn | None = None) -> list:
+def build_blocks(
+    config: dict,
+    layers: list[dict],
+    max_positions: int | None = None,
+    progress: ProgressFn | None = None,
+) -> list:
     """One :class:`exactblocks.TransformerBlockInference` per layer (HF ``LlamaDecoderLayer``).
 
     Options passed: ``n_heads``, ``n_kv_heads``, ``head_dim`` (num_attention_heads,
@@ -535,15 +544,17 @@ def build_blocks(config: dict, layers: list[dict], max_positions: int | None = N
         max_positions = int(config["max_position_embeddings"])
     blocks = []
     for n, layer in enumerate(layers, 1):
-        blocks.append(TransformerBlockInference(
-            layer,
-            n_heads=int(config["num_attention_heads"]),
-            n_kv_heads=int(config["num_key_value_heads"]),
-            head_dim=int(config["head_dim"]),
-            rope_theta=float(config["rope_theta"]),
-            norm_eps=float(config["rms_norm_eps"]),
-            max_positions=max_positions,
-        ))
+        blocks.append(
+            TransformerBlockInference(
+                layer,
+                n_heads=int(config["num_attention_heads"]),
+                n_kv_heads=int(config["num_key_value_heads"]),
+                head_dim=int(config["head_dim"]),
+                rope_theta=float(config["rope_theta"]),
+                norm_eps=float(config["rms_norm_eps"]),
+                max_positions=max_positions,
+            )
+        )
         if progress is not None:
             progress("build", n, len(layers))
     return blocks
