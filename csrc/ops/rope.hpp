@@ -28,10 +28,14 @@ inline void rope_apply(float* v, int64_t half, const float* cs, const float* sn)
   }
 }
 
+// RoPE scaling kinds (SPEC 4.4; HF rope_type): none/'default', 'linear', 'llama3'.
+enum RopeScaling : int { kRopeDefault = 0, kRopeLinear = 1, kRopeLlama3 = 2 };
+
 // inv_freq table (rope_dim/2 floats): theta^(-2i/rope_dim) in binary64 with the library's own
-// pow, scaled in binary64 (kind 0 none, 1 linear, 2 llama3 as HF
-// _compute_llama3_parameters), rounded to float32 once.
-void rope_inv_freq(int64_t rope_dim, double theta, int kind, double factor, double low_freq_factor,
-                   double high_freq_factor, double original_max, float* out);
+// pow, scaled in binary64 (linear: / factor; llama3 as HF _compute_llama3_parameters), rounded
+// to float32 once.
+void rope_inv_freq(int64_t rope_dim, double theta, RopeScaling kind, double factor,
+                   double low_freq_factor, double high_freq_factor, double original_max,
+                   float* out);
 
 }  // namespace eb::ops

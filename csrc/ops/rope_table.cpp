@@ -5,14 +5,15 @@
 
 namespace eb::ops {
 
-void rope_inv_freq(int64_t rope_dim, double theta, int kind, double factor, double low_freq_factor,
-                   double high_freq_factor, double original_max, float* out) {
+void rope_inv_freq(int64_t rope_dim, double theta, RopeScaling kind, double factor,
+                   double low_freq_factor, double high_freq_factor, double original_max,
+                   float* out) {
   const double two_pi = 6.283185307179586476925286766559;
   for (int64_t i = 0; i < rope_dim / 2; ++i) {
     double inv = math::pow_f64(theta, -static_cast<double>(2 * i) / static_cast<double>(rope_dim));
-    if (kind == 1) {
+    if (kind == kRopeLinear) {
       inv = inv / factor;
-    } else if (kind == 2) {
+    } else if (kind == kRopeLlama3) {
       const double low_wavelen = original_max / low_freq_factor;
       const double high_wavelen = original_max / high_freq_factor;
       const double wavelen = two_pi / inv;

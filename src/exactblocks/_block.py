@@ -162,6 +162,23 @@ class BlockCommon:
         raw.update(st["options"])  # every constructor check runs again on unpickling
         object.__setattr__(self, "_impl", self._build(raw, where, canonical=weights))
 
+    def _float32_storage_copy(self):
+        """Return a copy of this block whose core stores float32 panels only (for tests).
+
+        The copy has the same options, weights and fingerprint; its outputs must equal this
+        block's bit for bit whatever storage each picked (tests compare the two).
+        """
+        impl = self._impl
+        cfg = impl.core.cfg
+        cfg.compact_weights = False
+        clone = object.__new__(type(self))
+        new = type(impl)()
+        for name in type(impl).__slots__:
+            object.__setattr__(new, name, getattr(impl, name))
+        new.core = type(impl.core)(cfg, impl.weights)
+        object.__setattr__(clone, "_impl", new)
+        return clone
+
     def weight_storage(self) -> list:
         """How each packed projection matrix is stored in the compiled core.
 

@@ -1,153 +1,349 @@
+import enum
 from typing import Annotated
 
 import numpy
 from numpy.typing import NDArray
 
+
 def arithmetic_version() -> str: ...
+
 def numeric_mode() -> str: ...
+
 def vendor() -> str: ...
-def set_num_threads(arg: int, /) -> None: ...
+
+def set_num_threads(n: int) -> None: ...
+
 def get_num_threads() -> int: ...
+
 def available_isas() -> list[str]: ...
-def set_isa(arg: str, /) -> None: ...
+
+def set_isa(name: str) -> None: ...
+
 def get_isa() -> str: ...
-def elementwise(
-    arg0: str,
-    arg1: Annotated[
-        NDArray[numpy.float32], dict(shape=(None,), order="C", device="cpu", writable=False)
-    ],
-    /,
-) -> NDArray[numpy.float32]: ...
-def first_nonfinite_spans(
-    arg0: Annotated[
-        NDArray[numpy.float32],
-        dict(shape=(None, None, None, None), order="C", device="cpu", writable=False),
-    ],
-    arg1: Annotated[
-        NDArray[numpy.int64], dict(shape=(None, None), order="C", device="cpu", writable=False)
-    ],
-    /,
-) -> object: ...
-def first_nonfinite_rows(
-    arg0: Annotated[NDArray[numpy.float32], dict(order="C", device="cpu", writable=False)],
-    arg1: Annotated[
-        NDArray[numpy.int64], dict(shape=(None,), order="C", device="cpu", writable=False)
-    ],
-    /,
-) -> object: ...
-def first_nonfinite(
-    arg: Annotated[NDArray[numpy.float32], dict(order="C", device="cpu", writable=False)], /
-) -> int: ...
+
+class NormKind(enum.Enum):
+    rmsnorm = 0
+
+    layernorm = 1
+
+    rmsnorm_offset = 2
+
+class MlpKind(enum.Enum):
+    swiglu = 0
+
+    geglu = 1
+
+    geglu_tanh = 2
+
+    gelu = 3
+
+    gelu_tanh = 4
+
+class RopeScaling(enum.Enum):
+    default = 0
+
+    linear = 1
+
+    llama3 = 2
+
+class TransformerConfig:
+    def __init__(self) -> None: ...
+
+    @property
+    def d_model(self) -> int: ...
+
+    @d_model.setter
+    def d_model(self, arg: int, /) -> None: ...
+
+    @property
+    def n_heads(self) -> int: ...
+
+    @n_heads.setter
+    def n_heads(self, arg: int, /) -> None: ...
+
+    @property
+    def n_kv_heads(self) -> int: ...
+
+    @n_kv_heads.setter
+    def n_kv_heads(self, arg: int, /) -> None: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @head_dim.setter
+    def head_dim(self, arg: int, /) -> None: ...
+
+    @property
+    def intermediate(self) -> int: ...
+
+    @intermediate.setter
+    def intermediate(self, arg: int, /) -> None: ...
+
+    @property
+    def window(self) -> int: ...
+
+    @window.setter
+    def window(self, arg: int, /) -> None: ...
+
+    @property
+    def attn_softcap(self) -> float: ...
+
+    @attn_softcap.setter
+    def attn_softcap(self, arg: float, /) -> None: ...
+
+    @property
+    def rope_dim(self) -> int: ...
+
+    @rope_dim.setter
+    def rope_dim(self, arg: int, /) -> None: ...
+
+    @property
+    def rope_theta(self) -> float: ...
+
+    @rope_theta.setter
+    def rope_theta(self, arg: float, /) -> None: ...
+
+    @property
+    def rope_scaling(self) -> RopeScaling: ...
+
+    @rope_scaling.setter
+    def rope_scaling(self, arg: RopeScaling, /) -> None: ...
+
+    @property
+    def rope_factor(self) -> float: ...
+
+    @rope_factor.setter
+    def rope_factor(self, arg: float, /) -> None: ...
+
+    @property
+    def rope_low_freq_factor(self) -> float: ...
+
+    @rope_low_freq_factor.setter
+    def rope_low_freq_factor(self, arg: float, /) -> None: ...
+
+    @property
+    def rope_high_freq_factor(self) -> float: ...
+
+    @rope_high_freq_factor.setter
+    def rope_high_freq_factor(self, arg: float, /) -> None: ...
+
+    @property
+    def rope_original_max(self) -> int: ...
+
+    @rope_original_max.setter
+    def rope_original_max(self, arg: int, /) -> None: ...
+
+    @property
+    def max_positions(self) -> int: ...
+
+    @max_positions.setter
+    def max_positions(self, arg: int, /) -> None: ...
+
+    @property
+    def norm(self) -> NormKind: ...
+
+    @norm.setter
+    def norm(self, arg: NormKind, /) -> None: ...
+
+    @property
+    def norm_eps(self) -> float: ...
+
+    @norm_eps.setter
+    def norm_eps(self, arg: float, /) -> None: ...
+
+    @property
+    def norm_bias(self) -> bool: ...
+
+    @norm_bias.setter
+    def norm_bias(self, arg: bool, /) -> None: ...
+
+    @property
+    def qk_norm(self) -> bool: ...
+
+    @qk_norm.setter
+    def qk_norm(self, arg: bool, /) -> None: ...
+
+    @property
+    def qkv_bias(self) -> bool: ...
+
+    @qkv_bias.setter
+    def qkv_bias(self, arg: bool, /) -> None: ...
+
+    @property
+    def o_bias(self) -> bool: ...
+
+    @o_bias.setter
+    def o_bias(self, arg: bool, /) -> None: ...
+
+    @property
+    def mlp(self) -> MlpKind: ...
+
+    @mlp.setter
+    def mlp(self, arg: MlpKind, /) -> None: ...
+
+    @property
+    def mlp_bias(self) -> bool: ...
+
+    @mlp_bias.setter
+    def mlp_bias(self, arg: bool, /) -> None: ...
+
+    @property
+    def compact_weights(self) -> bool: ...
+
+    @compact_weights.setter
+    def compact_weights(self, arg: bool, /) -> None: ...
+
+class Mamba2Config:
+    def __init__(self) -> None: ...
+
+    @property
+    def d_model(self) -> int: ...
+
+    @d_model.setter
+    def d_model(self, arg: int, /) -> None: ...
+
+    @property
+    def d_inner(self) -> int: ...
+
+    @d_inner.setter
+    def d_inner(self, arg: int, /) -> None: ...
+
+    @property
+    def n_heads(self) -> int: ...
+
+    @n_heads.setter
+    def n_heads(self, arg: int, /) -> None: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @head_dim.setter
+    def head_dim(self, arg: int, /) -> None: ...
+
+    @property
+    def d_state(self) -> int: ...
+
+    @d_state.setter
+    def d_state(self, arg: int, /) -> None: ...
+
+    @property
+    def n_groups(self) -> int: ...
+
+    @n_groups.setter
+    def n_groups(self, arg: int, /) -> None: ...
+
+    @property
+    def conv_dim(self) -> int: ...
+
+    @conv_dim.setter
+    def conv_dim(self, arg: int, /) -> None: ...
+
+    @property
+    def conv_kernel(self) -> int: ...
+
+    @conv_kernel.setter
+    def conv_kernel(self, arg: int, /) -> None: ...
+
+    @property
+    def norm_eps(self) -> float: ...
+
+    @norm_eps.setter
+    def norm_eps(self, arg: float, /) -> None: ...
+
+    @property
+    def dt_min(self) -> float: ...
+
+    @dt_min.setter
+    def dt_min(self, arg: float, /) -> None: ...
+
+    @property
+    def dt_max(self) -> float: ...
+
+    @dt_max.setter
+    def dt_max(self, arg: float, /) -> None: ...
+
+    @property
+    def conv_bias(self) -> bool: ...
+
+    @conv_bias.setter
+    def conv_bias(self, arg: bool, /) -> None: ...
+
+    @property
+    def proj_bias(self) -> bool: ...
+
+    @proj_bias.setter
+    def proj_bias(self, arg: bool, /) -> None: ...
+
+    @property
+    def compact_weights(self) -> bool: ...
+
+    @compact_weights.setter
+    def compact_weights(self, arg: bool, /) -> None: ...
+
+class TransformerCore:
+    def __init__(self, cfg: TransformerConfig, weights: dict) -> None: ...
+
+    @property
+    def weight_storage(self) -> list: ...
+
+    @property
+    def cfg(self) -> TransformerConfig: ...
+
+    def forward(self, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None, None), order='C', device='cpu', writable=False)], lengths: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], start: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], k_cache: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu')], v_cache: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu')], workspace: Workspace | None = None, check_cache: bool = False) -> object: ...
+
+class Mamba2Core:
+    def __init__(self, cfg: Mamba2Config, weights: dict) -> None: ...
+
+    @property
+    def weight_storage(self) -> list: ...
+
+    @property
+    def cfg(self) -> Mamba2Config: ...
+
+    def forward(self, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None, None), order='C', device='cpu', writable=False)], lengths: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], conv_window: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu')], h: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu')], workspace: Workspace | None = None, check_state: bool = False) -> object: ...
+
+def elementwise(arg0: str, arg1: Annotated[NDArray[numpy.float32], dict(shape=(None,), order='C', device='cpu', writable=False)], /) -> NDArray[numpy.float32]: ...
+
+def first_nonfinite_spans(arg0: Annotated[NDArray[numpy.float32], dict(shape=(None, None, None, None), order='C', device='cpu', writable=False)], arg1: Annotated[NDArray[numpy.int64], dict(shape=(None, None), order='C', device='cpu', writable=False)], /) -> object: ...
+
+def first_nonfinite_rows(arg0: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)], arg1: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], /) -> object: ...
+
+def first_nonfinite(arg: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)], /) -> int: ...
+
 def exp_f64(arg: float, /) -> float: ...
+
 def log_f64(arg: float, /) -> float: ...
-def rope_inv_freq(
-    arg0: int, arg1: float, arg2: int, arg3: float, arg4: float, arg5: float, arg6: float, /
-) -> NDArray[numpy.float32]: ...
-def gemm(
-    a: Annotated[
-        NDArray[numpy.float32], dict(shape=(None, None), order="C", device="cpu", writable=False)
-    ],
-    w: Annotated[
-        NDArray[numpy.float32], dict(shape=(None, None), order="C", device="cpu", writable=False)
-    ],
-    bias: object | None = None,
-    compact: bool = True,
-) -> tuple: ...
-def gemm_ref(
-    a: Annotated[
-        NDArray[numpy.float32], dict(shape=(None, None), order="C", device="cpu", writable=False)
-    ],
-    w: Annotated[
-        NDArray[numpy.float32], dict(shape=(None, None), order="C", device="cpu", writable=False)
-    ],
-    bias: object | None = None,
-) -> NDArray[numpy.float32]: ...
-def norm(
-    kind: int,
-    x: Annotated[
-        NDArray[numpy.float32], dict(shape=(None, None), order="C", device="cpu", writable=False)
-    ],
-    w: Annotated[NDArray[numpy.float32], dict(order="C", device="cpu", writable=False)],
-    bias: object | None,
-    eps: float,
-) -> NDArray[numpy.float32]: ...
-def dot_l16(
-    arg0: Annotated[NDArray[numpy.float32], dict(order="C", device="cpu", writable=False)],
-    arg1: Annotated[NDArray[numpy.float32], dict(order="C", device="cpu", writable=False)],
-    /,
-) -> float: ...
-def sum_l16(
-    arg: Annotated[NDArray[numpy.float32], dict(order="C", device="cpu", writable=False)], /
-) -> float: ...
-def reduce16_x16(
-    arg: Annotated[NDArray[numpy.float32], dict(order="C", device="cpu", writable=False)], /
-) -> NDArray[numpy.float32]: ...
+
+def rope_inv_freq(arg0: int, arg1: float, arg2: int, arg3: float, arg4: float, arg5: float, arg6: float, /) -> NDArray[numpy.float32]: ...
+
+def gemm(a: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], w: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], bias: object | None = None, compact: bool = True) -> tuple: ...
+
+def gemm_ref(a: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], w: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], bias: object | None = None) -> NDArray[numpy.float32]: ...
+
+def norm(kind: int, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], w: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)], bias: object | None, eps: float) -> NDArray[numpy.float32]: ...
+
+def dot_l16(arg0: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)], arg1: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)], /) -> float: ...
+
+def sum_l16(arg: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)], /) -> float: ...
+
+def reduce16_x16(arg: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)], /) -> NDArray[numpy.float32]: ...
 
 class Workspace:
     def __init__(self) -> None: ...
 
 class PackedLinear:
-    def __init__(
-        self,
-        w: Annotated[
-            NDArray[numpy.float32],
-            dict(shape=(None, None), order="C", device="cpu", writable=False),
-        ],
-        bias: object | None = None,
-    ) -> None: ...
+    def __init__(self, w: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], bias: object | None = None) -> None: ...
+
     @property
     def n_out(self) -> int: ...
+
     @property
     def k_in(self) -> int: ...
+
     @property
     def format(self) -> str: ...
+
     @property
     def nbytes(self) -> int: ...
-    def forward(
-        self,
-        arg: Annotated[
-            NDArray[numpy.float32],
-            dict(shape=(None, None), order="C", device="cpu", writable=False),
-        ],
-        /,
-    ) -> NDArray[numpy.float32]: ...
 
-class TransformerCore:
-    def __init__(self, arg0: dict, arg1: dict, /) -> None: ...
-    @property
-    def weight_storage(self) -> list: ...
-    def forward(
-        self,
-        x: Annotated[
-            NDArray[numpy.float32],
-            dict(shape=(None, None, None), order="C", device="cpu", writable=False),
-        ],
-        lengths: Annotated[
-            NDArray[numpy.int64], dict(shape=(None,), order="C", device="cpu", writable=False)
-        ],
-        start: Annotated[
-            NDArray[numpy.int64], dict(shape=(None,), order="C", device="cpu", writable=False)
-        ],
-        k_cache: Annotated[NDArray[numpy.float32], dict(order="C", device="cpu")],
-        v_cache: Annotated[NDArray[numpy.float32], dict(order="C", device="cpu")],
-        workspace: Workspace | None = None,
-        check_cache: bool = False,
-    ) -> object: ...
-
-class Mamba2Core:
-    def __init__(self, arg0: dict, arg1: dict, /) -> None: ...
-    @property
-    def weight_storage(self) -> list: ...
-    def forward(
-        self,
-        x: Annotated[
-            NDArray[numpy.float32],
-            dict(shape=(None, None, None), order="C", device="cpu", writable=False),
-        ],
-        lengths: Annotated[
-            NDArray[numpy.int64], dict(shape=(None,), order="C", device="cpu", writable=False)
-        ],
-        conv_window: Annotated[NDArray[numpy.float32], dict(order="C", device="cpu")],
-        h: Annotated[NDArray[numpy.float32], dict(order="C", device="cpu")],
-        workspace: Workspace | None = None,
-    ) -> NDArray[numpy.float32]: ...
+    def forward(self, arg: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], /) -> NDArray[numpy.float32]: ...

@@ -340,7 +340,10 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
     impl.fingerprint = fingerprint(
         _CLS, str(core_mod.arithmetic_version()), _options_repr(o), weights_c
     )
-    impl.core = core_mod.Mamba2Core(cfg, weights_c)
+    typed = core_mod.Mamba2Config()
+    for k, v in cfg.items():
+        setattr(typed, k, v)
+    impl.core = core_mod.Mamba2Core(typed, weights_c)
     return impl
 
 
@@ -739,8 +742,15 @@ class Mamba2BlockInference(BlockCommon):
                     raise ValueError(
                         f"{where}: state.row_tokens[{b}]={held} + {n} tokens overflows int64"
                     )
-            _check_state_finite(state, lens, where)
-            y = impl.core.forward(xa, lens, state.conv_window, state.h)
+            # The native call checks what it reads of each advancing row before writing and
+            # returns None when a value is not finite; the exact check then names it.
+            y = impl.core.forward(xa, lens, state.conv_window, state.h, check_state=True)
+            if y is None:
+                _check_state_finite(state, lens, where)
+                raise RuntimeError(
+                    f"{where}: internal error: the native state check failed but no "
+                    "non-finite value was found"
+                )
             state.row_tokens[:] = start + lens
         finally:
             state._lock.release()

@@ -411,6 +411,13 @@ def _options_repr(opts: dict, rope_params: tuple) -> str:
     return repr(tuple(items))
 
 
+def _typed(cfg, values: dict):
+    """Fill a typed core config (``_core.TransformerConfig``) from a dict of its fields."""
+    for k, v in values.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
 def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
     """Check everything, copy the weights, build the core. Nothing observable changes on error."""
     o = _check_options(raw, where)
@@ -538,13 +545,13 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
         "rope_theta": o["rope_theta"],
         "norm_eps": o["norm_eps"],
         "attn_softcap": 0.0 if o["attn_softcap"] is None else o["attn_softcap"],
-        "rope_scaling_kind": _ROPE_KIND[rope_params[0]],
+        "rope_scaling": getattr(core_mod.RopeScaling, rope_params[0]),
         "rope_factor": float(rope_params[1]),
         "rope_low_freq_factor": float(rope_params[2]),
         "rope_high_freq_factor": float(rope_params[3]),
         "rope_original_max": int(rope_params[4]),
-        "norm": _NORMS.index(o["norm"]),
-        "mlp": _MLPS.index(o["mlp"]),
+        "norm": getattr(core_mod.NormKind, o["norm"]),
+        "mlp": getattr(core_mod.MlpKind, o["mlp"]),
         "qkv_bias": o["qkv_bias"],
         "o_bias": o["o_bias"],
         "norm_bias": o["norm_bias"],
@@ -565,7 +572,7 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
     impl.intermediate = sizes["intermediate"]
     impl.cfg = cfg
     impl.rope_scaling = rope_params
-    impl.core = core_mod.TransformerCore(cfg, weights_c)
+    impl.core = core_mod.TransformerCore(_typed(core_mod.TransformerConfig(), cfg), weights_c)
     return impl
 
 

@@ -993,10 +993,10 @@ def test_concurrent_use_of_a_state_is_runtime_error(block, x, primed):
     entered, release = threading.Event(), threading.Event()
 
     class SlowCore:
-        def forward(self, *args):
+        def forward(self, *args, **kwargs):
             entered.set()
             release.wait(10)
-            return real.forward(*args)
+            return real.forward(*args, **kwargs)
 
     impl.core = SlowCore()
     errors = []

@@ -1,9 +1,9 @@
 // Cross-ISA / cross-architecture bit digest, without Python (tests/cross/test_neon_cross.py).
-// Builds small eb::TransformerModel and eb::Mamba2Model instances with deterministic weights
-// (an integer hash of (tensor, index), no RNG), and for every kernel table this build has
-// (eb::available_isas()) runs: ragged batched forwards that carry the KV cache / the conv and
-// SSM state over three calls (prefill, continuation, decode), the L16 dot/sum kernels, packed
-// GEMMs (float32 panels, and compact Q4_1/Q8_0/bfloat16 panels checked against them) and
+// Builds small eb::blocks::TransformerModel and eb::blocks::Mamba2Model instances with
+// deterministic weights (an integer hash of (tensor, index), no RNG), and for every kernel table
+// this build has (eb::available_isas()) runs: ragged batched forwards that carry the KV cache / the
+// conv and SSM state over three calls (prefill, continuation, decode), the L16 dot/sum kernels,
+// packed GEMMs (float32 panels, and compact Q4_1/Q8_0/bfloat16 panels checked against them) and
 // elementwise sweeps of exp, log1p, tanh, erf, sin, cos, silu, softplus, gelu, gelu_tanh and the
 // vectorised exp. Everything (outputs and final states) is folded into a
 // 64-bit FNV-1a over the raw bytes.
@@ -18,7 +18,7 @@
 // Build (x86-64, see the test for the full command; every kernels_isa.cpp object needs
 // -DEB_ISA_<isa>=1 -DEB_ISA_NAME=isa_<isa> and the ISA's flags, the rest -DEB_HAVE_<ISA>=1):
 //   g++ -std=c++17 -O2 -fopenmp -ffp-contract=off -I csrc tests/cpp/digest_main.cpp
-//       csrc/core/*.cpp csrc/ops/*.cpp csrc/simd/dispatch.cpp <isa objects> -o digest
+//       csrc/{base,blocks,ops,dispatch}/**/*.cpp (not kernels_isa.cpp) <isa objects> -o digest
 // Run: ./digest [--quick]
 #include <cinttypes>
 #include <cmath>
@@ -30,11 +30,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/mamba2_block.hpp"
-#include "core/transformer_block.hpp"
+#include "blocks/mamba2/model.hpp"
+#include "blocks/transformer/model.hpp"
+#include "dispatch/kernel_table.hpp"
 #include "ops/activations.hpp"
 #include "ops/norm.hpp"
-#include "simd/dispatch.hpp"
 
 namespace {
 
@@ -126,13 +126,13 @@ void check_y(const std::string& what, const std::vector<float>& y, int64_t B, in
 
 struct TfCase {
   std::string name;
-  eb::TransformerConfig cfg;
+  eb::blocks::TransformerConfig cfg;
 };
 
 std::vector<TfCase> transformer_cases() {
   std::vector<TfCase> out;
   {  // Llama/Qwen-like: RMSNorm, SwiGLU, GQA, q/k/v bias, partial RoPE with llama3 scaling.
-    eb::TransformerConfig c;
+    eb::blocks::TransformerConfig c;
     c.d_model = 40;
     c.n_heads = 4;
     c.n_kv_heads = 2;
@@ -142,12 +142,12 @@ std::vector<TfCase> transformer_cases() {
     c.rope_dim = 10;
     c.max_positions = 64;
     c.rope_theta = 10000.0;
-    c.rope_scaling_kind = 2;
+    c.rope_scaling = eb::ops::kRopeLlama3;
     c.rope_factor = 8.0;
     c.rope_low_freq_factor = 1.0;
     c.rope_high_freq_factor = 4.0;
     c.rope_original_max = 16.0;
-    c.norm_eps = 1e-6f;
+    c.norm_eps = 1e-6;
     c.attn_softcap = 0.0f;
     c.norm = eb::ops::kRmsNorm;
     c.mlp = eb::ops::kSwiGlu;
@@ -155,7 +155,7 @@ std::vector<TfCase> transformer_cases() {
     out.push_back({"tf_llama", c});
   }
   {  // Gemma-like: (1 + w) RMSNorm, GeGLU(tanh), q/k norm, softcap, sliding window ring cache.
-    eb::TransformerConfig c;
+    eb::blocks::TransformerConfig c;
     c.d_model = 36;
     c.n_heads = 3;
     c.n_kv_heads = 1;
@@ -165,7 +165,7 @@ std::vector<TfCase> transformer_cases() {
     c.rope_dim = 16;
     c.max_positions = 64;
     c.rope_theta = 500.0;
-    c.norm_eps = 1e-6f;
+    c.norm_eps = 1e-6;
     c.attn_softcap = 5.0f;
     c.norm = eb::ops::kRmsNormOffset;
     c.mlp = eb::ops::kGeGluTanh;
@@ -173,7 +173,7 @@ std::vector<TfCase> transformer_cases() {
     out.push_back({"tf_gemma", c});
   }
   {  // GPT-NeoX/Phi-like: LayerNorm with bias, plain GELU MLP with biases, linear RoPE scaling.
-    eb::TransformerConfig c;
+    eb::blocks::TransformerConfig c;
     c.d_model = 33;
     c.n_heads = 3;
     c.n_kv_heads = 3;
@@ -183,9 +183,9 @@ std::vector<TfCase> transformer_cases() {
     c.rope_dim = 6;
     c.max_positions = 64;
     c.rope_theta = 10000.0;
-    c.rope_scaling_kind = 1;
+    c.rope_scaling = eb::ops::kRopeLinear;
     c.rope_factor = 2.0;
-    c.norm_eps = 1e-5f;
+    c.norm_eps = 1e-5;
     c.norm = eb::ops::kLayerNorm;
     c.mlp = eb::ops::kGelu;
     c.qkv_bias = true;
@@ -198,7 +198,7 @@ std::vector<TfCase> transformer_cases() {
 }
 
 Weights transformer_weights(const TfCase& tc) {
-  const eb::TransformerConfig& c = tc.cfg;
+  const eb::blocks::TransformerConfig& c = tc.cfg;
   const int64_t d = c.d_model, qw = c.n_heads * c.head_dim, kw = c.n_kv_heads * c.head_dim;
   const int64_t it = c.intermediate;
   const std::string p = tc.name + ".";
@@ -239,8 +239,8 @@ Weights transformer_weights(const TfCase& tc) {
 
 // Three calls on a batch of 3 rows: a ragged prefill (one row empty), a ragged continuation,
 // a one-token decode step. Returns the digest of all outputs and the final caches.
-uint64_t run_transformer(const TfCase& tc, const eb::TransformerModel& mdl, int n_threads) {
-  const eb::TransformerConfig& c = tc.cfg;
+uint64_t run_transformer(const TfCase& tc, const eb::blocks::TransformerModel& mdl, int n_threads) {
+  const eb::blocks::TransformerConfig& c = tc.cfg;
   const int64_t B = 3, d = c.d_model;
   const int64_t cap = c.window > 0 ? c.window : c.max_positions;
   std::vector<float> kc(static_cast<size_t>(B * c.n_kv_heads * cap * c.head_dim), 0.0f);
@@ -253,7 +253,7 @@ uint64_t run_transformer(const TfCase& tc, const eb::TransformerModel& mdl, int 
     const int64_t L = calls_L[k];
     const std::vector<float> x = tensor(tc.name + ".x" + std::to_string(k), B * L * d, 1.0f);
     std::vector<float> y(x.size(), 0.0f);
-    eb::TransformerCall call{};
+    eb::blocks::TransformerCall call{};
     call.x = x.data();
     call.y = y.data();
     call.batch = B;
@@ -278,13 +278,13 @@ uint64_t run_transformer(const TfCase& tc, const eb::TransformerModel& mdl, int 
 
 struct MbCase {
   std::string name;
-  eb::Mamba2Config cfg;
+  eb::blocks::Mamba2Config cfg;
 };
 
 std::vector<MbCase> mamba2_cases() {
   std::vector<MbCase> out;
   {  // d_state 12: not a multiple of 8 or 16, so the vector part and the tail both run.
-    eb::Mamba2Config c;
+    eb::blocks::Mamba2Config c;
     c.d_model = 24;
     c.d_inner = 32;
     c.n_heads = 4;
@@ -293,7 +293,7 @@ std::vector<MbCase> mamba2_cases() {
     c.n_groups = 2;
     c.conv_dim = c.d_inner + 2 * c.n_groups * c.d_state;
     c.conv_kernel = 4;
-    c.norm_eps = 1e-5f;
+    c.norm_eps = 1e-5;
     c.dt_min = 0.0f;
     c.dt_max = std::numeric_limits<float>::infinity();
     c.conv_bias = true;
@@ -301,7 +301,7 @@ std::vector<MbCase> mamba2_cases() {
     out.push_back({"mb_a", c});
   }
   {
-    eb::Mamba2Config c;
+    eb::blocks::Mamba2Config c;
     c.d_model = 20;
     c.d_inner = 40;
     c.n_heads = 5;
@@ -310,7 +310,7 @@ std::vector<MbCase> mamba2_cases() {
     c.n_groups = 1;
     c.conv_dim = c.d_inner + 2 * c.n_groups * c.d_state;
     c.conv_kernel = 3;
-    c.norm_eps = 1e-6f;
+    c.norm_eps = 1e-6;
     c.dt_min = 0.001f;
     c.dt_max = 0.1f;
     c.conv_bias = false;
@@ -321,7 +321,7 @@ std::vector<MbCase> mamba2_cases() {
 }
 
 Weights mamba2_weights(const MbCase& mc) {
-  const eb::Mamba2Config& c = mc.cfg;
+  const eb::blocks::Mamba2Config& c = mc.cfg;
   const int64_t d = c.d_model, di = c.d_inner, nh = c.n_heads;
   const int64_t n_in = di + c.conv_dim + nh;
   const std::string p = mc.name + ".";
@@ -340,8 +340,8 @@ Weights mamba2_weights(const MbCase& mc) {
   return w;
 }
 
-uint64_t run_mamba2(const MbCase& mc, const eb::Mamba2Model& mdl, int n_threads) {
-  const eb::Mamba2Config& c = mc.cfg;
+uint64_t run_mamba2(const MbCase& mc, const eb::blocks::Mamba2Model& mdl, int n_threads) {
+  const eb::blocks::Mamba2Config& c = mc.cfg;
   const int64_t B = 3, d = c.d_model;
   std::vector<float> conv(static_cast<size_t>(B * c.conv_dim * c.conv_kernel), 0.0f);
   std::vector<float> h(static_cast<size_t>(B * c.n_heads * c.head_dim * c.d_state), 0.0f);
@@ -352,7 +352,7 @@ uint64_t run_mamba2(const MbCase& mc, const eb::Mamba2Model& mdl, int n_threads)
     const int64_t L = calls_L[k];
     const std::vector<float> x = tensor(mc.name + ".x" + std::to_string(k), B * L * d, 1.0f);
     std::vector<float> y(x.size(), 0.0f);
-    eb::Mamba2Call call{};
+    eb::blocks::Mamba2Call call{};
     call.x = x.data();
     call.y = y.data();
     call.batch = B;
@@ -558,8 +558,8 @@ int main(int argc, char** argv) {
   const std::vector<TfCase> tcs = transformer_cases();
   const std::vector<MbCase> mcs = mamba2_cases();
   std::vector<Weights> tw, mw;
-  std::vector<eb::TransformerModel> tms;
-  std::vector<eb::Mamba2Model> mms;
+  std::vector<eb::blocks::TransformerModel> tms;
+  std::vector<eb::blocks::Mamba2Model> mms;
   for (const TfCase& tc : tcs) {
     tw.push_back(transformer_weights(tc));
     tms.emplace_back(tc.cfg, ptrs(tw.back()));

@@ -98,9 +98,14 @@ def core_sources():
     Returns
     -------
     list of pathlib.Path
-        Every ``csrc/**/*.cpp`` except ``csrc/bindings/`` and ``csrc/isa/``, sorted.
+        Every ``csrc/**/*.cpp`` except ``csrc/bindings/`` and the per-ISA
+        ``csrc/dispatch/kernels_isa.cpp``, sorted.
     """
-    return sorted(p for p in CSRC.rglob("*.cpp") if p.parent.name not in ("bindings", "isa"))
+    return sorted(
+        p
+        for p in CSRC.rglob("*.cpp")
+        if p.parent.name != "bindings" and p.name != "kernels_isa.cpp"
+    )
 
 
 def build_digest(cxx, arch, out_dir, static):
@@ -146,7 +151,7 @@ def build_digest(cxx, arch, out_dir, static):
                     f"-DEB_ISA_NAME=isa_{isa}",
                     *flags[f"EB_FLAGS_{isa}"],
                     "-c",
-                    str(CSRC / "isa" / "kernels_isa.cpp"),
+                    str(CSRC / "dispatch" / "kernels_isa.cpp"),
                     "-o",
                     str(obj),
                 ],

@@ -156,15 +156,8 @@ def test_packed_linear_reports_format_and_bytes(core):
 
 def build_twice(make):
     """The same block built with compact storage allowed, then with float32 panels only."""
-    core = _ext.core()
-    assert core._compact_packing()
     compact = make()
-    core._set_compact_packing(False)
-    try:
-        plain = make()
-    finally:
-        core._set_compact_packing(True)
-    return compact, plain
+    return compact, compact._float32_storage_copy()
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])

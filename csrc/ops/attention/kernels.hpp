@@ -15,7 +15,7 @@
 
 #include "math/exp.hpp"
 #include "math/tanh.hpp"
-#include "ops/finite_bits.hpp"
+#include "ops/finite/bits.hpp"
 #include "ops/reduce.hpp"
 
 namespace eb::ops {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/aligned.hpp"
+#include "base/aligned.hpp"
 
 namespace eb {
 

@@ -5,19 +5,21 @@
 // (transformers 5.x, per-group gated norm) and SSD arXiv:2405.21060.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
-#include "core/mamba2_block.hpp"
-#include "core/workspace.hpp"
+#include "base/parallel.hpp"
+#include "base/workspace.hpp"
+#include "blocks/mamba2/model.hpp"
 #include "math/derived.hpp"
 #include "ops/conv1d.hpp"
-#include "ops/gemm.hpp"
+#include "ops/finite/bits.hpp"
+#include "ops/gemm/driver.hpp"
 #include "ops/norm.hpp"
 #include "ops/ssm_scan.hpp"
-#include "threading/parallel.hpp"
 
-namespace eb::core {
+namespace eb::blocks {
 
 template <class V>
 void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
@@ -54,12 +56,35 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
   // x of real token m (row b, index m - row_off[b]) in the call's (B, L, d) layout
   const auto x_at = [&](int64_t m) { return (tok_row[m] * L + m - row_off[tok_row[m]]) * d; };
 
+  // SPEC 2.4 / 8: what this call reads of every row it advances must be finite, checked before
+  // anything is written: conv_window[b, :, 1:] (column 0, the oldest input, leaves the window
+  // unread) and h[b]. One task per (row, head) of h; the head-0 task also checks the row's
+  // conv window.
+  if (call.state_nonfinite != nullptr) {
+    std::atomic<int> bad{0};
+    parallel_for(B * nh, nt, [&](int64_t b0, int64_t b1, int) {
+      for (int64_t task = b0; task < b1; ++task) {
+        const int64_t b = task / nh, hh = task % nh;
+        if (call.lengths[b] == 0) continue;
+        bool row_bad = ops::any_nonfinite<V>(call.h + (b * nh + hh) * hd * ns, hd * ns);
+        if (hh == 0 && K > 1)
+          for (int64_t ch = 0; ch < cd && !row_bad; ++ch)
+            row_bad = ops::any_nonfinite<V>(call.conv_window + (b * cd + ch) * K + 1, K - 1);
+        if (row_bad) bad.store(1, std::memory_order_relaxed);
+      }
+    });
+    if (bad.load()) {
+      *call.state_nonfinite = 1;
+      return;
+    }
+  }
+
   // 1-2. hn = RMSNorm(x) (each row first copied to xs, the residual);
   // z | xBC | dt_raw = W_in hn (+ b_in)
   parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
     for (int64_t m = b0; m < b1; ++m) {
       std::memcpy(&xs[m * d], call.x + x_at(m), sizeof(float) * d);
-      ops::norm_row<V>(ops::kRmsNorm, &xs[m * d], d, mdl.block_norm_w.data(), nullptr, c.norm_eps,
+      ops::norm_row<V>(ops::kRmsNorm, &xs[m * d], d, mdl.block_norm_w.data(), nullptr, mdl.norm_eps,
                        &hn[m * d]);
     }
   });
@@ -136,7 +161,7 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
           const int64_t m = row_off[b] + t0 + t;
           const float* a_row = &act[m * cd];
           float dt = math::softplus_f32(zx[m * n_in + di + cd + hh] + mdl.dt_bias[hh]);
-          dts[t] = std::min(std::max(dt, c.dt_min), c.dt_max);
+          dts[t] = std::min(std::max(dt, mdl.dt_min), mdl.dt_max);
           xp[t] = a_row + hh * hd;
           bp[t] = a_row + di + g * ns;
           cp[t] = a_row + di + ng * ns + g * ns;
@@ -163,7 +188,7 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
       for (int64_t g = 0; g < ng; ++g)
         // (v * r) * w: rmsnorm_offset's op order, with the plain weight (HF MambaRMSNormGated)
         ops::norm_row<V>(ops::kRmsNormOffset, v + g * gs, gs, mdl.gated_norm_w.data() + g * gs,
-                         nullptr, c.norm_eps, v + g * gs);
+                         nullptr, mdl.norm_eps, v + g * gs);
     }
   });
   ops::gemm<V>(o, M, di, mdl.w_out, y, d, nt);
@@ -175,4 +200,4 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
   });
 }
 
-}  // namespace eb::core
+}  // namespace eb::blocks

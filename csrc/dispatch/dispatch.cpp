@@ -1,5 +1,5 @@
 // ISA detection and the current kernel table (see dispatch.hpp).
-#include "simd/dispatch.hpp"
+#include "dispatch/kernel_table.hpp"
 
 #include <cstdlib>
 #include <stdexcept>

@@ -1,28 +1,14 @@
-// Finiteness scan of caller-owned buffers before a call computes anything (SPEC 2.4, 2.5):
-// x, the readable part of a state, weights. Reads only. The regions are cut into pieces that
-// the threads test with the ISA's vectorised any_nonfinite; the first non-finite element is
-// then located in the first flagged piece, so the answer does not depend on the thread count.
-#pragma once
-#include <algorithm>
-#include <cstdint>
-#include <vector>
+// The non-finite scanner (scan.hpp), compiled once with the baseline flags.
+#include "ops/finite/scan.hpp"
 
-#include "simd/dispatch.hpp"
-#include "threading/parallel.hpp"
+#include <algorithm>
+
+#include "base/parallel.hpp"
 
 namespace eb::ops {
 
-struct FloatRegion {
-  const float* p;
-  int64_t n;
-};
-
-struct NonfiniteHit {
-  int64_t region = -1;  // index into the regions, or -1 when every element is finite
-  int64_t offset = -1;  // element index inside that region
-};
-
-inline NonfiniteHit first_nonfinite(const std::vector<FloatRegion>& regions, int n_threads) {
+NonfiniteHit first_nonfinite(const std::vector<FloatRegion>& regions, int n_threads,
+                             AnyNonfiniteFn any_nonfinite) {
   constexpr int64_t kPiece = 16384;          // floats per task (64 KiB)
   constexpr int64_t kParallelFrom = 131072;  // below this, one thread (no fork cost)
   struct Piece {
@@ -41,18 +27,17 @@ inline NonfiniteHit first_nonfinite(const std::vector<FloatRegion>& regions, int
       pieces.push_back({r, off, std::min(kPiece, regions[r].n - off)});
     total += regions[r].n;
   }
-  const KernelTable& k = kernels();
   bad.assign(pieces.size(), 0);
   const int nt = total >= kParallelFrom ? n_threads : 1;
   parallel_for(static_cast<int64_t>(pieces.size()), nt, [&](int64_t b0, int64_t b1, int) {
     for (int64_t i = b0; i < b1; ++i)
-      bad[i] = k.any_nonfinite(regions[pieces[i].region].p + pieces[i].off, pieces[i].len);
+      bad[i] = any_nonfinite(regions[pieces[i].region].p + pieces[i].off, pieces[i].len);
   });
   for (size_t i = 0; i < pieces.size(); ++i) {
     if (!bad[i]) continue;
     const float* p = regions[pieces[i].region].p + pieces[i].off;
     for (int64_t j = 0; j < pieces[i].len; ++j)
-      if (k.any_nonfinite(p + j, 1)) return {pieces[i].region, pieces[i].off + j};
+      if (any_nonfinite(p + j, 1)) return {pieces[i].region, pieces[i].off + j};
   }
   return {};
 }

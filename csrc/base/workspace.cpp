@@ -1,5 +1,5 @@
 // Workspace members, out of line (see workspace.hpp).
-#include "core/workspace.hpp"
+#include "base/workspace.hpp"
 
 namespace eb {
 

@@ -1,19 +1,19 @@
 // TransformerModel construction: copy and pack the weights once (SPEC 2.1: the caller's
 // arrays are never kept), build the RoPE table and the (1 + w) norm weights.
-#include "core/transformer_block.hpp"
+#include "blocks/transformer/model.hpp"
 
 #include <cmath>
 
-#include "core/check.hpp"
-#include "core/weight_map.hpp"
+#include "base/check.hpp"
+#include "base/fpenv.hpp"
+#include "blocks/weight_map.hpp"
 #include "ops/norm.hpp"
 #include "ops/rope.hpp"
-#include "threading/fpenv.hpp"
 
-namespace eb {
+namespace eb::blocks {
 namespace {
 
-std::vector<float> norm_weight(const float* w, int64_t n, int kind) {
+std::vector<float> norm_weight(const float* w, int64_t n, ops::NormKind kind) {
   std::vector<float> out(w, w + n);
   if (kind == ops::kRmsNormOffset)
     for (float& v : out) v = 1.0f + v;  // GemmaRMSNorm scales by (1 + w): rounded once, here
@@ -32,10 +32,12 @@ TransformerModel::TransformerModel(const TransformerConfig& c,
   const int64_t d = c.d_model, qw = c.n_heads * c.head_dim, kw = c.n_kv_heads * c.head_dim;
   const int64_t it = c.intermediate;
   attn_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  norm_eps = static_cast<float>(c.norm_eps);  // rounded to nearest under the guard
+  attn_softcap = static_cast<float>(c.attn_softcap);
   inv_freq.assign(static_cast<size_t>(c.rope_dim / 2 + 1), 0.0f);
-  ops::rope_inv_freq(c.rope_dim, c.rope_theta, c.rope_scaling_kind, c.rope_factor,
-                     c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_max,
-                     inv_freq.data());
+  ops::rope_inv_freq(c.rope_dim, c.rope_theta, c.rope_scaling, c.rope_factor,
+                     c.rope_low_freq_factor, c.rope_high_freq_factor,
+                     static_cast<double>(c.rope_original_max), inv_freq.data());
   norm_in_w = norm_weight(need_weight(w, "input_layernorm.weight"), d, c.norm);
   norm_post_w = norm_weight(need_weight(w, "post_attention_layernorm.weight"), d, c.norm);
   if (c.norm_bias) {
@@ -52,19 +54,20 @@ TransformerModel::TransformerModel(const TransformerConfig& c,
                               need_weight(w, "v_proj.weight")},
                              {qw, kw, kw}, d,
                              {maybe_weight(w, "q_proj.bias"), maybe_weight(w, "k_proj.bias"),
-                              maybe_weight(w, "v_proj.bias")});
+                              maybe_weight(w, "v_proj.bias")},
+                             c.compact_weights);
   w_o = ops::pack_matrices({need_weight(w, "o_proj.weight")}, {d}, qw,
-                           {maybe_weight(w, "o_proj.bias")});
-  if (ops::mlp_is_gated_kind(c.mlp)) {
+                           {maybe_weight(w, "o_proj.bias")}, c.compact_weights);
+  if (ops::mlp_is_gated(c.mlp)) {
     w_gu = ops::pack_matrices(
         {need_weight(w, "gate_proj.weight"), need_weight(w, "up_proj.weight")}, {it, it}, d,
-        {maybe_weight(w, "gate_proj.bias"), maybe_weight(w, "up_proj.bias")});
+        {maybe_weight(w, "gate_proj.bias"), maybe_weight(w, "up_proj.bias")}, c.compact_weights);
   } else {
     w_gu = ops::pack_matrices({need_weight(w, "up_proj.weight")}, {it}, d,
-                              {maybe_weight(w, "up_proj.bias")});
+                              {maybe_weight(w, "up_proj.bias")}, c.compact_weights);
   }
   w_down = ops::pack_matrices({need_weight(w, "down_proj.weight")}, {d}, it,
-                              {maybe_weight(w, "down_proj.bias")});
+                              {maybe_weight(w, "down_proj.bias")}, c.compact_weights);
 }
 
-}  // namespace eb
+}  // namespace eb::blocks

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "threading/fpenv.hpp"
+#include "base/fpenv.hpp"
 
 namespace eb {
 

@@ -1,11 +1,14 @@
 // One kernel table per ISA: this file is compiled once per ISA with that ISA's flags and
 // EB_ISA_<name> defined (CMakeLists.txt); everything it instantiates lives in namespace
 // eb::isa_<name>, so the per-ISA copies of the templates never collide (ATen rule).
-#include "core/mamba2_impl.hpp"
-#include "core/transformer_impl.hpp"
+#include "blocks/mamba2/forward.hpp"
+#include "blocks/transformer/forward.hpp"
+#include "dispatch/kernel_table.hpp"
 #include "math/derived.hpp"
-#include "ops/finite_bits.hpp"
-#include "simd/dispatch.hpp"
+#include "ops/finite/bits.hpp"
+#include "ops/gemm/driver.hpp"
+#include "ops/norm.hpp"
+#include "ops/reduce.hpp"
 
 #if defined(EB_ISA_avx512)
 #include "simd/vec_avx512.hpp"
@@ -29,11 +32,13 @@ namespace eb::EB_ISA_NAME {
 namespace {
 using V = EB_VEC;
 
-void transformer_forward(const TransformerModel& m, const TransformerCall& c) {
-  core::transformer_forward<V>(m, c);
+void transformer_forward(const blocks::TransformerModel& m, const blocks::TransformerCall& c) {
+  blocks::transformer_forward<V>(m, c);
 }
 
-void mamba2_forward(const Mamba2Model& m, const Mamba2Call& c) { core::mamba2_forward<V>(m, c); }
+void mamba2_forward(const blocks::Mamba2Model& m, const blocks::Mamba2Call& c) {
+  blocks::mamba2_forward<V>(m, c);
+}
 
 float apply(int op, float v) {
   switch (op) {

@@ -1,13 +1,13 @@
 // Mamba2Model construction: copy and pack the weights once; A = -exp(A_log) with the
 // library's own exp (SPEC 7.2). Conv weights are stored (conv_dim, conv_kernel).
-#include "core/mamba2_block.hpp"
+#include "blocks/mamba2/model.hpp"
 
-#include "core/check.hpp"
-#include "core/weight_map.hpp"
+#include "base/check.hpp"
+#include "base/fpenv.hpp"
+#include "blocks/weight_map.hpp"
 #include "math/exp.hpp"
-#include "threading/fpenv.hpp"
 
-namespace eb {
+namespace eb::blocks {
 namespace {
 
 std::vector<float> copy(const float* p, int64_t n) { return std::vector<float>(p, p + n); }
@@ -21,10 +21,13 @@ Mamba2Model::Mamba2Model(const Mamba2Config& c,
   EB_CHECK(c.n_groups > 0 && c.n_heads % c.n_groups == 0 && c.d_inner % c.n_groups == 0,
            "bad n_groups");
   EB_CHECK(c.conv_dim == c.d_inner + 2 * c.n_groups * c.d_state, "bad conv_dim");
+  norm_eps = static_cast<float>(c.norm_eps);  // rounded to nearest under the guard
+  dt_min = static_cast<float>(c.dt_min);
+  dt_max = static_cast<float>(c.dt_max);
   const int64_t n_in = c.d_inner + c.conv_dim + c.n_heads;
   block_norm_w = copy(need_weight(w, "block_norm.weight"), c.d_model);
   w_in = ops::pack_matrices({need_weight(w, "in_proj.weight")}, {n_in}, c.d_model,
-                            {maybe_weight(w, "in_proj.bias")});
+                            {maybe_weight(w, "in_proj.bias")}, c.compact_weights);
   conv_w = copy(need_weight(w, "conv1d.weight"), c.conv_dim * c.conv_kernel);
   conv_w_t.resize(conv_w.size());
   for (int64_t ch = 0; ch < c.conv_dim; ++ch)
@@ -38,7 +41,7 @@ Mamba2Model::Mamba2Model(const Mamba2Config& c,
   for (int64_t i = 0; i < c.n_heads; ++i) a[i] = -math::exp_f32(a_log[i]);
   gated_norm_w = copy(need_weight(w, "norm.weight"), c.d_inner);
   w_out = ops::pack_matrices({need_weight(w, "out_proj.weight")}, {c.d_model}, c.d_inner,
-                             {maybe_weight(w, "out_proj.bias")});
+                             {maybe_weight(w, "out_proj.bias")}, c.compact_weights);
 }
 
-}  // namespace eb
+}  // namespace eb::blocks

@@ -1,14 +1,13 @@
-// Packing of weight matrices into the GEMM's panel layout, and the scalar GEMM reference.
-// Packing moves bytes only; it cannot change a bit of any weight: a compact format is chosen
-// only when every weight rebuilt from it (with the kernels' own operation) has the original's
-// bits, and otherwise the matrix keeps float32 panels.
+// Packing of weight matrices into the GEMM's panel layout (format.hpp), with exact format
+// detection. Packing moves bytes only; it cannot change a bit of any weight: a compact format is
+// chosen only when every weight rebuilt from it (with the kernels' own operation) has the
+// original's bits, and otherwise the matrix keeps float32 panels.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 
-#include "ops/gemm.hpp"
-#include "threading/fpenv.hpp"
+#include "base/fpenv.hpp"
+#include "ops/gemm/format.hpp"
 
 namespace eb::ops {
 namespace {
@@ -131,17 +130,12 @@ bool pack_compact(PackedMatrix& pm, const Rows& rows, int format) {
   return true;
 }
 
-std::atomic<bool> g_compact{true};
-
 }  // namespace
 
 float* gemm_rebuild_buffer() {
   thread_local AlignedVector<float> buf(static_cast<size_t>(kGemmKC * kGemmNR));
   return buf.data();
 }
-
-void set_compact_packing(bool on) { g_compact.store(on); }
-bool compact_packing() { return g_compact.load(); }
 
 PackedMatrix pack_matrices(const std::vector<const float*>& parts, const std::vector<int64_t>& rows,
                            int64_t k_in, const std::vector<const float*>& biases,
@@ -163,7 +157,7 @@ PackedMatrix pack_matrices(const std::vector<const float*>& parts, const std::ve
       for (int64_t r = 0; r < rows[part]; ++r, ++n)
         if (biases[part]) pm.bias[static_cast<size_t>(n)] = biases[part][r];
   }
-  if (allow_compact && compact_packing() && k_in > 0 && k_in % kQBlock == 0 && pm.n_out > 0) {
+  if (allow_compact && k_in > 0 && k_in % kQBlock == 0 && pm.n_out > 0) {
     for (int format : {kPanelQ4, kPanelQ8, kPanelBF16})
       if (pack_compact(pm, all, format)) return pm;
     pm.codes = AlignedVector<uint8_t>();
@@ -176,16 +170,6 @@ PackedMatrix pack_matrices(const std::vector<const float*>& parts, const std::ve
     for (int64_t k = 0; k < k_in; ++k) dst[k * kGemmNR] = src[k];
   }
   return pm;
-}
-
-void gemm_ref(const float* a, int64_t m, int64_t lda, const float* w, int64_t n_out, int64_t k_in,
-              const float* bias, float* c, int64_t ldc) {
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t n = 0; n < n_out; ++n) {
-      float s = 0.0f;
-      for (int64_t k = 0; k < k_in; ++k) s = std::fma(a[i * lda + k], w[n * k_in + k], s);
-      c[i * ldc + n] = bias ? s + bias[n] : s;
-    }
 }
 
 }  // namespace eb::ops

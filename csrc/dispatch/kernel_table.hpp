@@ -1,5 +1,5 @@
 // Run-time ISA dispatch (ATen pattern): each ISA's kernels are compiled in their own
-// translation unit and namespace (csrc/isa/kernels_isa.cpp) and exposed as one KernelTable;
+// translation unit and namespace (csrc/dispatch/kernels_isa.cpp) and exposed as one KernelTable;
 // the best table the CPU supports is chosen once at import, EXACTBLOCKS_ISA or set_isa()
 // can force another. Every table gives the same bits (SPEC 3.1).
 #pragma once
@@ -7,18 +7,16 @@
 #include <string>
 #include <vector>
 
-#include "core/transformer_block.hpp"
-#include "ops/gemm.hpp"
+#include "blocks/mamba2/model.hpp"
+#include "blocks/transformer/model.hpp"
+#include "ops/gemm/format.hpp"
 
 namespace eb {
 
-struct Mamba2Model;
-struct Mamba2Call;
-
 struct KernelTable {
   const char* name;
-  void (*transformer_forward)(const TransformerModel&, const TransformerCall&);
-  void (*mamba2_forward)(const Mamba2Model&, const Mamba2Call&);
+  void (*transformer_forward)(const blocks::TransformerModel&, const blocks::TransformerCall&);
+  void (*mamba2_forward)(const blocks::Mamba2Model&, const blocks::Mamba2Call&);
   void (*elementwise)(int op, const float* x, float* y, int64_t n);
   void (*gemm)(const float* a, int64_t m, int64_t lda, const ops::PackedMatrix& w, float* c,
                int64_t ldc, int n_threads);

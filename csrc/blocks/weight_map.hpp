@@ -4,7 +4,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "core/check.hpp"
+#include "base/check.hpp"
 
 namespace eb {
 

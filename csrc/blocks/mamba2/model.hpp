@@ -6,22 +6,16 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ops/gemm.hpp"
+#include "base/workspace.hpp"
+#include "blocks/mamba2/config.hpp"
+#include "ops/gemm/format.hpp"
 
-namespace eb {
-
-class Workspace;
-
-struct Mamba2Config {
-  int64_t d_model = 0, d_inner = 0, n_heads = 0, head_dim = 0, d_state = 0, n_groups = 1;
-  int64_t conv_dim = 0, conv_kernel = 0;
-  float norm_eps = 1e-5f, dt_min = 0.0f, dt_max = 0.0f;  // dt_max may be +inf
-  bool conv_bias = false, proj_bias = false;
-};
+namespace eb::blocks {
 
 struct Mamba2Model {
   Mamba2Config cfg;
-  std::vector<float> block_norm_w;    // (d_model,)
+  float norm_eps = 0.0f, dt_min = 0.0f, dt_max = 0.0f;  // cfg's, rounded to float32 once
+  std::vector<float> block_norm_w;                      // (d_model,)
   ops::PackedMatrix w_in;             // in_proj (d_inner + conv_dim + n_heads, d_model)
   std::vector<float> conv_w, conv_b;  // (conv_dim, conv_kernel), (conv_dim,) or empty
   std::vector<float> conv_w_t;        // (conv_kernel, conv_dim): conv_w transposed for the kernel
@@ -41,6 +35,10 @@ struct Mamba2Call {
   float* h;                // (batch, n_heads, head_dim, d_state), updated in place
   int n_threads;
   Workspace* ws;  // scratch kept between calls, or nullptr
+  // SPEC 2.4 / 8: what the call reads of each advancing row (conv_window[b, :, 1:], h[b]) must
+  // be finite. When it is not, the call sets *state_nonfinite = 1 and returns before writing
+  // anything (y is then garbage; the caller names the element). nullptr: not checked.
+  int* state_nonfinite = nullptr;
 };
 
-}  // namespace eb
+}  // namespace eb::blocks

@@ -1,94 +1,16 @@
-// Packed GEMM (prefill) and GEMV (decode, M = 1..16) with ONE arithmetic (SPEC 3.3 SEQ,
-// STYLE 5.3): c[m][n] = (fma chain over k = 0..K-1 of a[m][k] * w[n][k], from +0.0) + bias[n].
-// Weights are packed once into panels of kGemmNR output features, k-major; the microkernel
-// vectorises across the panel's outputs and runs k in order, so every output is the same
-// in-order FMA chain whatever MR, M, the tile-mates, the ISA or the thread split.
-// K is never split across threads. Reference twin: gemm_ref (a triple loop with std::fma).
+// GEMM microkernels: MR x kCols tiles over packed panels (float32, compact q4_1/q8_0 rebuilt
+// in registers, bf16), the compact-block unpacker and the row-count dispatcher. Every tile runs
+// c[m][n] = SEQ_k fma(a[m][k], w[n][k]) from +0.0 (or the stored partial sums), + bias last, so
+// every output is the same in-order FMA chain whatever MR, the tile-mates or the ISA.
+// Reference twin: gemm_ref (ref.hpp). The threaded driver is driver.hpp.
 #pragma once
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
-#include <vector>
 
-#include "core/aligned.hpp"
-#include "threading/parallel.hpp"
+#include "ops/gemm/format.hpp"
 
 namespace eb::ops {
-
-constexpr int kGemmNR = 48;
-
-// How a packed matrix holds its weights. Every format is lossless: the packer picks a compact
-// one only when it rebuilds every weight bit for bit (ops/gemm_pack.cpp), and the kernels
-// rebuild each weight with that same exact operation before its FMA, so the GEMM's arithmetic
-// (and every output bit) is the same whatever the format. Compact formats cut the bytes a
-// decode step streams: weights dequantised from GGUF blocks are exactly such values.
-//   kPanelF32: panels (k_in, kGemmNR) of float.
-//   kPanelQ8:  per block of kQBlock k's and output n: w = d * q, q int8 (GGUF Q8_0's values;
-//              Q4_0's and Q5_0's too); the packer checks that the kernels' float32 product
-//              of d and the stored code gives every weight's bits.
-//   kPanelQ4:  per block: w = fma(d, q, m), q in 0..15 (GGUF Q4_1's values: d*q + m, where
-//              d*q is exact, so fma and mul-then-add agree; the packer checks every weight).
-//   kPanelBF16: w's top 16 bits (weights whose low 16 bits are zero: bfloat16 checkpoints).
-enum PanelFormat : int { kPanelF32 = 0, kPanelQ8 = 1, kPanelQ4 = 2, kPanelBF16 = 3 };
-constexpr int64_t kQBlock = 32;
-
-// W (n_out, k_in) row-major (torch [out, in]) packed into ceil(n_out / kGemmNR) panels of
-// kGemmNR output features, zero past n_out. Bias optional (empty when absent).
-// F32: data holds each panel as (k_in, kGemmNR) floats. Q8/Q4: per (panel, k block) in panel
-// order, data holds d[kGemmNR] (Q4: then m[kGemmNR]) and codes the block's codes, k-major:
-// Q8 kQBlock rows of kGemmNR int8; Q4 kQBlock/2 rows of kGemmNR bytes, byte (i, n) = code of
-// k = 2i in the low nibble, of k = 2i+1 in the high nibble. BF16: no scales; codes hold
-// kQBlock rows of kGemmNR uint16 per block, so a panel's rows are contiguous and k-major.
-// Compact formats need k_in % kQBlock == 0.
-struct PackedMatrix {
-  int64_t n_out = 0, k_in = 0, n_panels = 0;
-  int format = kPanelF32;
-  AlignedVector<float> data;  // 64-byte aligned: panel rows are 3 whole cache lines
-  AlignedVector<uint8_t> codes;
-  std::vector<float> bias;
-  bool has_bias() const { return !bias.empty(); }
-  int64_t k_blocks() const { return k_in / kQBlock; }
-  int64_t scale_floats() const { return scale_floats_of(format); }  // per block
-  int64_t code_bytes() const { return code_bytes_of(format); }
-  static constexpr int64_t scale_floats_of(int f) {
-    return f == kPanelQ4 ? 2 * kGemmNR : (f == kPanelQ8 ? kGemmNR : 0);
-  }
-  static constexpr int64_t code_bytes_of(int f) {
-    return f == kPanelQ4 ? kQBlock / 2 * kGemmNR : kQBlock * kGemmNR * code_col_bytes_of(f);
-  }
-  // Bytes per output column in one code row (the offset of a tile's first column).
-  static constexpr int64_t code_col_bytes_of(int f) { return f == kPanelBF16 ? 2 : 1; }
-  const char* format_name() const {
-    return format == kPanelQ4
-               ? "q4_1"
-               : (format == kPanelQ8 ? "q8_0" : (format == kPanelBF16 ? "bf16" : "float32"));
-  }
-  int64_t bytes() const {
-    return static_cast<int64_t>(data.size() * sizeof(float) + codes.size() +
-                                bias.size() * sizeof(float));
-  }
-};
-
-// Stack several (n_i, k_in) row-major matrices vertically and pack them: the fused q|k|v and
-// gate|up projections. Concatenation changes no output's FMA chain. allow_compact = false
-// keeps float32 panels (tests compare the two).
-PackedMatrix pack_matrices(const std::vector<const float*>& parts, const std::vector<int64_t>& rows,
-                           int64_t k_in, const std::vector<const float*>& biases,
-                           bool allow_compact = true);
-
-// Whether pack_matrices may choose a compact format (default on). Off packs float32 panels
-// only: the tests build the same block both ways and compare every output bit.
-void set_compact_packing(bool on);
-bool compact_packing();
-
-// This OS thread's buffer of kGemmKC x kGemmNR floats (64-byte aligned, kept for the thread's
-// life) for compact K blocks rebuilt as float32 panel rows. Defined out of line, in the
-// baseline object, so no ISA object emits (and shares) its allocator code.
-float* gemm_rebuild_buffer();
-
-// Scalar reference: c (m, ldc) = a (m, lda) * W^T + bias.
-void gemm_ref(const float* a, int64_t m, int64_t lda, const float* w, int64_t n_out, int64_t k_in,
-              const float* bias, float* c, int64_t ldc);
 
 // A tile covers kCols = kNV vectors of a panel's columns and kMR rows: AVX-512 8 x 48
 // (24 accumulators), AVX2 4 x 24 (12; two tiles per panel), scalar 2 x 48.
@@ -98,14 +20,6 @@ struct GemmTraits {
   static constexpr int kCols = kNV * V::kLanes;
   static constexpr int kMR = V::kLanes >= 16 ? 8 : (V::kLanes >= 8 ? 4 : 2);
 };
-
-// K is cache-blocked: a kGemmKC x kGemmNR slice of the panel (384 KB) stays in L2 while it
-// is used for every row block (measured: smaller blocks that fit L1 were slower here, since
-// they reload the partial sums more often). The blocks of one output run in increasing k and
-// each continues from the partial sums (stored to c as float and reloaded: exact), so the FMA
-// chain is the same single chain over k = 0..K-1 as without blocking.
-constexpr int64_t kGemmKC = 2048;
-static_assert(kGemmKC % kQBlock == 0, "K blocks hold whole quantisation blocks");
 
 // The accumulators of an MR x kCols tile: start from +0.0 (first) or the partial sums in c;
 // finish by storing nr_valid (<= kCols) columns, adding the bias on the last K block.
@@ -317,92 +231,4 @@ inline void gemm_tile_bf16(const float* a, int64_t lda, const uint16_t* codes, i
   tile_end<V, MR>(acc, last, bias, c, ldc, nr_valid);
 }
 
-// c (m, ldc) = a (m, lda) * W^T (+ bias). Tasks (panel, row block) are split over threads in
-// contiguous ranges; a thread walks its tasks panel by panel, K block by K block. A compact
-// matrix is rebuilt K block by K block into a float32 buffer when the thread has several row
-// blocks of the panel (prefill), and rebuilt in registers inside the tile when it has one
-// (decode): the weight values, and so the bits, are the same either way.
-template <class V, int FMT>
-void gemm_fmt(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, float* c, int64_t ldc,
-              int n_threads) {
-  constexpr int MR = GemmTraits<V>::kMR;
-  constexpr int NC = GemmTraits<V>::kCols;
-  const int64_t n_mb = (m + MR - 1) / MR;
-  const int64_t tasks = w.n_panels * n_mb;
-  const int64_t kk = w.k_in;
-  parallel_for(tasks, n_threads, [&](int64_t begin, int64_t end, int) {
-    for (int64_t t0 = begin; t0 < end;) {
-      const int64_t p = t0 / n_mb;
-      const int64_t t1 = std::min(end, (p + 1) * n_mb);  // this thread's tasks of panel p
-      const int64_t n0 = p * kGemmNR;
-      const int nr_valid = static_cast<int>(std::min<int64_t>(kGemmNR, w.n_out - n0));
-      const float* bias = w.has_bias() ? w.bias.data() + n0 : nullptr;
-      for (int64_t k0 = 0; k0 < kk || k0 == 0; k0 += kGemmKC) {
-        const int64_t k1 = std::min(kk, k0 + kGemmKC);
-        const float* panel = nullptr;
-        if constexpr (FMT == kPanelF32) {
-          panel = w.data.data() + p * kk * kGemmNR + k0 * kGemmNR;
-        } else if (t1 - t0 > 1) {
-          float* rebuilt = gemm_rebuild_buffer();
-          unpack_blocks<V, FMT>(w, p, k0 / kQBlock, k1 / kQBlock, rebuilt);
-          panel = rebuilt;
-        }
-        for (int64_t t = t0; t < t1; ++t) {
-          const int64_t r0 = (t % n_mb) * MR;
-          const int rows = static_cast<int>(std::min<int64_t>(MR, m - r0));
-          for (int c0 = 0; c0 < nr_valid; c0 += NC) {
-            const float* bias_c = bias ? bias + c0 : nullptr;
-            float* c_t = c + r0 * ldc + n0 + c0;
-            const int nv = std::min(NC, nr_valid - c0);
-            const float* a_t = a + r0 * lda + k0;
-            const bool first = k0 == 0, last = k1 == kk;
-            if (panel != nullptr) {
-              with_rows<MR>(rows, [&](auto r) {
-                gemm_tile<V, decltype(r)::value>(a_t, lda, panel + c0, k1 - k0, first, last, bias_c,
-                                                 c_t, ldc, nv);
-              });
-            } else if constexpr (FMT != kPanelF32) {  // float32 always has a panel
-              const int64_t blk = p * w.k_blocks() + k0 / kQBlock;
-              const uint8_t* codes =
-                  w.codes.data() + blk * w.code_bytes() + c0 * PackedMatrix::code_col_bytes_of(FMT);
-              with_rows<MR>(rows, [&](auto r) {
-                constexpr int R = decltype(r)::value;
-                if constexpr (FMT == kPanelBF16) {
-                  gemm_tile_bf16<V, R>(a_t, lda, reinterpret_cast<const uint16_t*>(codes), k1 - k0,
-                                       first, last, bias_c, c_t, ldc, nv);
-                } else {
-                  const float* sc = w.data.data() + blk * w.scale_floats() + c0;
-                  gemm_tile_q<V, R, FMT>(a_t, lda, sc, codes, (k1 - k0) / kQBlock, first, last,
-                                         bias_c, c_t, ldc, nv);
-                }
-              });
-            }
-          }
-        }
-        if (k1 == kk) break;
-      }
-      t0 = t1;
-    }
-  });
-}
-
-template <class V>
-void gemm(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, float* c, int64_t ldc,
-          int n_threads) {
-  if (w.format == kPanelQ4) {
-    gemm_fmt<V, kPanelQ4>(a, m, lda, w, c, ldc, n_threads);
-  } else if (w.format == kPanelQ8) {
-    gemm_fmt<V, kPanelQ8>(a, m, lda, w, c, ldc, n_threads);
-  } else if (w.format == kPanelBF16) {
-    gemm_fmt<V, kPanelBF16>(a, m, lda, w, c, ldc, n_threads);
-  } else {
-    gemm_fmt<V, kPanelF32>(a, m, lda, w, c, ldc, n_threads);
-  }
-}
-
-}  // namespace eb::ops
-
-namespace eb::ops {
-// MLP kinds 0..2 (swiglu, geglu, geglu_tanh) are gated: see ops/activations.hpp.
-inline bool mlp_is_gated_kind(int kind) { return kind <= 2; }
 }  // namespace eb::ops

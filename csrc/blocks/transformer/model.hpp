@@ -1,33 +1,23 @@
 // TransformerModel: one decoder block's resolved config and packed weights (built once),
 // and TransformerCall: the arrays of one forward call. The block composes ops only
-// (transformer_impl.hpp); the Python layer has validated everything before a call.
+// (forward.hpp); the Python layer has validated everything before a call.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
-#include "ops/gemm.hpp"
+#include "base/workspace.hpp"
+#include "blocks/transformer/config.hpp"
+#include "ops/gemm/format.hpp"
 
-namespace eb {
-
-class Workspace;
-
-struct TransformerConfig {
-  int64_t d_model = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, intermediate = 0;
-  int64_t window = 0, rope_dim = 0, max_positions = 0;
-  double rope_theta = 10000.0;
-  int rope_scaling_kind = 0;
-  double rope_factor = 1.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
-  double rope_original_max = 8192.0;
-  float norm_eps = 1e-6f, attn_softcap = 0.0f;
-  int norm = 0, mlp = 0;
-  bool qkv_bias = false, o_bias = false, norm_bias = false, mlp_bias = false, qk_norm = false;
-};
+namespace eb::blocks {
 
 struct TransformerModel {
   TransformerConfig cfg;
   float attn_scale = 1.0f;      // float32 nearest to head_dim^-1/2
+  float norm_eps = 0.0f;        // cfg.norm_eps rounded to float32 once
+  float attn_softcap = 0.0f;    // cfg.attn_softcap rounded to float32 once (0 = none)
   std::vector<float> inv_freq;  // (rope_dim / 2,)
   std::vector<float> norm_in_w, norm_in_b, norm_post_w, norm_post_b;  // (d_model,)
   std::vector<float> q_norm_w, k_norm_w;                              // (head_dim,)
@@ -58,4 +48,4 @@ struct TransformerCall {
   int* cache_nonfinite = nullptr;
 };
 
-}  // namespace eb
+}  // namespace eb::blocks

@@ -1,0 +1,270 @@
+// The two blocks and their typed configs (blocks/*/config.hpp). Python fills a config in one
+// place (exactblocks/{transformer,mamba2}/config.py) and builds a core from it and the
+// canonical weights; each call checks cheap invariants, builds the call struct and runs the
+// kernel table's forward with the GIL released.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "base/check.hpp"
+#include "base/fpenv.hpp"
+#include "base/runtime.hpp"
+#include "base/workspace.hpp"
+#include "bindings/common.hpp"
+#include "blocks/mamba2/model.hpp"
+#include "blocks/transformer/model.hpp"
+#include "dispatch/kernel_table.hpp"
+
+namespace eb::bindings {
+namespace {
+
+using blocks::Mamba2Call;
+using blocks::Mamba2Config;
+using blocks::Mamba2Model;
+using blocks::TransformerCall;
+using blocks::TransformerConfig;
+using blocks::TransformerModel;
+
+std::unordered_map<std::string, const float*> weight_ptrs(const nb::dict& weights,
+                                                          std::vector<CArr>& keep) {
+  std::unordered_map<std::string, const float*> out;
+  for (auto [k, v] : weights) {
+    keep.push_back(nb::cast<CArr>(v, false));
+    out[nb::cast<std::string>(k)] = keep.back().data();
+  }
+  return out;
+}
+
+void check_rows(const IArr& a, int64_t batch, const char* name) {
+  EB_CHECK(static_cast<int64_t>(a.shape(0)) == batch,
+           std::string(name) + " must have batch entries");
+}
+
+nb::list storage_list(
+    std::initializer_list<std::pair<const char*, const ops::PackedMatrix*>> items) {
+  nb::list out;
+  for (const auto& [name, pm] : items)
+    out.append(nb::make_tuple(std::string(name), std::string(pm->format_name()), pm->bytes()));
+  return out;
+}
+
+void bind_kinds(nb::module_& m) {
+  nb::enum_<ops::NormKind>(m, "NormKind")
+      .value("rmsnorm", ops::kRmsNorm)
+      .value("layernorm", ops::kLayerNorm)
+      .value("rmsnorm_offset", ops::kRmsNormOffset);
+  nb::enum_<ops::MlpKind>(m, "MlpKind")
+      .value("swiglu", ops::kSwiGlu)
+      .value("geglu", ops::kGeGlu)
+      .value("geglu_tanh", ops::kGeGluTanh)
+      .value("gelu", ops::kGelu)
+      .value("gelu_tanh", ops::kGeluTanh);
+  nb::enum_<ops::RopeScaling>(m, "RopeScaling")
+      .value("default", ops::kRopeDefault)
+      .value("linear", ops::kRopeLinear)
+      .value("llama3", ops::kRopeLlama3);
+}
+
+// Every field under its C++ name; Python reads and writes them as attributes.
+void bind_configs(nb::module_& m) {
+  nb::class_<TransformerConfig>(m, "TransformerConfig")
+      .def(nb::init<>())
+      .def_rw("d_model", &TransformerConfig::d_model)
+      .def_rw("n_heads", &TransformerConfig::n_heads)
+      .def_rw("n_kv_heads", &TransformerConfig::n_kv_heads)
+      .def_rw("head_dim", &TransformerConfig::head_dim)
+      .def_rw("intermediate", &TransformerConfig::intermediate)
+      .def_rw("window", &TransformerConfig::window)
+      .def_rw("attn_softcap", &TransformerConfig::attn_softcap)
+      .def_rw("rope_dim", &TransformerConfig::rope_dim)
+      .def_rw("rope_theta", &TransformerConfig::rope_theta)
+      .def_rw("rope_scaling", &TransformerConfig::rope_scaling)
+      .def_rw("rope_factor", &TransformerConfig::rope_factor)
+      .def_rw("rope_low_freq_factor", &TransformerConfig::rope_low_freq_factor)
+      .def_rw("rope_high_freq_factor", &TransformerConfig::rope_high_freq_factor)
+      .def_rw("rope_original_max", &TransformerConfig::rope_original_max)
+      .def_rw("max_positions", &TransformerConfig::max_positions)
+      .def_rw("norm", &TransformerConfig::norm)
+      .def_rw("norm_eps", &TransformerConfig::norm_eps)
+      .def_rw("norm_bias", &TransformerConfig::norm_bias)
+      .def_rw("qk_norm", &TransformerConfig::qk_norm)
+      .def_rw("qkv_bias", &TransformerConfig::qkv_bias)
+      .def_rw("o_bias", &TransformerConfig::o_bias)
+      .def_rw("mlp", &TransformerConfig::mlp)
+      .def_rw("mlp_bias", &TransformerConfig::mlp_bias)
+      .def_rw("compact_weights", &TransformerConfig::compact_weights);
+  nb::class_<Mamba2Config>(m, "Mamba2Config")
+      .def(nb::init<>())
+      .def_rw("d_model", &Mamba2Config::d_model)
+      .def_rw("d_inner", &Mamba2Config::d_inner)
+      .def_rw("n_heads", &Mamba2Config::n_heads)
+      .def_rw("head_dim", &Mamba2Config::head_dim)
+      .def_rw("d_state", &Mamba2Config::d_state)
+      .def_rw("n_groups", &Mamba2Config::n_groups)
+      .def_rw("conv_dim", &Mamba2Config::conv_dim)
+      .def_rw("conv_kernel", &Mamba2Config::conv_kernel)
+      .def_rw("norm_eps", &Mamba2Config::norm_eps)
+      .def_rw("dt_min", &Mamba2Config::dt_min)
+      .def_rw("dt_max", &Mamba2Config::dt_max)
+      .def_rw("conv_bias", &Mamba2Config::conv_bias)
+      .def_rw("proj_bias", &Mamba2Config::proj_bias)
+      .def_rw("compact_weights", &Mamba2Config::compact_weights);
+}
+
+}  // namespace
+
+void bind_blocks(nb::module_& m) {
+  bind_kinds(m);
+  bind_configs(m);
+  nb::class_<TransformerModel>(m, "TransformerCore")
+      // [(matrix, format, bytes)] of the packed projections (ops/gemm/format.hpp PanelFormat)
+      .def_prop_ro("weight_storage",
+                   [](const TransformerModel& t) {
+                     return storage_list(
+                         {{"qkv_proj", &t.w_qkv},
+                          {"o_proj", &t.w_o},
+                          {ops::mlp_is_gated(t.cfg.mlp) ? "gate_up_proj" : "up_proj", &t.w_gu},
+                          {"down_proj", &t.w_down}});
+                   })
+      // cfg: the typed config (copied); weights: canonical short names -> float32 arrays,
+      // exactly the set the config needs. Real options become float32 in the constructor,
+      // under the FP-environment guard.
+      .def(
+          "__init__",
+          [](TransformerModel* self, const TransformerConfig& cfg, nb::dict weights) {
+            std::vector<CArr> keep;
+            auto ptrs = weight_ptrs(weights, keep);
+            nb::gil_scoped_release release;
+            new (self) TransformerModel(cfg, ptrs);
+          },
+          nb::arg("cfg"), nb::arg("weights"))
+      .def_prop_ro("cfg", [](const TransformerModel& t) { return t.cfg; })
+      // check_cache: check the slots each row reads (SPEC 5) while reading them; returns None,
+      // with the cache untouched, when one is not finite (Python then names the element).
+      .def(
+          "forward",
+          [](const TransformerModel& mdl,
+             nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> x, IArr lengths,
+             IArr start, MArr k_cache, MArr v_cache, Workspace* ws,
+             bool check_cache) -> nb::object {
+            const int64_t B = static_cast<int64_t>(x.shape(0)),
+                          L = static_cast<int64_t>(x.shape(1));
+            const TransformerConfig& c = mdl.cfg;
+            EB_CHECK(static_cast<int64_t>(x.shape(2)) == c.d_model, "x last dim != d_model");
+            check_rows(lengths, B, "lengths");
+            check_rows(start, B, "start");
+            EB_CHECK(k_cache.ndim() == 4 && v_cache.ndim() == 4, "cache rank");
+            const int64_t cap = static_cast<int64_t>(k_cache.shape(2));
+            EB_CHECK(static_cast<int64_t>(k_cache.shape(0)) == B &&
+                         static_cast<int64_t>(k_cache.shape(1)) == c.n_kv_heads &&
+                         static_cast<int64_t>(k_cache.shape(3)) == c.head_dim && cap >= 0,
+                     "k_cache shape");
+            for (size_t i = 0; i < 4; ++i)
+              EB_CHECK(k_cache.shape(i) == v_cache.shape(i), "v_cache shape");
+            // capacity 0: a state-less call (nothing cached before, nothing kept after)
+            for (int64_t b = 0; b < B && cap == 0; ++b)
+              EB_CHECK(start.data()[b] == 0, "a call without a cache must start at position 0");
+            for (int64_t b = 0; b < B; ++b)
+              EB_CHECK(lengths.data()[b] >= 0 && lengths.data()[b] <= L && start.data()[b] >= 0 &&
+                           start.data()[b] + lengths.data()[b] <= c.max_positions,
+                       "lengths/start out of range");
+            OutArr y = new_array(
+                {static_cast<size_t>(B), static_cast<size_t>(L), static_cast<size_t>(c.d_model)});
+            int cache_bad = 0;
+            TransformerCall call{x.data(),
+                                 y.data(),
+                                 B,
+                                 L,
+                                 lengths.data(),
+                                 start.data(),
+                                 k_cache.data(),
+                                 v_cache.data(),
+                                 cap,
+                                 runtime::num_threads(),
+                                 runtime::call_workspace(ws),
+                                 check_cache ? &cache_bad : nullptr};
+            {
+              nb::gil_scoped_release release;
+              kernels().transformer_forward(mdl, call);
+              runtime::trim_workspace(ws, call.ws);
+            }
+            if (cache_bad) return nb::none();  // a read slot is not finite; the cache is untouched
+            return nb::cast(y);
+          },
+          nb::arg("x"), nb::arg("lengths"), nb::arg("start"), nb::arg("k_cache"),
+          nb::arg("v_cache"), nb::arg("workspace").none() = nb::none(),
+          nb::arg("check_cache") = false);
+
+  nb::class_<Mamba2Model>(m, "Mamba2Core")
+      .def_prop_ro("weight_storage",
+                   [](const Mamba2Model& t) {
+                     return storage_list({{"in_proj", &t.w_in}, {"out_proj", &t.w_out}});
+                   })
+      // cfg: the typed config (copied); weights: canonical short names -> float32 arrays,
+      // exactly the set the config needs. Real options become float32 in the constructor,
+      // under the FP-environment guard.
+      .def(
+          "__init__",
+          [](Mamba2Model* self, const Mamba2Config& cfg, nb::dict weights) {
+            std::vector<CArr> keep;
+            auto ptrs = weight_ptrs(weights, keep);
+            nb::gil_scoped_release release;
+            new (self) Mamba2Model(cfg, ptrs);
+          },
+          nb::arg("cfg"), nb::arg("weights"))
+      .def_prop_ro("cfg", [](const Mamba2Model& t) { return t.cfg; })
+      // check_state: check what the call reads of each advancing row (SPEC 8) before writing;
+      // returns None, with the state untouched, when a value is not finite.
+      .def(
+          "forward",
+          [](const Mamba2Model& mdl,
+             nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> x, IArr lengths,
+             MArr conv_window, MArr h, Workspace* ws, bool check_state) -> nb::object {
+            const int64_t B = static_cast<int64_t>(x.shape(0)),
+                          L = static_cast<int64_t>(x.shape(1));
+            const Mamba2Config& c = mdl.cfg;
+            EB_CHECK(static_cast<int64_t>(x.shape(2)) == c.d_model, "x last dim != d_model");
+            check_rows(lengths, B, "lengths");
+            EB_CHECK(conv_window.ndim() == 3 && static_cast<int64_t>(conv_window.shape(0)) == B &&
+                         static_cast<int64_t>(conv_window.shape(1)) == c.conv_dim &&
+                         static_cast<int64_t>(conv_window.shape(2)) == c.conv_kernel,
+                     "conv_window shape");
+            EB_CHECK(h.ndim() == 4 && static_cast<int64_t>(h.shape(0)) == B &&
+                         static_cast<int64_t>(h.shape(1)) == c.n_heads &&
+                         static_cast<int64_t>(h.shape(2)) == c.head_dim &&
+                         static_cast<int64_t>(h.shape(3)) == c.d_state,
+                     "h shape");
+            for (int64_t b = 0; b < B; ++b)
+              EB_CHECK(lengths.data()[b] >= 0 && lengths.data()[b] <= L, "lengths out of range");
+            OutArr y = new_array(
+                {static_cast<size_t>(B), static_cast<size_t>(L), static_cast<size_t>(c.d_model)});
+            int state_bad = 0;
+            Mamba2Call call{x.data(),
+                            y.data(),
+                            B,
+                            L,
+                            lengths.data(),
+                            conv_window.data(),
+                            h.data(),
+                            runtime::num_threads(),
+                            runtime::call_workspace(ws),
+                            check_state ? &state_bad : nullptr};
+            {
+              nb::gil_scoped_release release;
+              kernels().mamba2_forward(mdl, call);
+              runtime::trim_workspace(ws, call.ws);
+            }
+            if (state_bad) return nb::none();  // a read state value is not finite; untouched
+            return nb::cast(y);
+          },
+          nb::arg("x"), nb::arg("lengths"), nb::arg("conv_window"), nb::arg("h"),
+          nb::arg("workspace").none() = nb::none(), nb::arg("check_state") = false);
+}
+
+}  // namespace eb::bindings

@@ -1,0 +1,36 @@
+// Shared pieces of the binding files: the typed ndarray aliases every entry point takes
+// (float32, C-contiguous, CPU; STYLE 5.8) and fresh NumPy outputs. Nothing here computes.
+#pragma once
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <initializer_list>
+
+namespace eb::bindings {
+
+namespace nb = nanobind;
+
+using CArr = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+using CArr1 = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using CArr2 = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using CArr3 = nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
+using MArr = nb::ndarray<float, nb::c_contig, nb::device::cpu>;
+using IArr = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using OutArr = nb::ndarray<nb::numpy, float>;
+
+// A zero-filled float32 NumPy array of the given shape, owned by Python.
+inline OutArr new_array(std::initializer_list<size_t> shape) {
+  size_t n = 1;
+  for (size_t s : shape) n *= s;
+  float* data = new float[std::max<size_t>(n, 1)]();
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+  return OutArr(data, shape, owner);
+}
+
+void bind_runtime(nb::module_& m);
+void bind_blocks(nb::module_& m);
+void bind_ops(nb::module_& m);
+
+}  // namespace eb::bindings

@@ -1,0 +1,165 @@
+// The Transformer block's forward, written once over a vector type V and compiled per ISA
+// (csrc/dispatch/kernels_isa.cpp). Composes ops only; the op order is SPEC 4.3 (HF
+// LlamaDecoderLayer). Real tokens of all rows are gathered into M compact rows; every step is
+// either per token or per (token, head), so a row's bits never depend on the other rows,
+// on how its tokens were split into calls, or on the thread count.
+#pragma once
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "base/parallel.hpp"
+#include "base/workspace.hpp"
+#include "blocks/transformer/model.hpp"
+#include "math/derived.hpp"
+#include "ops/activations.hpp"
+#include "ops/attention/plan.hpp"
+#include "ops/gemm/driver.hpp"
+#include "ops/norm.hpp"
+#include "ops/rope.hpp"
+
+namespace eb::blocks {
+
+template <class V>
+void transformer_forward(const TransformerModel& mdl, const TransformerCall& call) {
+  const TransformerConfig& c = mdl.cfg;
+  const int64_t d = c.d_model, n_h = c.n_heads, n_kv = c.n_kv_heads, hd = c.head_dim;
+  const int64_t qw = n_h * hd, kw = n_kv * hd, it = c.intermediate, n_qkv = qw + 2 * kw;
+  const int64_t n_gu = mdl.w_gu.n_out, half = c.rope_dim / 2;
+  const int64_t B = call.batch, L = call.n_tokens, cap = call.capacity;
+  const int nt = call.n_threads;
+  FpEnvGuard guard;  // the calling thread too runs the serial parts (residuals, scatter)
+
+  // Compact the real tokens: token m is (row tok_row[m], index tok_t[m] within the call).
+  Workspace local;
+  Workspace& ws = call.ws ? *call.ws : local;
+  int64_t* row_off = ws.ints(0, static_cast<size_t>(B + 1));
+  row_off[0] = 0;
+  for (int64_t b = 0; b < B; ++b) row_off[b + 1] = row_off[b] + call.lengths[b];
+  const int64_t M = row_off[B];
+  if (M == 0) return;
+  int64_t* tok_row = ws.ints(1, static_cast<size_t>(M));
+  int64_t* tok_t = ws.ints(2, static_cast<size_t>(M));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < call.lengths[b]; ++t) {
+      tok_row[row_off[b] + t] = b;
+      tok_t[row_off[b] + t] = t;
+    }
+  }
+
+  const auto sz = [](int64_t a, int64_t b) { return static_cast<size_t>(a * b); };
+  float* xs = ws.floats(0, sz(M, d));
+  float* hn = ws.floats(1, sz(M, d));
+  float* qkv = ws.floats(2, sz(M, n_qkv));
+  float* att = ws.floats(3, sz(M, qw));
+  float* x1 = ws.floats(4, sz(M, d));
+  float* gu = ws.floats(5, sz(M, n_gu));
+  float* u = ws.floats(6, sz(M, it));
+  float* y = ws.floats(7, sz(M, d));
+  // Per-thread scratch, allocated up front: nothing allocates inside a parallel region.
+  const int n_slots = std::max(nt, 1);
+  const int64_t rope_floats = pad_floats(2 * (half + 1));
+  float* rope_scratch = ws.floats(8, sz(n_slots, rope_floats));
+  const float* nb_in = mdl.norm_in_b.empty() ? nullptr : mdl.norm_in_b.data();
+  const float* nb_post = mdl.norm_post_b.empty() ? nullptr : mdl.norm_post_b.data();
+
+  // 1. h = N_in(x), each real token's row first copied to xs (the residual)
+  parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t m = b0; m < b1; ++m) {
+      std::memcpy(&xs[m * d], call.x + (tok_row[m] * L + tok_t[m]) * d, sizeof(float) * d);
+      ops::norm_row<V>(c.norm, &xs[m * d], d, mdl.norm_in_w.data(), nb_in, mdl.norm_eps,
+                       &hn[m * d]);
+    }
+  });
+  // 2. q | k | v = h [Wq; Wk; Wv]^T (+ b)
+  ops::gemm<V>(hn, M, d, mdl.w_qkv, qkv, n_qkv, nt);
+  // 3-4. q/k norm, then RoPE at each token's absolute position.
+  parallel_for(M, nt, [&](int64_t b0, int64_t b1, int tid) {
+    float* cs = &rope_scratch[static_cast<size_t>(tid * rope_floats)];
+    float* sn = cs + half + 1;
+    for (int64_t m = b0; m < b1; ++m) {
+      float* row = &qkv[m * n_qkv];
+      if (c.qk_norm) {
+        for (int64_t h = 0; h < n_h; ++h)
+          ops::norm_row<V>(c.norm, row + h * hd, hd, mdl.q_norm_w.data(), nullptr, mdl.norm_eps,
+                           row + h * hd);
+        for (int64_t g = 0; g < n_kv; ++g)
+          ops::norm_row<V>(c.norm, row + qw + g * hd, hd, mdl.k_norm_w.data(), nullptr,
+                           mdl.norm_eps, row + qw + g * hd);
+      }
+      if (half > 0) {
+        ops::rope_cos_sin(mdl.inv_freq.data(), half, call.start[tok_row[m]] + tok_t[m], cs, sn);
+        for (int64_t h = 0; h < n_h + n_kv; ++h) ops::rope_apply(row + h * hd, half, cs, sn);
+      }
+    }
+  });
+  // 5-6. attention per (token, query head) (ops/attention/plan.hpp); nothing of the caller's
+  // is written before it has checked the cache slots it reads.
+  ops::AttentionCall ac;
+  ac.batch = B;
+  ac.lengths = call.lengths;
+  ac.start = call.start;
+  ac.row_off = row_off;
+  ac.tok_row = tok_row;
+  ac.tok_t = tok_t;
+  ac.n_heads = n_h;
+  ac.n_kv_heads = n_kv;
+  ac.head_dim = hd;
+  ac.window = c.window;
+  ac.scale = mdl.attn_scale;
+  ac.softcap = mdl.attn_softcap;
+  ac.qkv = qkv;
+  ac.out = att;
+  ac.k_cache = call.k_cache;
+  ac.v_cache = call.v_cache;
+  ac.cap = cap;
+  ac.check_cache = call.cache_nonfinite != nullptr;
+  ac.n_threads = nt;
+  ac.ws = &ws;
+  ac.ws_float0 = 9;
+  ac.ws_int0 = 3;
+  if (!ops::attention<V>(ac)) {  // nothing of the caller's has been written yet
+    *call.cache_nonfinite = 1;
+    return;
+  }
+  // 7. x1 = x + (Wo o (+ bo))
+  ops::gemm<V>(att, M, qw, mdl.w_o, x1, d, nt);
+  // 8-9. h2 = N_post(x1); u = act(g) * up (or act(up)); y = x1 + (Wd u (+ bd))
+  parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t m = b0; m < b1; ++m) {
+      float* row = &x1[m * d];
+      for (int64_t i = 0; i < d; ++i) row[i] = xs[m * d + i] + row[i];
+      ops::norm_row<V>(c.norm, row, d, mdl.norm_post_w.data(), nb_post, mdl.norm_eps, &hn[m * d]);
+    }
+  });
+  ops::gemm<V>(hn, M, d, mdl.w_gu, gu, n_gu, nt);
+  parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t m = b0; m < b1; ++m) ops::mlp_combine<V>(c.mlp, &gu[m * n_gu], it, &u[m * it]);
+  });
+  ops::gemm<V>(u, M, it, mdl.w_down, y, d, nt);
+  const int nt_copy = threads_for_rows(M, nt);
+  parallel_for(M, nt_copy, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t m = b0; m < b1; ++m) {
+      float* dst = call.y + (tok_row[m] * L + tok_t[m]) * d;
+      for (int64_t i = 0; i < d; ++i) dst[i] = math::canon_nan(x1[m * d + i] + y[m * d + i]);
+    }
+  });
+  // Cache: the row's new positions p go to slot p % cap; only the last `cap` survive.
+  parallel_for(B * n_kv, nt_copy, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t task = b0; task < b1; ++task) {
+      const int64_t b = task / n_kv, g = task % n_kv, len = call.lengths[b];
+      for (int64_t t = std::max<int64_t>(0, len - cap); t < len; ++t) {
+        const int64_t slot = (call.start[b] + t) % cap;
+        const float* src = &qkv[(row_off[b] + t) * n_qkv];
+        float* kd = call.k_cache + ((b * n_kv + g) * cap + slot) * hd;
+        float* vd = call.v_cache + ((b * n_kv + g) * cap + slot) * hd;
+        for (int64_t i = 0; i < hd; ++i) {
+          kd[i] = math::canon_nan(src[qw + g * hd + i]);
+          vd[i] = math::canon_nan(src[qw + kw + g * hd + i]);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace eb::blocks

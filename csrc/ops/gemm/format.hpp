@@ -1,0 +1,87 @@
+// Packed weight storage of the GEMM (SPEC 3.3 SEQ, STYLE 5.3): the panel layout, the exact
+// compact formats and the packer's entry point. What lives here: PackedMatrix and its formats.
+// What does not: the tiles that compute on them (tiles.hpp), the threaded driver (driver.hpp),
+// the packer's format detection (pack.cpp) and the scalar reference (ref.hpp).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "base/aligned.hpp"
+
+namespace eb::ops {
+
+constexpr int kGemmNR = 48;
+
+// How a packed matrix holds its weights. Every format is lossless: the packer picks a compact
+// one only when it rebuilds every weight bit for bit (ops/gemm_pack.cpp), and the kernels
+// rebuild each weight with that same exact operation before its FMA, so the GEMM's arithmetic
+// (and every output bit) is the same whatever the format. Compact formats cut the bytes a
+// decode step streams: weights dequantised from GGUF blocks are exactly such values.
+//   kPanelF32: panels (k_in, kGemmNR) of float.
+//   kPanelQ8:  per block of kQBlock k's and output n: w = d * q, q int8 (GGUF Q8_0's values;
+//              Q4_0's and Q5_0's too); the packer checks that the kernels' float32 product
+//              of d and the stored code gives every weight's bits.
+//   kPanelQ4:  per block: w = fma(d, q, m), q in 0..15 (GGUF Q4_1's values: d*q + m, where
+//              d*q is exact, so fma and mul-then-add agree; the packer checks every weight).
+//   kPanelBF16: w's top 16 bits (weights whose low 16 bits are zero: bfloat16 checkpoints).
+enum PanelFormat : int { kPanelF32 = 0, kPanelQ8 = 1, kPanelQ4 = 2, kPanelBF16 = 3 };
+constexpr int64_t kQBlock = 32;
+
+// W (n_out, k_in) row-major (torch [out, in]) packed into ceil(n_out / kGemmNR) panels of
+// kGemmNR output features, zero past n_out. Bias optional (empty when absent).
+// F32: data holds each panel as (k_in, kGemmNR) floats. Q8/Q4: per (panel, k block) in panel
+// order, data holds d[kGemmNR] (Q4: then m[kGemmNR]) and codes the block's codes, k-major:
+// Q8 kQBlock rows of kGemmNR int8; Q4 kQBlock/2 rows of kGemmNR bytes, byte (i, n) = code of
+// k = 2i in the low nibble, of k = 2i+1 in the high nibble. BF16: no scales; codes hold
+// kQBlock rows of kGemmNR uint16 per block, so a panel's rows are contiguous and k-major.
+// Compact formats need k_in % kQBlock == 0.
+struct PackedMatrix {
+  int64_t n_out = 0, k_in = 0, n_panels = 0;
+  int format = kPanelF32;
+  AlignedVector<float> data;  // 64-byte aligned: panel rows are 3 whole cache lines
+  AlignedVector<uint8_t> codes;
+  std::vector<float> bias;
+  bool has_bias() const { return !bias.empty(); }
+  int64_t k_blocks() const { return k_in / kQBlock; }
+  int64_t scale_floats() const { return scale_floats_of(format); }  // per block
+  int64_t code_bytes() const { return code_bytes_of(format); }
+  static constexpr int64_t scale_floats_of(int f) {
+    return f == kPanelQ4 ? 2 * kGemmNR : (f == kPanelQ8 ? kGemmNR : 0);
+  }
+  static constexpr int64_t code_bytes_of(int f) {
+    return f == kPanelQ4 ? kQBlock / 2 * kGemmNR : kQBlock * kGemmNR * code_col_bytes_of(f);
+  }
+  // Bytes per output column in one code row (the offset of a tile's first column).
+  static constexpr int64_t code_col_bytes_of(int f) { return f == kPanelBF16 ? 2 : 1; }
+  const char* format_name() const {
+    return format == kPanelQ4
+               ? "q4_1"
+               : (format == kPanelQ8 ? "q8_0" : (format == kPanelBF16 ? "bf16" : "float32"));
+  }
+  int64_t bytes() const {
+    return static_cast<int64_t>(data.size() * sizeof(float) + codes.size() +
+                                bias.size() * sizeof(float));
+  }
+};
+
+// Stack several (n_i, k_in) row-major matrices vertically and pack them: the fused q|k|v and
+// gate|up projections. Concatenation changes no output's FMA chain. allow_compact = false
+// keeps float32 panels (the blocks' config field compact_weights; tests compare the two).
+PackedMatrix pack_matrices(const std::vector<const float*>& parts, const std::vector<int64_t>& rows,
+                           int64_t k_in, const std::vector<const float*>& biases,
+                           bool allow_compact = true);
+
+// K is cache-blocked: a kGemmKC x kGemmNR slice of the panel (384 KB) stays in L2 while it
+// is used for every row block (measured: smaller blocks that fit L1 were slower here, since
+// they reload the partial sums more often). The blocks of one output run in increasing k and
+// each continues from the partial sums (stored to c as float and reloaded: exact), so the FMA
+// chain is the same single chain over k = 0..K-1 as without blocking.
+constexpr int64_t kGemmKC = 2048;
+static_assert(kGemmKC % kQBlock == 0, "K blocks hold whole quantisation blocks");
+
+// This OS thread's buffer of kGemmKC x kGemmNR floats (64-byte aligned, kept for the thread's
+// life) for compact K blocks rebuilt as float32 panel rows. Defined out of line, in the
+// baseline object, so no ISA object emits (and shares) its allocator code.
+float* gemm_rebuild_buffer();
+
+}  // namespace eb::ops
