@@ -1,13 +1,13 @@
 """Per-step decode times of consecutive steps: how a decode loop warms up after a state copy.
 
-Usage: ``python benchmarks/decode_steps.py [WORKLOAD] [BATCH] [STEPS] [PEERS]``, e.g.
-``python benchmarks/decode_steps.py smollm2-layer 8 16 exactblocks,torch_sdpa``.
+Usage, from a clone's root: ``python -m benchmarks.decode_steps [WORKLOAD] [BATCH] [STEPS]
+[PEERS]``, e.g. ``python -m benchmarks.decode_steps smollm2-layer 8 16 exactblocks,torch_sdpa``.
 
-WORKLOAD is one of ``exactblocks.bench``'s full-size layer workloads (default
+WORKLOAD is one of the benchmark's full-size layer workloads (default
 ``smollm2-layer``), BATCH the rows per step (default 1), STEPS the consecutive steps per
 repeat (9 to 480, default 16), PEERS a comma-separated subset of the bench's peers for that
 workload (default: every peer it can build; the torch peers need torch and transformers,
-mojolearn needs mojolearn-core). It builds the peers as ``python -m exactblocks.bench`` does
+mojolearn needs mojolearn-core). It builds the peers as ``python -m benchmarks`` does
 and prepares 512 cached tokens. Then it takes 7 repeats, the peers interleaved: each repeat
 copies the state (untimed) and times STEPS consecutive steps one by one. It prints, per peer,
 the median over the repeats of each step's time in ms, and the median of all steps 1-4 and
@@ -21,7 +21,12 @@ import time
 
 import numpy as np
 
-from exactblocks import bench, get_num_threads
+from benchmarks.checks import Recorder
+from benchmarks.mojolearn_peer import import_mojolearn
+from benchmarks.peers import build_peers
+from benchmarks.timing import run_decode
+from benchmarks.workloads import FULL_LAYERS, mamba2_weights, transformer_weights
+from exactblocks import get_num_threads
 
 CONTEXT = 512  # cached tokens before the timed steps
 MAX_STEPS = 480  # the peers are built for CONTEXT + MAX_STEPS + 32 positions
@@ -38,15 +43,15 @@ def _peer_names(spec) -> list[str]:
 def parse_args(argv):
     """Parse and check the command line; exits with a one-line message on bad input."""
     ap = argparse.ArgumentParser(
-        prog="decode_steps.py",
+        prog="python -m benchmarks.decode_steps",
         description="Median time of each of STEPS consecutive decode steps after a state copy.",
     )
     ap.add_argument(
         "workload",
         nargs="?",
         default="smollm2-layer",
-        choices=[w for w in bench.FULL_LAYERS],
-        help="a full-size layer workload of exactblocks.bench",
+        choices=list(FULL_LAYERS),
+        help="a full-size layer workload of the benchmark",
     )
     ap.add_argument("batch", nargs="?", type=int, default=1, help="rows per step (>= 1)")
     ap.add_argument(
@@ -69,7 +74,7 @@ def parse_args(argv):
         ap.error(
             f"STEPS must be in [9, {MAX_STEPS}] (steps 9 on are the steady state); got {args.steps}"
         )
-    spec = bench.FULL_LAYERS[args.workload]
+    spec = FULL_LAYERS[args.workload]
     if args.peers is not None:
         names = list(dict.fromkeys(p.strip() for p in args.peers.split(",")))
         bad = [p for p in names if p not in _peer_names(spec)]
@@ -83,10 +88,12 @@ def parse_args(argv):
 
 
 def main(argv):
+    """Build the peers, time the steps and print the per-step medians (``argv`` without the
+    program name)."""
     args = parse_args(argv)
-    spec = bench.FULL_LAYERS[args.workload]
+    spec = FULL_LAYERS[args.workload]
     rng = np.random.default_rng(1234)
-    make = bench._transformer_weights if spec.kind == "transformer" else bench._mamba2_weights
+    make = transformer_weights if spec.kind == "transformer" else mamba2_weights
     weights = make(spec, rng)
     avail = {"torch_error": None, "mojolearn": None}
     try:
@@ -97,14 +104,14 @@ def main(argv):
     except ImportError as exc:
         avail["torch_error"] = str(exc)
     if args.peers is None or "mojolearn" in args.peers:
-        avail["mojolearn"], _ = bench._import_mojolearn()
-    rec = bench._Recorder(False)
-    peers = bench._build_peers(spec, weights, CONTEXT + MAX_STEPS + 32, avail, rec)
+        avail["mojolearn"], _ = import_mojolearn()
+    rec = Recorder(False)
+    peers = build_peers(spec, weights, CONTEXT + MAX_STEPS + 32, avail, rec)
     names = args.peers or list(peers)
     missing = [p for p in names if p not in peers]
     if missing:
         why = "; ".join(rec.notes) or avail["torch_error"] or "not installed"
-        sys.exit(f"decode_steps.py: cannot build {', '.join(missing)} ({why})")
+        sys.exit(f"python -m benchmarks.decode_steps: cannot build {', '.join(missing)} ({why})")
     x_ctx = rng.standard_normal((1, CONTEXT, spec.d_model), dtype=np.float32)
     xs = rng.standard_normal((args.steps, args.batch, spec.d_model), dtype=np.float32)
     snaps = {}
@@ -116,7 +123,7 @@ def main(argv):
     for _ in range(REPEATS):
         for p in names:
             time.sleep(0.05)
-            _, ts, _ = bench._run_decode(peers[p], snaps[p], xs)
+            _, ts, _ = run_decode(peers[p], snaps[p], xs)
             times[p].append(ts)
     print(f"{args.workload}, B={args.batch}: median ms of each step over {REPEATS} repeats")
     for p in names:

@@ -1,4 +1,4 @@
-"""``python -m exactblocks.bench --quick`` runs end to end (tiny shapes; no timing asserts).
+"""``python -m benchmarks --quick`` runs end to end (tiny shapes; no timing asserts).
 
 Runs the benchmark in-process (torch is imported once) and checks what it produced: every
 layer workload and case was checked and timed for exactblocks, the PyTorch peers were timed
@@ -26,9 +26,10 @@ HAS_TORCH = (
 
 @pytest.fixture(scope="module")
 def bench():
-    """The bench module, with exactblocks' extension loaded (skipped locally if not built)."""
+    """The benchmark's command line, with exactblocks' extension loaded (skipped locally if
+    not built)."""
     import exactblocks
-    from exactblocks import bench as mod
+    from benchmarks import cli
 
     try:
         exactblocks.arithmetic_version()
@@ -36,7 +37,7 @@ def bench():
         if os.environ.get("CI"):
             raise
         pytest.skip(f"exactblocks' compiled extension is not importable: {exc}")
-    return mod
+    return cli
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +138,7 @@ def test_report_files(quick_run):
     assert md.count("\n| ") >= 1 + 16  # header + 16 layer rows (and the targets table)
     for key in ("command", "cpu", "isa", "threads", "versions"):
         assert data["meta"][key], key
-    assert data["meta"]["command"].startswith("python -m exactblocks.bench --quick")
+    assert data["meta"]["command"].startswith("python -m benchmarks --quick")
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
@@ -147,7 +148,9 @@ def test_report_files(quick_run):
 @pytest.mark.skipif(not HAS_TORCH, reason="torch/transformers not installed")
 def test_failed_check_is_not_timed(bench, tmp_path, monkeypatch):
     """With a zero tolerance the torch peers fail their check: not timed, exit status 1."""
-    monkeypatch.setattr(bench, "ROW_RTOL", 0.0)
+    from benchmarks import checks
+
+    monkeypatch.setattr(checks, "ROW_RTOL", 0.0)
     rc = bench.main(
         [
             "--quick",
@@ -177,12 +180,10 @@ def test_unknown_workload_is_a_usage_error(bench, capsys):
 
 
 def _decode_steps_script():
-    """benchmarks/decode_steps.py, imported as a module (it is a script, not in the package)."""
-    path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "decode_steps.py")
-    spec = importlib.util.spec_from_file_location("decode_steps", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """benchmarks/decode_steps.py (``python -m benchmarks.decode_steps``), imported."""
+    from benchmarks import decode_steps
+
+    return decode_steps
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,11 @@ MODULES = [
     "exactblocks.loaders.gguf",
     "exactblocks.tokenizer",
     "exactblocks.cli",
-    "exactblocks.bench",
+    "benchmarks.workloads",
+    "benchmarks.checks",
+    "benchmarks.timing",
+    "benchmarks.report",
+    "benchmarks.cli",
 ]
 
 

@@ -15,7 +15,8 @@ import pytest
 from helpers import make_mamba2_weights, make_transformer_weights
 
 import exactblocks as eb
-from exactblocks import _ext, bench
+from benchmarks.workloads import bf16_round
+from exactblocks import _ext
 
 gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize, quantize  # noqa: E402
@@ -210,7 +211,7 @@ def test_mamba2_block_compact_equals_float32():
 
 def bf16_values(x: np.ndarray) -> np.ndarray:
     """x rounded to bfloat16 and widened back (float32 with low 16 bits zero)."""
-    return bench.bf16_round(np.asarray(x, dtype=np.float32))
+    return bf16_round(np.asarray(x, dtype=np.float32))
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 70, 32), (8, 100, 2048 + 96), (9, 49, 64), (33, 130, 128)])
