@@ -63,10 +63,10 @@ bool attention(const AttentionCall& a) {
   if (a.window > 0) max_keys = std::min(max_keys, a.window);
   max_keys = pad_floats(max_keys);  // score rows start on 64-byte boundaries
   // Per-thread scratch, allocated up front: nothing allocates inside a parallel region.
-  constexpr int kQBlock = 8;  // queries of one prefill row that share a pass over the keys
-  static_assert(kQBlock * 32 <= 256, "qs/os arrays below");
+  constexpr int kQueryBlock = 8;  // queries of one prefill row that share a pass over the keys
+  static_assert(kQueryBlock * 32 <= 256, "qs/os arrays below");
   const int n_slots = std::max(nt, 1);
-  const int64_t score_rows = std::max<int64_t>(4, kQBlock * n_rep);
+  const int64_t score_rows = std::max<int64_t>(4, kQueryBlock * n_rep);
   float* score_scratch =
       ws.floats(a.ws_float0, static_cast<size_t>(n_slots * score_rows * max_keys));
 
@@ -158,7 +158,7 @@ bool attention(const AttentionCall& a) {
   // order of tasks never changes a bit: each (token, head) output is computed by one thread.
   // A task is one (token, KV head): its n_rep query heads run together, up to 4 at a time.
   // Tasks: (first token, count, KV head, first query head, query heads). Prefill rows (with
-  // transposed keys) go in blocks of kQBlock consecutive tokens, other rows token by token.
+  // transposed keys) go in blocks of kQueryBlock consecutive tokens, other rows token by token.
   // When the (token, KV head) pairs of other rows are too few to keep every thread busy (a
   // decode step of a row with 3 KV heads on 2 threads, one KV head on any), each one's query
   // heads are split into `parts` tasks: attention_heads gives every head the same bits
@@ -166,7 +166,7 @@ bool attention(const AttentionCall& a) {
   int64_t n_att = 0, n_single = 0;
   for (int64_t b = 0; b < B; ++b) {
     if (kt_off[b + 1] > kt_off[b])
-      n_att += (a.lengths[b] + kQBlock - 1) / kQBlock * n_kv;
+      n_att += (a.lengths[b] + kQueryBlock - 1) / kQueryBlock * n_kv;
     else
       n_single += a.lengths[b] * n_kv;
   }
@@ -182,7 +182,7 @@ bool attention(const AttentionCall& a) {
     for (int64_t b = 0; b < B; ++b) {
       const int64_t len = a.lengths[b];
       const bool blocked = kt_off[b + 1] > kt_off[b];
-      const int64_t step_t = blocked ? kQBlock : 1, n_parts = blocked ? 1 : parts;
+      const int64_t step_t = blocked ? kQueryBlock : 1, n_parts = blocked ? 1 : parts;
       for (int64_t t0 = 0; t0 < len; t0 += step_t)
         for (int64_t g = 0; g < n_kv; ++g)
           for (int64_t pt = 0; pt < n_parts; ++pt, ++k) {
@@ -208,7 +208,7 @@ bool attention(const AttentionCall& a) {
       if (kt_len) {  // a block of prefill queries: every head of this KV head together
         const float* kt = kt_all + kt_off[b] + g * kt_len;
         const float* vp = vp_all + kt_off[b] + g * kt_len;
-        const float* qs[256];  // kQBlock queries x up to 32 heads
+        const float* qs[256];  // kQueryBlock queries x up to 32 heads
         float* os[256];
         for (int64_t h0 = g * n_rep; h0 < (g + 1) * n_rep; h0 += 32) {
           const int r_n = static_cast<int>(std::min<int64_t>(32, (g + 1) * n_rep - h0));
