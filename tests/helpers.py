@@ -1,7 +1,6 @@
 """Small shared test helpers: random block weights and bitwise comparisons.
 
-Importable as ``helpers`` once ``tests/`` is on ``sys.path`` (the api and oracle conftests put it
-there).
+Importable as ``helpers``: ``tests/`` is on the path (pyproject.toml, pytest ``pythonpath``).
 """
 
 from __future__ import annotations

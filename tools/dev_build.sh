@@ -8,5 +8,6 @@ cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=
   -DSKBUILD_PROJECT_VERSION="$("$py" -c 'import tomllib;print(tomllib.load(open("pyproject.toml","rb"))["project"]["version"])')" >/dev/null
 cmake --build build/dev -j 2
 cp build/dev/_core*.so src/exactblocks/
-# keep the checked-in type stub of the extension current (STYLE 2: nanobind stubgen output)
-PYTHONPATH=src "$py" -m nanobind.stubgen -m exactblocks._core -o src/exactblocks/_core.pyi -q 2>/dev/null || true
+# Keep the checked-in type stub of the extension current (STYLE 2: nanobind stubgen output);
+# a failing stub generator fails the build script.
+PYTHONPATH=src "$py" -m nanobind.stubgen -m exactblocks._core -o src/exactblocks/_core.pyi -q

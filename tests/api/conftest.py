@@ -1,6 +1,6 @@
 """Fixtures of the API tests (SPEC.md 1, 2, 4, 5, 6, 9, 10).
 
-Puts ``tests/`` on ``sys.path`` (for ``helpers``). Locally, tests that need the compiled
+Locally, tests that need the compiled
 extension are skipped with the reason when it is not built; under CI (``CI`` set) a missing or
 broken build is an error, so no API test can pass by being skipped there.
 """
@@ -8,18 +8,11 @@ broken build is an error, so no API test can pass by being skipped there.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-_TESTS_DIR = str(Path(__file__).resolve().parents[1])
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
-
-from helpers import API_SIZES as SIZES  # noqa: E402
-from helpers import make_transformer_weights  # noqa: E402
+from helpers import API_SIZES as SIZES
+from helpers import make_transformer_weights
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,5 @@
 """Fixtures of the Hugging Face oracle tests (SPEC.md 4.6).
 
-- Puts ``tests/`` on ``sys.path`` so the float64 references import as ``reference.*``.
 - Pins torch to 2 intra-op threads for every oracle test (the machine has 2 cores, shared).
 - ``eb`` gives the ``exactblocks`` package. Locally a missing build skips the tests that need
   it (with the reason); under CI (``CI`` set) a missing or broken build is an error, so an
@@ -12,13 +11,8 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from pathlib import Path
 
 import pytest
-
-_TESTS_DIR = str(Path(__file__).resolve().parents[1])
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
 
 TORCH_THREADS = 2
 
