@@ -110,7 +110,7 @@ struct VecAvx2 {
   // max(a, b) keeping b when either is NaN (maxps returns its second operand then).
   static VecAvx2 max(VecAvx2 a, VecAvx2 b) { return {_mm256_max_ps(a.v, b.v)}; }
   static VecAvx2 mul(VecAvx2 a, VecAvx2 b) { return {_mm256_mul_ps(a.v, b.v)}; }
-  // Exact small-integer loads of compact weight codes (ops/gemm.hpp): kLanes int8 -> float,
+  // Exact small-integer loads of compact weight codes (ops/gemm/format.hpp): kLanes int8 -> float,
   // and kLanes bytes -> ((byte >> Shift) & 15) -> float.
   static VecAvx2 from_i8(const int8_t* p) {
     return {_mm256_cvtepi32_ps(

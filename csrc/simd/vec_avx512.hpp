@@ -114,7 +114,7 @@ struct VecAvx512 {
   // max(a, b) keeping b when either is NaN (maxps returns its second operand then).
   static VecAvx512 max(VecAvx512 a, VecAvx512 b) { return {_mm512_max_ps(a.v, b.v)}; }
   static VecAvx512 mul(VecAvx512 a, VecAvx512 b) { return {_mm512_mul_ps(a.v, b.v)}; }
-  // Exact small-integer loads of compact weight codes (ops/gemm.hpp): kLanes int8 -> float,
+  // Exact small-integer loads of compact weight codes (ops/gemm/format.hpp): kLanes int8 -> float,
   // and kLanes bytes -> ((byte >> Shift) & 15) -> float.
   static VecAvx512 from_i8(const int8_t* p) {
     return {_mm512_cvtepi32_ps(

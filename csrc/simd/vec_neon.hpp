@@ -28,7 +28,7 @@ struct VecNeon {
   // where the kernels use it, so this equals the x86 and scalar versions.
   static VecNeon max(VecNeon a, VecNeon b) { return {vmaxnmq_f32(a.v, b.v)}; }
   static VecNeon mul(VecNeon a, VecNeon b) { return {vmulq_f32(a.v, b.v)}; }
-  // Exact small-integer loads of compact weight codes (ops/gemm.hpp): kLanes int8 -> float,
+  // Exact small-integer loads of compact weight codes (ops/gemm/format.hpp): kLanes int8 -> float,
   // and kLanes bytes -> ((byte >> Shift) & 15) -> float.
   static VecNeon from_i8(const int8_t* p) {
     uint32_t t;

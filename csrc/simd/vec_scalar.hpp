@@ -39,7 +39,7 @@ struct VecScalar {
   // max(a, b) that keeps b when a is NaN (a > b ? a : b); exact, so order-free.
   static VecScalar max(VecScalar a, VecScalar b) { return {a.v > b.v ? a.v : b.v}; }
   static VecScalar mul(VecScalar a, VecScalar b) { return {a.v * b.v}; }
-  // Exact small-integer loads of compact weight codes (ops/gemm.hpp): an int8 -> float, and
+  // Exact small-integer loads of compact weight codes (ops/gemm/format.hpp): an int8 -> float, and
   // a byte -> ((byte >> Shift) & 15) -> float.
   static VecScalar from_i8(const int8_t* p) { return {static_cast<float>(p[0])}; }
   template <int Shift>

@@ -404,11 +404,10 @@ uint64_t run_gemm(int n_threads) {
   return f.h;
 }
 
-// Compact exact storage (ops/gemm.hpp PanelFormat): matrices built as GGUF Q4_1 / Q8_0 values
-// or bfloat16 values
-// (d with 10 fraction bits, like binary16; each block holds its extreme codes, as llama.cpp's
-// quantiser makes them) must pack compactly and give the float32 panels' bits at every row
-// count (1 and 8: rebuilt in registers; 9 and 20: rebuilt K block by K block).
+// Compact exact storage (ops/gemm/format.hpp PanelFormat): matrices built as GGUF Q4_1 / Q8_0
+// values or bfloat16 values (d with 10 fraction bits, like binary16; each block holds its extreme
+// codes, as llama.cpp's quantiser makes them) must pack compactly and give the float32 panels' bits
+// at every row count (1 and 8: rebuilt in registers; 9 and 20: rebuilt K block by K block).
 uint64_t run_gemm_compact(int n_threads, const std::string& isa) {
   const int64_t k = 2048 + 64, n = 100, m = 20;
   const std::vector<float> a = tensor("gemmq.a", m * k, 1.0f);

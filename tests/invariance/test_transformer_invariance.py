@@ -346,7 +346,7 @@ def test_hypothesis_shapes(data):
 @pytest.mark.parametrize("n_kv,n_rep", [(1, 8), (1, 3), (3, 3), (2, 5), (3, 1)])
 def test_decode_heads_split_over_threads(n_kv, n_rep):
     """A decode step with fewer (token, KV head) pairs than 2 per thread splits each KV head's
-    query heads over tasks (csrc/core/transformer_impl.hpp): one row decoded token by token
+    query heads over tasks (csrc/ops/attention/plan.hpp): one row decoded token by token
     on 1, 2, 3 and 8 threads and on every ISA has the bits of one prefill of the same tokens
     (which keeps every KV head's queries together)."""
     core = _ext.core()
@@ -374,7 +374,7 @@ def test_decode_heads_split_over_threads(n_kv, n_rep):
 @pytest.mark.parametrize("name", ["default", "gqa_window", "odd_head_dim", "softcap", "gemma_like"])
 def test_long_prefill_paths_agree_on_every_isa(name):
     """Rows with >= 16 tokens in a call score their keys from transposed key blocks, shorter
-    calls key by key (csrc/ops/attention.hpp): both paths, on every ISA, give the same bits."""
+    calls key by key (csrc/ops/attention/kernels.hpp): both paths, on every ISA, give the same bits."""
     core = _ext.core()
     blk = make_block(name)
     rng = np.random.default_rng(12)

@@ -1,4 +1,4 @@
-"""Compact exact weight storage (ops/gemm.hpp PanelFormat, ops/gemm_pack.cpp).
+"""Compact exact weight storage (ops/gemm/format.hpp PanelFormat, ops/gemm/pack.cpp).
 
 A matrix whose every weight is a GGUF block-quantised value is packed as codes plus float32
 scales; the kernels rebuild each weight with the packer's own verified operation. The claim

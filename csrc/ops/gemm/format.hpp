@@ -13,7 +13,7 @@ namespace eb::ops {
 constexpr int kGemmNR = 48;
 
 // How a packed matrix holds its weights. Every format is lossless: the packer picks a compact
-// one only when it rebuilds every weight bit for bit (ops/gemm_pack.cpp), and the kernels
+// one only when it rebuilds every weight bit for bit (ops/gemm/pack.cpp), and the kernels
 // rebuild each weight with that same exact operation before its FMA, so the GEMM's arithmetic
 // (and every output bit) is the same whatever the format. Compact formats cut the bytes a
 // decode step streams: weights dequantised from GGUF blocks are exactly such values.
