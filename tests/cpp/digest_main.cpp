@@ -12,14 +12,16 @@
 // digest on every ISA and every architecture (SPEC 3.1). stderr: one `# <isa> <case> <digest>`
 // line per case, to locate a mismatch. Exit status 1 if a self-check fails inside one ISA:
 // the vectorised exp differs from exp_f32, compact panels differ from float32 panels, 1 and
-// 2 threads give different bits, or a block output is non-finite, all zero, or written at a
-// padding position.
+// 2 threads give different bits, a block output is non-finite, all zero, or written at a
+// padding position, or a kernel differs from its plain twin (ops/ref/ref.hpp: attention decode
+// and prefill, softmax, conv1d, the SSM step and multi-token scan, RoPE, the MLP combine).
 //
 // Build (x86-64, see the test for the full command; every kernels_isa.cpp object needs
 // -DEB_ISA_<isa>=1 -DEB_ISA_NAME=isa_<isa> and the ISA's flags, the rest -DEB_HAVE_<ISA>=1):
 //   g++ -std=c++17 -O2 -fopenmp -ffp-contract=off -I csrc tests/cpp/digest_main.cpp
 //       csrc/{base,blocks,ops,dispatch}/**/*.cpp (not kernels_isa.cpp) <isa objects> -o digest
 // Run: ./digest [--quick]
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdint>
@@ -35,6 +37,8 @@
 #include "dispatch/kernel_table.hpp"
 #include "ops/activations.hpp"
 #include "ops/norm.hpp"
+#include "ops/ref/ref.hpp"
+#include "ops/ssm_scan.hpp"
 
 namespace {
 
@@ -541,6 +545,151 @@ uint64_t run_elementwise(const std::vector<float>& x, const std::string& isa) {
   return all.h;
 }
 
+// ---- kernels against their plain twins (ops/ref/ref.hpp) ---------------------------------------
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Small sweeps with tails of each kernel that has a twin; a difference is a failure (so the
+// NEON path is checked against the twins too, under qemu). Returns the digest of the outputs.
+uint64_t run_twins(const std::string& isa) {
+  const eb::KernelTable& kt = eb::kernels();
+  Fnv1a f;
+  const auto check = [&](const std::string& what, const std::vector<float>& got,
+                         const std::vector<float>& want) {
+    if (!same_bits(got, want)) fail(isa, "twin " + what + " differs");
+    f.floats(got);
+  };
+  // attention, decode (R heads of one KV head) and prefill (Q queries x R heads)
+  for (int64_t hd : {5, 16, 20}) {
+    const std::vector<float> k = tensor("tw.k" + std::to_string(hd), 80 * hd, 1.0f);
+    const std::vector<float> v = tensor("tw.v" + std::to_string(hd), 80 * hd, 1.0f);
+    const std::vector<float> q = tensor("tw.q" + std::to_string(hd), 8 * 5 * hd, 1.0f);
+    const float scale = inv_sqrt(hd);
+    for (float softcap : {0.0f, 2.0f})
+      for (int R = 1; R <= 4; ++R)
+        for (int64_t n : {1, 17, 40}) {
+          const int64_t j0 = 3, p = j0 + n - 1;
+          std::vector<float> o(static_cast<size_t>(R * hd)), pr(static_cast<size_t>(R * n));
+          std::vector<float> o_ref(o.size()), pr_ref(pr.size());
+          kt.attention_decode(q.data(), R, hd, k.data(), v.data(), j0, p, scale, softcap, pr.data(),
+                              n, o.data());
+          for (int r = 0; r < R; ++r)
+            eb::ops::ref::attention_ref(q.data() + r * hd, k.data(), v.data(), hd, hd, j0, p, scale,
+                                        softcap, pr_ref.data() + r * n, o_ref.data() + r * hd);
+          const std::string what = "attention_decode hd=" + std::to_string(hd) +
+                                   " R=" + std::to_string(R) + " n=" + std::to_string(n);
+          check(what + " probs", pr, pr_ref);
+          check(what + " o", o, o_ref);
+        }
+    for (int Q : {3, 8})
+      for (int R : {1, 5})
+        for (int64_t p0 : {0, 20, 70})
+          for (int64_t window : {0, 9}) {
+            const float softcap = window ? 2.0f : 0.0f;
+            const int64_t j00 = window > 0 ? std::max<int64_t>(0, p0 - window + 1) : 0;
+            const int64_t stride = p0 + Q;
+            std::vector<float> scratch(static_cast<size_t>(2 * (p0 + Q + 16) * hd));
+            std::vector<float> o(static_cast<size_t>(Q * R * hd)), o_ref(o.size());
+            std::vector<float> pr(static_cast<size_t>(Q * R * stride), 0.0f), pr_ref(pr.size());
+            for (int qi = 0; qi < Q; ++qi) {
+              const int64_t p = p0 + qi, j0 = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+              for (int r = 0; r < R; ++r)
+                eb::ops::ref::attention_ref(
+                    q.data() + (qi * R + r) * hd, k.data(), v.data(), hd, hd, j0, p, scale, softcap,
+                    pr_ref.data() + (qi * R + r) * stride, o_ref.data() + (qi * R + r) * hd);
+            }
+            for (int64_t base : {int64_t{0}, j00}) {
+              std::fill(pr.begin(), pr.end(), 0.0f);
+              kt.attention_prefill(q.data(), Q, R, hd, window, p0, k.data(), v.data(), base, scale,
+                                   softcap, scratch.data(), pr.data(), stride, o.data());
+              const std::string what =
+                  "attention_prefill hd=" + std::to_string(hd) + " Q=" + std::to_string(Q) +
+                  " R=" + std::to_string(R) + " p0=" + std::to_string(p0) +
+                  " window=" + std::to_string(window) + " base=" + std::to_string(base);
+              check(what + " probs", pr, pr_ref);
+              check(what + " o", o, o_ref);
+            }
+          }
+  }
+  for (int64_t n : {1, 17, 100})
+    for (float softcap : {0.0f, 5.0f}) {
+      std::vector<float> s = tensor("tw.s" + std::to_string(n), n, 8.0f), s_ref = s;
+      kt.softmax(s.data(), n, 0.25f, softcap);
+      eb::ops::ref::softmax_ref(s_ref.data(), n, 0.25f, softcap);
+      check("softmax n=" + std::to_string(n), s, s_ref);
+    }
+  for (int64_t K : {1, 4, 17})
+    for (int64_t C : {5, 37}) {
+      const std::vector<float> w = tensor("tw.cw", K * C, 0.5f), u = tensor("tw.cu", K * C, 1.0f);
+      const std::vector<float> b = tensor("tw.cb", C, 0.1f);
+      for (const float* bias : {static_cast<const float*>(nullptr), b.data()}) {
+        std::vector<float> out(static_cast<size_t>(C)), out_ref(out.size());
+        kt.conv1d(w.data(), u.data(), C, C, K, bias, out.data());
+        eb::ops::ref::conv1d_ref(w.data(), u.data(), C, C, K, bias, out_ref.data());
+        check("conv1d K=" + std::to_string(K) + " C=" + std::to_string(C), out, out_ref);
+      }
+    }
+  // SSM: one step, and T tokens against T twin steps (d_state 16, 48, 128: register path)
+  for (int64_t hd : {3, 16})
+    for (int64_t ns : {12, 16, 33, 48, 128})
+      for (int64_t T : {1, 7, 32}) {
+        const std::string tag = std::to_string(hd) + "." + std::to_string(ns);
+        const std::vector<float> h0 = tensor("tw.h" + tag, hd * ns, 1.0f);
+        const std::vector<float> x = tensor("tw.x" + tag, T * hd, 1.0f);
+        const std::vector<float> b = tensor("tw.b" + tag, T * ns, 1.0f);
+        const std::vector<float> c = tensor("tw.c" + tag, T * ns, 1.0f);
+        const std::vector<float> dt = tensor("tw.dt" + tag, T, 0.1f, 0.15f);
+        const float a = -1.5f, d = 0.75f;
+        std::vector<float> h = h0, h_ref = h0, y(static_cast<size_t>(T * hd)), y_ref(y.size());
+        std::vector<float> scratch(static_cast<size_t>(eb::ops::ssm_scan_scratch_floats(ns)));
+        kt.ssm_scan_tokens(h.data(), hd, ns, T, dt.data(), a, d, x.data(), b.data(), c.data(),
+                           scratch.data(), y.data());
+        for (int64_t t = 0; t < T; ++t)
+          eb::ops::ref::ssm_scan_step_ref(h_ref.data(), hd, ns, dt[t], a, d, x.data() + t * hd,
+                                          b.data() + t * ns, c.data() + t * ns,
+                                          y_ref.data() + t * hd);
+        const std::string what = "ssm_scan_tokens hd=" + std::to_string(hd) +
+                                 " ns=" + std::to_string(ns) + " T=" + std::to_string(T);
+        check(what + " y", y, y_ref);
+        check(what + " h", h, h_ref);
+        h = h0;
+        h_ref = h0;
+        std::vector<float> y1(static_cast<size_t>(hd)), y1_ref(y1.size());
+        kt.ssm_scan_step(h.data(), hd, ns, dt[0], a, d, x.data(), b.data(), c.data(),
+                         scratch.data(), y1.data());
+        eb::ops::ref::ssm_scan_step_ref(h_ref.data(), hd, ns, dt[0], a, d, x.data(), b.data(),
+                                        c.data(), y1_ref.data());
+        check("ssm_scan_step hd=" + std::to_string(hd) + " ns=" + std::to_string(ns) + " y", y1,
+              y1_ref);
+        check("ssm_scan_step hd=" + std::to_string(hd) + " ns=" + std::to_string(ns) + " h", h,
+              h_ref);
+      }
+  for (int64_t rope_dim : {6, 16})
+    for (int64_t pos : {0, 37, 100000, (1 << 24) - 1}) {
+      const int64_t hd = rope_dim + 3, half = rope_dim / 2;
+      std::vector<float> inv(static_cast<size_t>(half));
+      eb::ops::rope_inv_freq(rope_dim, 10000.0, eb::ops::kRopeDefault, 1.0, 1.0, 4.0, 8192.0,
+                             inv.data());
+      std::vector<float> v = tensor("tw.rope", 3 * hd, 1.0f), v_ref = v;
+      std::vector<float> scratch(static_cast<size_t>(rope_dim));
+      kt.rope(v.data(), 3, hd, rope_dim, pos, inv.data(), scratch.data());
+      for (int64_t i = 0; i < 3; ++i)
+        eb::ops::ref::rope_ref(v_ref.data() + i * hd, rope_dim, pos, inv.data());
+      check("rope rope_dim=" + std::to_string(rope_dim) + " pos=" + std::to_string(pos), v, v_ref);
+    }
+  for (int kind = eb::ops::kSwiGlu; kind <= eb::ops::kGeluTanh; ++kind)
+    for (int64_t it : {1, 9, 37}) {
+      const std::vector<float> gu = tensor("tw.gu", 2 * it, 4.0f);
+      std::vector<float> u(static_cast<size_t>(it)), u_ref(u.size());
+      kt.mlp_combine(kind, gu.data(), it, u.data());
+      eb::ops::ref::mlp_combine_ref(kind, gu.data(), it, u_ref.data());
+      check("mlp_combine kind=" + std::to_string(kind) + " it=" + std::to_string(it), u, u_ref);
+    }
+  return f.h;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -600,6 +749,7 @@ int main(int argc, char** argv) {
       record("gemm_compact", h2);
     }
     record("elementwise", run_elementwise(sweep, isa));
+    record("twins", run_twins(isa));
     std::printf("%s %s\n", isa.c_str(), hex(total.h).c_str());
     std::fflush(stdout);
   }
