@@ -80,8 +80,9 @@ class ConfigReader:
                 )
 
     def _fail(self, key: str, value: Any, expected: str):
+        shown = key if "[" in key or " " in key else repr(key)  # rope_parameters['rope_type']
         raise ValueError(
-            f"load_model: config field {key!r}={value!r} is not supported by the {self.family} "
+            f"load_model: config field {shown}={value!r} is not supported by the {self.family} "
             f"family (expected {expected})"
         )
 

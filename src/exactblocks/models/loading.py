@@ -279,7 +279,9 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
         bad = ~np.isfinite(arr)
         if bad.any():
             idx = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise ValueError(f"load_model: tensor {name!r} holds {arr[idx]!r} at index {idx}")
+            raise ValueError(
+                f"load_model: tensor {name!r} holds {float(arr[idx])!r} at index {idx}"
+            )
 
     # 2. the blocks, one layer's tensors at a time
     blocks = []
