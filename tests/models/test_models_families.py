@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import FAMILIES, bits, hf_logits
+from models_helpers import FAMILIES, bits, hf_logits
 
 import exactblocks
 

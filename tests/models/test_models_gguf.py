@@ -9,7 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import bits, hf_logits, make_hf_model, require
+from models_helpers import bits, hf_logits, make_hf_model, require
 
 import exactblocks
 

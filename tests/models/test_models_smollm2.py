@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import TORCH_THREADS, require
+from models_helpers import TORCH_THREADS, require
 
 import exactblocks
 

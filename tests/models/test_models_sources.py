@@ -11,7 +11,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import CHAT_TEMPLATE, bits, hf_logits, make_hf_model
+from models_helpers import CHAT_TEMPLATE, bits, hf_logits, make_hf_model
 
 import exactblocks
 
