@@ -1,6 +1,6 @@
 """Helpers and the session fixture of the whole-model tests: tiny random transformers models
-saved with ``save_pretrained`` (one per family, built once per session), a tiny byte-level BPE tokenizer
-with a chat template, and the oracle helpers.
+saved with ``save_pretrained`` (one per family, built once per session), a tiny byte-level BPE
+tokenizer with a chat template, and the oracle helpers.
 
 Every model is float32 with eager attention and ``initializer_range`` large enough that the
 greedy path's top-2 logit margins are far above float32 noise (the greedy test checks it).
