@@ -32,5 +32,6 @@ inline OutArr new_array(std::initializer_list<size_t> shape) {
 void bind_runtime(nb::module_& m);
 void bind_blocks(nb::module_& m);
 void bind_ops(nb::module_& m);
+void bind_head(nb::module_& m);
 
 }  // namespace eb::bindings

@@ -1,7 +1,7 @@
 // exactblocks._core: thin typed entry points (STYLE 5.8). No math and no defaults here; the
 // Python layer has validated every argument. Computation runs with the GIL released. This file
 // holds the module and the runtime entry points; blocks.cpp binds the two blocks and their
-// typed configs, ops.cpp the kernels the tests call one by one.
+// typed configs, ops.cpp the kernels the tests call one by one, head.cpp a model's output head.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -44,4 +44,5 @@ NB_MODULE(_core, m) {
   eb::bindings::bind_runtime(m);
   eb::bindings::bind_blocks(m);
   eb::bindings::bind_ops(m);
+  eb::bindings::bind_head(m);
 }

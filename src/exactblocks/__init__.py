@@ -2,13 +2,15 @@
 
 Public names (SPEC.md 1): :class:`TransformerBlockInference`, :class:`TransformerState`,
 :class:`TransformerDecodeSession`, :func:`arithmetic_version`, :func:`set_num_threads`,
-:func:`get_num_threads` and ``__version__``. The compiled extension is loaded on first use.
+:func:`get_num_threads`, ``__version__``, and the whole-model layer: :func:`load_model`,
+:class:`Model`, :class:`ModelState`. The compiled extension is loaded on first use.
 """
 
 __version__ = "0.1.0"
 
 from .mamba2 import Mamba2BlockInference  # noqa: E402
 from .mamba2_state import Mamba2State  # noqa: E402
+from .models import Model, ModelState, load_model  # noqa: E402
 from .runtime import arithmetic_version, get_num_threads, set_num_threads  # noqa: E402
 from .session import TransformerDecodeSession  # noqa: E402
 from .state import TransformerState  # noqa: E402
@@ -17,11 +19,14 @@ from .transformer import TransformerBlockInference  # noqa: E402
 __all__ = [
     "Mamba2BlockInference",
     "Mamba2State",
+    "Model",
+    "ModelState",
     "TransformerBlockInference",
     "TransformerDecodeSession",
     "TransformerState",
     "__version__",
     "arithmetic_version",
     "get_num_threads",
+    "load_model",
     "set_num_threads",
 ]

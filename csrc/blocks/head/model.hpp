@@ -1,0 +1,27 @@
+// HeadModel: the resolved config and the packed weights of a model's output head (built once).
+// logits[m] = W_head · N(x[m]) per token row m: the final norm (ops/norm.hpp, L16 sums) then
+// the packed GEMM (ops/gemm, SEQ FMA chains), the blocks' own arithmetic, so the logits are
+// part of the bitwise promise (a row's logits depend only on that row). The binding composes
+// the two through the kernel table; this layer holds no arithmetic of its own.
+#pragma once
+#include <vector>
+
+#include "blocks/head/config.hpp"
+#include "ops/gemm/format.hpp"
+
+namespace eb::blocks {
+
+struct HeadModel {
+  HeadConfig cfg;
+  float norm_eps = 0.0f;      // cfg.norm_eps rounded to float32 once
+  std::vector<float> norm_w;  // (d_model,); (1 + w) rounded once for rmsnorm_offset
+  std::vector<float> norm_b;  // (d_model,) with norm_bias, else empty
+  ops::PackedMatrix w_head;   // lm_head (vocab_size, d_model), or the tied embedding
+
+  // norm_weight (d_model,), norm_bias (d_model,) or nullptr, head_weight (vocab_size, d_model)
+  // row-major; shapes checked by Python. The arrays are copied and packed; none is kept.
+  HeadModel(const HeadConfig& c, const float* norm_weight, const float* norm_bias,
+            const float* head_weight);
+};
+
+}  // namespace eb::blocks

@@ -1,0 +1,239 @@
+"""The tokenizer of a Hugging Face folder (``tokenizer.json``) and its chat template.
+
+What lives here: :class:`HFTokenizer`, built with the ``tokenizers`` package from
+``tokenizer.json`` and ``tokenizer_config.json`` (special tokens, ``add_bos_token``-style
+settings are already in ``tokenizer.json``'s post-processor), with the chat template from
+``chat_template.jinja`` (transformers 5 writes it there) or ``tokenizer_config.json``'s
+``chat_template``, rendered with ``jinja2`` the way transformers' ``render_jinja_template``
+does. Never imports torch or transformers. What does not: GGUF tokenizers
+(``exactblocks.tokenizer.GGUFTokenizer``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+__all__ = ["HFTokenizer"]
+
+
+def _token_text(value) -> str | None:
+    """tokenizer_config.json spells a special token as a str or as an AddedToken dict."""
+    if isinstance(value, Mapping):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class HFTokenizer:
+    """A fast tokenizer from ``tokenizer.json``, with the folder's chat template.
+
+    Build it with :meth:`from_folder`. ``encode``, ``decode`` and ``apply_chat_template`` give
+    the ids and text transformers' ``AutoTokenizer.from_pretrained(folder)`` gives on the same
+    files (tests/models checks it).
+
+    Attributes
+    ----------
+    chat_template : str or None
+    bos_token, eos_token, pad_token, unk_token : str or None
+        Special tokens named in tokenizer_config.json.
+    eos_token_id : int or None
+    """
+
+    def __init__(self, tok, config: Mapping, chat_template: str | None):
+        self._tok = tok
+        self.chat_template = chat_template
+        for name in ("bos", "eos", "pad", "unk"):
+            setattr(self, f"{name}_token", _token_text(config.get(f"{name}_token")))
+        self.eos_token_id = tok.token_to_id(self.eos_token) if self.eos_token else None
+        self._template = None
+        # transformers' decode: clean_up_tokenization_spaces from tokenizer_config.json
+        self.clean_up_tokenization_spaces = bool(config.get("clean_up_tokenization_spaces", False))
+
+    @classmethod
+    def from_folder(cls, folder: str) -> HFTokenizer | None:
+        """The tokenizer of a ``save_pretrained`` folder, or None when it has no tokenizer.json.
+
+        Parameters
+        ----------
+        folder : str
+
+        Returns
+        -------
+        HFTokenizer or None
+
+        Raises
+        ------
+        ImportError
+            ``tokenizers`` is not installed.
+        ValueError
+            tokenizer.json or tokenizer_config.json cannot be parsed (the message names it).
+        """
+        path = os.path.join(folder, "tokenizer.json")
+        if not os.path.isfile(path):
+            return None
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError(
+                "load_model: reading tokenizer.json needs the `tokenizers` package "
+                "(`pip install tokenizers`)"
+            ) from exc
+        try:
+            tok = Tokenizer.from_file(path)
+        except Exception as exc:
+            raise ValueError(f"load_model: cannot read {path!r}: {exc}") from None
+        config: dict = {}
+        cfg_path = os.path.join(folder, "tokenizer_config.json")
+        if os.path.isfile(cfg_path):
+            try:
+                with open(cfg_path, encoding="utf-8") as f:
+                    config = json.load(f)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"load_model: {cfg_path!r} is not valid JSON ({exc})") from None
+        template = None
+        jinja_path = os.path.join(folder, "chat_template.jinja")
+        if os.path.isfile(jinja_path):
+            with open(jinja_path, encoding="utf-8") as f:
+                template = f.read()
+        elif isinstance(config.get("chat_template"), str):
+            template = config["chat_template"]
+        elif isinstance(config.get("chat_template"), list):  # named templates: HF's "default"
+            named = {t.get("name"): t.get("template") for t in config["chat_template"]}
+            template = named.get("default")
+        return cls(tok, config, template)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included (int)."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``, as transformers' ``tokenizer(text)["input_ids"]``.
+
+        Parameters
+        ----------
+        text : str
+        add_special_tokens : bool, default=True
+            Apply tokenizer.json's post-processor (e.g. a BOS token).
+
+        Returns
+        -------
+        list of int
+
+        Raises
+        ------
+        TypeError
+            ``text`` is not a str.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"HFTokenizer.encode: text must be a str; got {type(text).__name__}")
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        """Text of token ids (tokenizer.json's decoder).
+
+        Parameters
+        ----------
+        ids : sequence of int
+        skip_special_tokens : bool, default=False
+
+        Returns
+        -------
+        str
+        """
+        text = self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        if self.clean_up_tokenization_spaces:  # transformers' clean_up_tokenization
+            for a, b in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"),
+                         (" n't", "n't"), (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"),
+                         (" 're", "'re")):  # fmt: skip
+                text = text.replace(a, b)
+        return text
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = False,
+        tokenize: bool = False,
+        **kwargs: Any,
+    ):
+        """Render a conversation with the folder's chat template, optionally tokenised.
+
+        Parameters
+        ----------
+        messages : sequence of mapping
+            E.g. ``[{"role": "user", "content": "Hi"}]``.
+        add_generation_prompt : bool, default=False
+        tokenize : bool, default=False
+            Return ids (``encode(text, add_special_tokens=False)``, as transformers does).
+        **kwargs
+            Extra template variables.
+
+        Returns
+        -------
+        str or list of int
+
+        Raises
+        ------
+        ValueError
+            The folder has no chat template.
+        ImportError
+            ``jinja2`` is not installed.
+
+        Notes
+        -----
+        Follows transformers ``render_jinja_template``: ``ImmutableSandboxedEnvironment`` with
+        ``trim_blocks``, ``lstrip_blocks`` and ``loopcontrols``, a ``tojson`` filter that does
+        not escape HTML, globals ``raise_exception`` and ``strftime_now``; variables
+        ``messages``, ``add_generation_prompt``, ``tools``/``documents`` (None) and the special
+        tokens by name.
+        """
+        if not self.chat_template:
+            raise ValueError("HFTokenizer.apply_chat_template: the folder has no chat template")
+        variables = {
+            f"{n}_token": getattr(self, f"{n}_token")
+            for n in ("bos", "eos", "pad", "unk")
+            if getattr(self, f"{n}_token") is not None
+        }
+        variables.update(kwargs)
+        text = self._compiled().render(
+            messages=[dict(m) for m in messages],
+            tools=None,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **variables,
+        )
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+    def _compiled(self):
+        if self._template is None:
+            try:
+                import jinja2
+                import jinja2.ext
+                from jinja2.sandbox import ImmutableSandboxedEnvironment
+            except ImportError as exc:  # pragma: no cover - depends on the environment
+                raise ImportError(
+                    "HFTokenizer.apply_chat_template: needs `jinja2` (`pip install jinja2`)"
+                ) from exc
+
+            def raise_exception(message):
+                raise jinja2.exceptions.TemplateError(message)
+
+            def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+                return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
+                                  separators=separators, sort_keys=sort_keys)  # fmt: skip
+
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+            )
+            env.filters["tojson"] = tojson
+            env.globals["raise_exception"] = raise_exception
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            self._template = env.from_string(self.chat_template)
+        return self._template
+
+    def __repr__(self) -> str:
+        return f"HFTokenizer(vocab_size={self.vocab_size}, eos_token={self.eos_token!r})"

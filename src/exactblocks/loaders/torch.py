@@ -1,0 +1,142 @@
+"""In-memory torch tensors (a transformers model's ``state_dict()``) -> float32 NumPy arrays.
+
+What lives here: :class:`TorchSource`, a read-only mapping over a state dict that hands out
+float32 arrays without copying float32 tensors (``Tensor.numpy()`` shares the memory) and
+widening bfloat16/float16 exactly (``Tensor.float()``). What does not: which tensors a model
+needs (``exactblocks.models``). torch is never imported here: the tensors come from the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+__all__ = ["ArraySource", "TorchSource", "is_torch_module"]
+
+
+def is_torch_module(obj) -> bool:
+    """Whether ``obj`` looks like a transformers model: a ``torch.nn.Module`` with a ``.config``.
+
+    Parameters
+    ----------
+    obj : object
+
+    Returns
+    -------
+    bool
+    """
+    mro = [f"{c.__module__}.{c.__qualname__}" for c in type(obj).__mro__]
+    return "torch.nn.modules.module.Module" in mro and hasattr(obj, "config")
+
+
+def _is_tensor(v) -> bool:
+    return any(f"{c.__module__}.{c.__qualname__}" == "torch.Tensor" for c in type(v).__mro__)
+
+
+class TorchSource(Mapping):
+    """float32 views of a state dict's tensors (name -> ndarray), made on demand.
+
+    Parameters
+    ----------
+    state_dict : Mapping of str to torch.Tensor or ndarray
+        E.g. ``model.state_dict()``. Tensors on a device other than the CPU are refused.
+
+    Notes
+    -----
+    float32 tensors are shared (``t.detach().numpy()``: zero-copy, the exactblocks blocks copy
+    what they keep); bfloat16 and float16 tensors are widened with ``t.float()``, exact. NumPy
+    float32 arrays pass through; every other dtype raises ValueError naming the tensor.
+    """
+
+    def __init__(self, state_dict):
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(
+                f"load_model: a state dict must be a Mapping of str to tensors; got "
+                f"{type(state_dict).__name__}"
+            )
+        self._sd = dict(state_dict)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        v = self._sd[name]
+        if _is_tensor(v):
+            if v.device.type != "cpu":
+                raise ValueError(
+                    f"load_model: tensor {name!r} is on device {v.device}; move the model to the "
+                    "CPU first (model.to('cpu'))"
+                )
+            kind = str(v.dtype).replace("torch.", "")
+            if kind == "float32":
+                return v.detach().contiguous().numpy()
+            if kind in ("bfloat16", "float16"):
+                return v.detach().float().contiguous().numpy()
+            raise ValueError(
+                f"load_model: tensor {name!r} has dtype torch.{kind}; model weights must be "
+                "float32, bfloat16 or float16"
+            )
+        arr = np.asarray(v)
+        if arr.dtype == np.float32:
+            return arr
+        if arr.dtype == np.float16:
+            return arr.astype(np.float32)
+        raise ValueError(
+            f"load_model: tensor {name!r} has dtype {arr.dtype}; model weights must be float32, "
+            "bfloat16 or float16"
+        )
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sd)
+
+    def __len__(self) -> int:
+        return len(self._sd)
+
+    def shape(self, name: str) -> tuple:
+        """Shape of tensor ``name`` (tuple of int), without converting it."""
+        return tuple(int(s) for s in self._sd[name].shape)
+
+    def where(self, name: str) -> str:
+        """Where tensor ``name`` comes from (for messages)."""
+        return "the state dict"
+
+    def same_storage(self, a: str, b: str) -> bool:
+        """Whether tensors ``a`` and ``b`` share memory (tied weights of a live model)."""
+        x, y = self._sd[a], self._sd[b]
+        if _is_tensor(x) and _is_tensor(y):
+            return x.data_ptr() == y.data_ptr() and x.shape == y.shape
+        return x is y
+
+
+class ArraySource(Mapping):
+    """float32 NumPy arrays under their names (the GGUF loader's dequantised tensors).
+
+    Parameters
+    ----------
+    arrays : Mapping of str to ndarray (float32)
+    origin : str
+        Where they come from, for messages (e.g. the GGUF path).
+    """
+
+    def __init__(self, arrays, origin: str):
+        self._a = dict(arrays)
+        self.origin = origin
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._a[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._a)
+
+    def __len__(self) -> int:
+        return len(self._a)
+
+    def shape(self, name: str) -> tuple:
+        """Shape of array ``name`` (tuple of int)."""
+        return tuple(int(s) for s in self._a[name].shape)
+
+    def where(self, name: str) -> str:
+        """Where array ``name`` comes from (for messages)."""
+        return self.origin
+
+    def same_storage(self, a: str, b: str) -> bool:
+        """Whether ``a`` and ``b`` are the same array (a tied head)."""
+        return self._a[a] is self._a[b]

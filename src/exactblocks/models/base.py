@@ -1,0 +1,844 @@
+"""The whole model: embedding, the block stack, the output head, states and generation.
+
+What lives here: :class:`Model` (``forward``/``step`` from token ids to float32 logits, and
+``generate``), :class:`ModelState` (every layer's state in one caller-owned object),
+:class:`GenerateOutput` / :class:`GenerationStream`, the seeded sampler and the streaming
+detokeniser. What does not: reading files (``exactblocks.models.loading``) and what a family's
+config means (the family files).
+
+Exactness: the embedding is a row copy, the blocks keep their promise (SPEC.md 3.1), and the
+head (final norm + vocabulary projection) runs in the core with the blocks' own arithmetic
+(``_core.OutputHead``), one row at a time. So token-by-token ``step`` == one ``forward`` == any
+chunk split, a ragged row == that row alone, 1 thread == N threads and every ISA agree on the
+logits bit for bit. Sampling draws from ``numpy.random.Generator(PCG64(seed))`` with
+probabilities built from the float32 logits with the library's own ``exp``, so a seeded
+``generate`` picks the same tokens on every machine.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import xxhash
+
+__all__ = ["GenerateOutput", "GenerationStream", "Model", "ModelState"]
+
+_PRIVATE = object()
+
+
+def _check_int(value, name: str, where: str, *, minimum: int = 0, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{where}: {name} must be an int; got {type(value).__name__}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{where}: {name}={value} must be >= {minimum}")
+    return value
+
+
+def _check_real(value, name: str, where: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{where}: {name} must be a real number; got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: {name}={value} must be finite")
+    return value
+
+
+def _as_ids(ids, where: str, name: str = "ids") -> np.ndarray:
+    """Token ids as an int64 array (no float, no bool: a silently truncated id is a bug)."""
+    arr = np.asarray(ids)
+    if arr.dtype == object or arr.dtype.kind not in "iu":
+        if arr.size == 0 and arr.dtype.kind == "f":  # [] or [[]]: an empty list has no dtype
+            return arr.astype(np.int64)
+        raise TypeError(
+            f"{where}: {name} must hold integers (token ids); got dtype {arr.dtype}"
+            + (" (bool is not an id)" if arr.dtype == bool else "")
+        )
+    return arr.astype(np.int64, copy=False)
+
+
+# -- states -----------------------------------------------------------------------------------
+
+
+class ModelState:
+    """Every layer's state of one :class:`Model` for a batch of sequences.
+
+    Made only by :meth:`Model.allocate_state`; calling the class raises TypeError. Caller-owned:
+    the model keeps nothing between calls, so one model serves any number of states.
+
+    Attributes
+    ----------
+    layers : tuple
+        One state per block, in order (``TransformerState`` or ``Mamba2State``); their buffers
+        are the KV caches / conv windows and SSM states themselves.
+    batch_size : int
+    max_tokens : int or None
+        Positions each row may hold (None for a Mamba-2 model: its state has a constant size).
+    fingerprint : str
+        The allocating model's fingerprint; another model refuses the state.
+
+    Notes
+    -----
+    ``copy.copy`` / ``copy.deepcopy`` copy every buffer; states pickle. If a call fails after
+    the first layer has written (only a non-finite value arising inside the stack can cause
+    that: every input, capacity and ownership check runs before), the rows it advanced are
+    marked inconsistent and refused until :meth:`reset` clears them.
+    """
+
+    __slots__ = ("layers", "batch_size", "max_tokens", "fingerprint", "_lock", "_broken")
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError(
+            "ModelState: states are made by Model.allocate_state(batch_size, max_tokens), not "
+            "by calling the class"
+        )
+
+    @classmethod
+    def _make(cls, token, layers, batch_size, max_tokens, fingerprint, broken=()):
+        if token is not _PRIVATE:
+            raise TypeError("ModelState: states are made by Model.allocate_state")
+        self = object.__new__(cls)
+        s = object.__setattr__
+        s(self, "layers", tuple(layers))
+        s(self, "batch_size", int(batch_size))
+        s(self, "max_tokens", None if max_tokens is None else int(max_tokens))
+        s(self, "fingerprint", str(fingerprint))
+        s(self, "_lock", threading.Lock())
+        s(self, "_broken", set(broken))
+        return self
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"ModelState: attribute {name!r} cannot be assigned")
+
+    @property
+    def row_tokens(self) -> np.ndarray:
+        """ndarray of shape (batch_size,), int64: positions held per row (a copy)."""
+        return np.array(self.layers[0].row_tokens, dtype=np.int64, copy=True)
+
+    def reset(self, rows=None) -> None:
+        """Empty rows (all by default) of every layer's state, freeing their batch slots.
+
+        Parameters
+        ----------
+        rows : None, int or sequence of int, default=None
+            Rows to clear; None = all.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As the layers' ``reset`` (a row outside [0, batch_size)); nothing changes then.
+        RuntimeError
+            The state is in use by a call.
+        """
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("ModelState.reset: the state is in use by another call")
+        try:
+            if rows is not None and not isinstance(rows, Iterable):
+                rows = [rows]
+            if rows is not None:
+                rows = list(rows)
+                for r in rows:
+                    _check_int(r, "rows entry", "ModelState.reset")
+                    if not 0 <= int(r) < self.batch_size:
+                        raise ValueError(
+                            f"ModelState.reset: row {int(r)} is outside [0, {self.batch_size})"
+                        )
+            for st in self.layers:
+                st.reset(rows)
+            if rows is None:
+                self._broken.clear()
+            else:
+                self._broken.difference_update(int(r) for r in rows)
+        finally:
+            self._lock.release()
+
+    def __reduce__(self):
+        return (
+            _restore_model_state,
+            (self.layers, self.batch_size, self.max_tokens, self.fingerprint, sorted(self._broken)),
+        )
+
+    def __copy__(self):
+        import copy
+
+        return ModelState._make(
+            _PRIVATE,
+            [copy.copy(st) for st in self.layers],
+            self.batch_size,
+            self.max_tokens,
+            self.fingerprint,
+            self._broken,
+        )
+
+    def __deepcopy__(self, memo):
+        return self.__copy__()
+
+    def __repr__(self) -> str:
+        return (
+            f"ModelState(batch_size={self.batch_size}, max_tokens={self.max_tokens}, "
+            f"layers={len(self.layers)}, row_tokens={self.row_tokens.tolist()})"
+        )
+
+
+def _restore_model_state(layers, batch_size, max_tokens, fingerprint, broken):
+    return ModelState._make(_PRIVATE, layers, batch_size, max_tokens, fingerprint, broken)
+
+
+# -- generation results -------------------------------------------------------------------------
+
+
+@dataclass
+class GenerateOutput:
+    """What :meth:`Model.generate` produced.
+
+    Attributes
+    ----------
+    ids : list of int
+        The new token ids (a stop token is not included).
+    text : str or None
+        Their text (``tokenizer.decode(ids)``, cut before a stop string), or None without a
+        tokenizer.
+    prompt_ids : list of int
+        The prompt as token ids.
+    finish_reason : str
+        ``"length"`` (max_new_tokens reached) or ``"stop"`` (a stop token or string).
+    prefill_seconds, decode_seconds : float
+        Wall time of the prompt's forward and of the decode steps.
+    decode_steps : int
+        ``step`` calls made (new tokens after the first).
+    """
+
+    ids: list = field(default_factory=list)
+    text: str | None = None
+    prompt_ids: list = field(default_factory=list)
+    finish_reason: str = "length"
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    decode_steps: int = 0
+
+
+class GenerationStream:
+    """An iterator over the pieces of a generation, as they are decoded.
+
+    Returned by ``Model.generate(..., stream=True)``. Yields str pieces (whose concatenation
+    is the final ``text``) when the model has a tokenizer, else the new token ids (int).
+    After exhaustion, :attr:`output` holds the :class:`GenerateOutput`.
+
+    Attributes
+    ----------
+    output : GenerateOutput or None
+        None until the iterator is exhausted.
+    """
+
+    def __init__(self, gen: Iterator, holder: list):
+        self._gen = gen
+        self._holder = holder
+
+    def __iter__(self) -> GenerationStream:
+        return self
+
+    def __next__(self):
+        return next(self._gen)
+
+    @property
+    def output(self) -> GenerateOutput | None:
+        """GenerateOutput or None: the result, once the iterator is exhausted."""
+        return self._holder[0] if self._holder else None
+
+    def close(self) -> None:
+        """Stop generating (releases the decode sessions at once)."""
+        self._gen.close()
+
+
+class _Detokenizer:
+    """Incremental text of a growing id list: a piece is released only once it is final.
+
+    The whole new-id list is decoded at each token (exact for every tokenizer, whatever its
+    decoder's context rules); text ending in U+FFFD (an incomplete UTF-8 character) waits, and
+    the last ``len(longest stop string) - 1`` characters wait until they cannot start a stop
+    string.
+    """
+
+    def __init__(self, tokenizer, stop_strings: Sequence[str]):
+        self.tok = tokenizer
+        self.stop = list(stop_strings)
+        self.hold = max((len(s) for s in self.stop), default=1) - 1
+        self.ids: list[int] = []
+        self.text = ""
+        self.sent = 0
+        self.stopped = False
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.tok.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            text, self.stopped = text[:cut], True
+        self.text = text
+        end = len(text) if self.stopped else max(self.sent, len(text) - self.hold)
+        piece = text[self.sent : end]
+        self.sent = end
+        return piece
+
+    def finish(self) -> str:
+        self.text = self.tok.decode(self.ids) if not self.stopped else self.text
+        if not self.stopped:
+            cut = min((i for i in (self.text.find(s) for s in self.stop) if i >= 0), default=-1)
+            if cut >= 0:
+                self.text = self.text[:cut]
+        piece = self.text[self.sent :] if len(self.text) > self.sent else ""
+        self.sent = max(self.sent, len(self.text))
+        return piece
+
+
+# -- the model ----------------------------------------------------------------------------------
+
+
+class Model:
+    """A causal language model: token ids in, float32 logits out, bit-exact on the CPU.
+
+    Made by :func:`exactblocks.load_model`. Embedding (a row copy), the family's blocks
+    (``TransformerBlockInference`` or ``Mamba2BlockInference``), the final norm and output head
+    (``_core.OutputHead``: the blocks' own norm and GEMM arithmetic). A model is read-only; it
+    serves any number of caller-owned :class:`ModelState` objects.
+
+    Attributes
+    ----------
+    config : mapping
+        The HF-style config the model was built from, with HF's defaults filled in (read-only).
+    blocks : list
+        The block objects, in layer order (a new list each time; the blocks are the model's).
+    tokenizer : object or None
+        ``encode`` / ``decode`` / ``apply_chat_template`` (HF ``tokenizer.json`` or GGUF
+        metadata), or None when the source has none.
+    family : str
+        ``"llama"``, ``"mistral"``, ``"qwen2"``, ``"qwen3"`` or ``"mamba2"``.
+    spec : frozen dataclass
+        The resolved options every block was built from (``DecoderSpec`` or ``Mamba2Spec``).
+    vocab_size, d_model : int
+    max_positions : int or None
+        Longest sequence (None for Mamba-2: no limit).
+    eos_token_ids : tuple of int
+        Default stop tokens of ``generate`` (generation_config.json, else the config's).
+    fingerprint : str
+        32 hex digits over the family, spec, block fingerprints and head weights; states carry it.
+
+    Notes
+    -----
+    The math follows HF ``<Family>ForCausalLM.forward`` (transformers 5.23):
+    ``logits = lm_head(norm(blocks(embed_tokens(ids))))``; closeness to HF float32 is tested
+    (rtol = atol = 2e-4 on tiny models), bit equality with PyTorch is not promised.
+    """
+
+    def __init__(self, token, *, spec, config, blocks, embed, head, tokenizer, eos_ids,
+                 max_positions, head_bytes, source):  # fmt: skip
+        if token is not _PRIVATE:
+            raise TypeError("Model: models are made by exactblocks.load_model(source)")
+        self.spec = spec
+        self.family = spec.family
+        self._config = _frozen_json(config)
+        self._blocks = tuple(blocks)
+        self._embed = embed
+        self._head = head
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(eos_ids)
+        self.vocab_size = int(spec.vocab_size)
+        self.d_model = int(spec.d_model)
+        self.max_positions = max_positions
+        self.source = source
+        self._is_mamba = spec.family == "mamba2"
+        h = xxhash.xxh3_128()
+        for part in (b"exactblocks-model-1", repr(spec).encode()):
+            h.update(len(part).to_bytes(8, "little"))
+            h.update(part)
+        for blk in self._blocks:
+            h.update(blk.fingerprint.encode())
+        for arr in head_bytes:
+            h.update(arr.nbytes.to_bytes(8, "little"))
+            h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
+        self.fingerprint = h.hexdigest()
+
+    config = property(lambda self: self._config, doc="Mapping: the HF-style config (read-only).")
+    blocks = property(lambda self: list(self._blocks), doc="list: the blocks, in layer order.")
+
+    def __repr__(self) -> str:
+        return (
+            f"Model(family={self.family!r}, layers={len(self._blocks)}, d_model={self.d_model}, "
+            f"vocab_size={self.vocab_size}, max_positions={self.max_positions}, "
+            f"tokenizer={'yes' if self.tokenizer is not None else 'none'})"
+        )
+
+    def weight_storage(self) -> dict:
+        """Bytes of packed weights per storage format, blocks and head together.
+
+        Returns
+        -------
+        dict of str to int
+            E.g. ``{"q4_1": ..., "q8_0": ...}`` (README "Weight storage").
+        """
+        out: dict = {}
+        for blk in self._blocks:
+            for _, fmt, nbytes in blk.weight_storage():
+                out[fmt] = out.get(fmt, 0) + nbytes
+        fmt, nbytes = self._head.weight_storage
+        out[fmt] = out.get(fmt, 0) + nbytes
+        return out
+
+    # -- states ---------------------------------------------------------------------------------
+    def allocate_state(self, batch_size: int, max_tokens: int | None = None) -> ModelState:
+        """Return a zeroed state of every layer for ``batch_size`` sequences.
+
+        Parameters
+        ----------
+        batch_size : int
+            Rows, >= 1.
+        max_tokens : int or None, default=None
+            Positions each row may hold, in [1, max_positions]; required for Transformer
+            families, ignored (may be None) for Mamba-2, whose state has a constant size.
+
+        Returns
+        -------
+        ModelState
+
+        Raises
+        ------
+        TypeError
+            A non-int argument.
+        ValueError
+            batch_size < 1, max_tokens missing (Transformer) or outside [1, max_positions].
+        MemoryError
+            The buffers cannot be allocated.
+        """
+        where = "Model.allocate_state"
+        b = _check_int(batch_size, "batch_size", where, minimum=1)
+        m = _check_int(max_tokens, "max_tokens", where, minimum=1, allow_none=True)
+        if self._is_mamba:
+            layers = [blk.allocate_state(b) for blk in self._blocks]
+        else:
+            if m is None:
+                raise ValueError(f"{where}: max_tokens is required for a {self.family} model")
+            if m > self.max_positions:
+                raise ValueError(
+                    f"{where}: max_tokens={m} exceeds the model's max_positions="
+                    f"{self.max_positions} (pass max_positions= to load_model)"
+                )
+            layers = [blk.allocate_state(b, m) for blk in self._blocks]
+        return ModelState._make(_PRIVATE, layers, b, m, self.fingerprint)
+
+    def _check_state(self, state, batch: int, where: str) -> None:
+        if not isinstance(state, ModelState):
+            raise TypeError(
+                f"{where}: state must be a ModelState from Model.allocate_state; got "
+                f"{type(state).__name__}"
+            )
+        if state.fingerprint != self.fingerprint:
+            raise ValueError(
+                f"{where}: state belongs to another model (fingerprint {state.fingerprint}, "
+                f"this model's is {self.fingerprint})"
+            )
+        if state.batch_size != batch:
+            raise ValueError(
+                f"{where}: ids has {batch} rows but state.batch_size is {state.batch_size}"
+            )
+        if state._broken:
+            raise ValueError(
+                f"{where}: state rows {sorted(state._broken)} are inconsistent after a failed "
+                "call; reset() them (or allocate a new state)"
+            )
+
+    # -- calls ----------------------------------------------------------------------------------
+    def _check_lengths(self, lengths, batch: int, n_tokens: int, where: str):
+        if lengths is None:
+            return None
+        arr = _as_ids(lengths, where, "lengths")
+        if arr.shape != (batch,):
+            raise ValueError(
+                f"{where}: lengths has shape {arr.shape}; expected ({batch},), one per row"
+            )
+        for b, n in enumerate(arr.tolist()):
+            if not 0 <= n <= n_tokens:
+                raise ValueError(f"{where}: lengths[{b}]={n} is outside [0, n_tokens={n_tokens}]")
+        return arr
+
+    def _check_vocab(self, ids: np.ndarray, lens, where: str) -> None:
+        if lens is None:
+            bad = (ids < 0) | (ids >= self.vocab_size)
+        else:
+            real = np.arange(ids.shape[-1])[None, :] < lens[:, None]
+            bad = real & ((ids < 0) | (ids >= self.vocab_size))
+        if bad.any():
+            idx = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(
+                f"{where}: ids{list(idx)}={int(ids[idx])} is outside the vocabulary "
+                f"[0, {self.vocab_size})"
+            )
+
+    def _check_room(self, state: ModelState, lens, n_tokens: int, where: str) -> None:
+        held = state.layers[0].row_tokens
+        need = np.full(state.batch_size, n_tokens) if lens is None else lens
+        limit = state.max_tokens if state.max_tokens is not None else None
+        for b in range(state.batch_size):
+            if limit is not None and int(held[b]) + int(need[b]) > limit:
+                raise ValueError(
+                    f"{where}: state row {b} holds {int(held[b])} positions; this call needs "
+                    f"{int(held[b]) + int(need[b])} (allocate the state with max_tokens >= "
+                    f"{int(held[b]) + int(need[b])})"
+                )
+
+    def _embed_rows(self, ids: np.ndarray, lens) -> np.ndarray:
+        if lens is None:
+            return self._embed[ids]  # (B, L, d): exact row copies
+        x = np.zeros((*ids.shape, self.d_model), np.float32)
+        real = np.arange(ids.shape[1])[None, :] < lens[:, None]
+        x[real] = self._embed[ids[real]]
+        return x
+
+    def _run_blocks(self, x: np.ndarray, state, lens, *, step: bool, sessions=None):
+        """x through every block; with a state, under its lock, marking rows on a late failure."""
+        if state is None:
+            for blk in self._blocks:
+                x = blk.forward(x, lengths=lens)
+            return x
+        if not state._lock.acquire(blocking=False):
+            raise RuntimeError("Model: the state is in use by another call")
+        try:
+            for i, (blk, st) in enumerate(zip(self._blocks, state.layers)):
+                try:
+                    if sessions is not None and sessions[i] is not None:
+                        x = sessions[i].step(x) if step else sessions[i].forward(x, lengths=lens)
+                    elif step:
+                        x = blk.step(x, st)
+                    else:
+                        x = blk.forward(x, st, lengths=lens)
+                except Exception:
+                    if i > 0:  # layers < i advanced: those rows are no longer consistent
+                        rows = range(state.batch_size) if lens is None else np.flatnonzero(lens)
+                        state._broken.update(int(r) for r in rows)
+                    raise
+            return x
+        finally:
+            state._lock.release()
+
+    def _logits(self, hidden: np.ndarray, lens) -> np.ndarray:
+        B, L, d = hidden.shape
+        if lens is None:
+            return self._head.forward(hidden.reshape(B * L, d)).reshape(B, L, self.vocab_size)
+        real = np.arange(L)[None, :] < lens[:, None]
+        out = np.zeros((B, L, self.vocab_size), np.float32)
+        out[real] = self._head.forward(np.ascontiguousarray(hidden[real]))
+        return out
+
+    def _prepare(self, ids, state, lengths, where):
+        ids = _as_ids(ids, where)
+        if ids.ndim != 2:
+            raise ValueError(
+                f"{where}: ids has shape {ids.shape}; expected (batch, n_tokens) token ids"
+            )
+        B, L = ids.shape
+        if B < 1:
+            raise ValueError(f"{where}: ids has no rows")
+        lens = self._check_lengths(lengths, B, L, where)
+        self._check_vocab(ids, lens, where)
+        if state is None:
+            if self.max_positions is not None and L > self.max_positions:
+                raise ValueError(
+                    f"{where}: n_tokens={L} exceeds the model's max_positions={self.max_positions}"
+                )
+        else:
+            self._check_state(state, B, where)
+            self._check_room(state, lens, L, where)
+        return ids, lens
+
+    def forward(self, ids, state: ModelState | None = None, *, lengths=None) -> np.ndarray:
+        """Logits of every position: embedding, every block, final norm and output head.
+
+        Parameters
+        ----------
+        ids : array-like of shape (batch, n_tokens), integer dtype
+            Token ids in ``[0, vocab_size)`` at real positions (padding ids are never read).
+        state : ModelState or None, default=None
+            None: every row starts at position 0, nothing is kept. Otherwise a state of this
+            model with ``batch_size == batch``; each row continues from its held positions and
+            the state advances by the row's real tokens.
+        lengths : None or sequence of int, default=None
+            Real tokens per row, in [0, n_tokens]; ``ids[b, lengths[b]:]`` is padding.
+
+        Returns
+        -------
+        ndarray of shape (batch, n_tokens, vocab_size), dtype float32
+            Fresh; padding positions are +0.0. Row b, position t equals, bit for bit, the
+            logits of that token computed alone, token by token, or in any chunk split.
+
+        Raises
+        ------
+        TypeError
+            ``ids`` or ``lengths`` not integers (floats and bools are refused); ``state`` not a
+            ModelState.
+        ValueError
+            A shape or ``lengths`` out of range; an id outside the vocabulary (its index and
+            value); a state of another model or batch size, without room, or inconsistent after
+            a failed call; more than max_positions tokens.
+        RuntimeError
+            The state is in use by another call.
+        """
+        where = "Model.forward"
+        ids, lens = self._prepare(ids, state, lengths, where)
+        x = self._run_blocks(self._embed_rows(ids, lens), state, lens, step=False)
+        return self._logits(x, lens)
+
+    __call__ = forward
+
+    def step(self, ids, state: ModelState) -> np.ndarray:
+        """Advance every row of ``state`` by one token and return its logits.
+
+        Parameters
+        ----------
+        ids : array-like of shape (batch,) or (batch, 1), integer dtype
+        state : ModelState
+            A state of this model with ``batch_size == batch``.
+
+        Returns
+        -------
+        ndarray of shape (batch, 1, vocab_size), dtype float32
+            Bitwise the logits ``forward`` gives for the same token at the same position.
+
+        Raises
+        ------
+        TypeError, ValueError, RuntimeError
+            As :meth:`forward`.
+        """
+        where = "Model.step"
+        arr = _as_ids(ids, where)
+        if arr.ndim == 1:
+            arr = arr[:, None]
+        if arr.ndim != 2 or arr.shape[1] != 1:
+            raise ValueError(f"{where}: ids has shape {arr.shape}; expected (batch,) or (batch, 1)")
+        if state is None:
+            raise TypeError(f"{where}: state is required (use forward() without a state)")
+        arr, _ = self._prepare(arr, state, None, where)
+        x = self._embed[arr[:, 0]]  # (B, d)
+        x = self._run_blocks(x, state, None, step=True)
+        return self._head.forward(x.reshape(-1, self.d_model)).reshape(-1, 1, self.vocab_size)
+
+    # -- generation -----------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt,
+        *,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop=None,
+        stream: bool = False,
+    ):
+        """Continue ``prompt`` token by token: greedy, or sampled with a seeded generator.
+
+        Parameters
+        ----------
+        prompt : str or sequence of int
+            Text (encoded with ``tokenizer.encode``, special tokens added as the tokenizer
+            does; apply a chat template first for chat models) or token ids.
+        max_new_tokens : int
+            Most tokens to generate, >= 1.
+        temperature : float, default=0.0
+            0 = greedy (argmax, the lowest id on ties); > 0 samples from
+            ``softmax(logits / temperature)``.
+        top_k : int or None, default=None
+            Keep the tokens whose scaled logit is >= the k-th largest (HF ``TopKLogitsWarper``,
+            ties kept). Sampling only.
+        top_p : float or None, default=None
+            In (0, 1]: keep the most probable tokens whose cumulative probability before them
+            is < top_p (at least one; HF ``TopPLogitsWarper``). Sampling only.
+        seed : int or None, default=None
+            Seed of ``numpy.random.Generator(PCG64(seed))``; the same seed gives the same tokens
+            on every machine. None = fresh OS entropy.
+        stop : None or iterable of int and str, default=None
+            Stop token ids and stop strings; None = ``eos_token_ids``. A stop token is not
+            part of the output; the text is cut before a stop string.
+        stream : bool, default=False
+            Return a :class:`GenerationStream` of pieces instead of the output.
+
+        Returns
+        -------
+        GenerateOutput or GenerationStream
+
+        Raises
+        ------
+        TypeError
+            A wrong argument type (e.g. a str prompt without a tokenizer, a float id).
+        ValueError
+            An empty prompt, an id outside the vocabulary, an option out of range, or prompt +
+            max_new_tokens beyond max_positions.
+
+        Notes
+        -----
+        Probabilities: ``z = logits / float32(temperature)``, ``e = exp(z - max z)`` with the
+        library's own float32 exp (``_core.elementwise("exp")``, the same bits on every ISA),
+        summed in float64 in a fixed order; one ``Generator.random()`` draw per token picks the
+        first token whose cumulative weight exceeds it, in (logit descending, id ascending)
+        order. The prompt is prefilled with one ``forward``; each new token is one ``step``
+        (transformer layers through decode sessions), which equals the prefill bit for bit.
+        """
+        where = "Model.generate"
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise TypeError(f"{where}: a text prompt needs a tokenizer; this model has none")
+            prompt_ids = list(self.tokenizer.encode(prompt))
+        else:
+            arr = _as_ids(prompt, where, "prompt")
+            if arr.ndim != 1:
+                raise ValueError(f"{where}: prompt ids must be 1-D; got shape {arr.shape}")
+            prompt_ids = arr.tolist()
+        if not prompt_ids:
+            raise ValueError(f"{where}: the prompt is empty")
+        self._check_vocab(np.asarray([prompt_ids]), None, where)
+        n_new = _check_int(max_new_tokens, "max_new_tokens", where, minimum=1)
+        temp = _check_real(temperature, "temperature", where)
+        if temp < 0:
+            raise ValueError(f"{where}: temperature={temp} must be >= 0")
+        k = _check_int(top_k, "top_k", where, minimum=1, allow_none=True)
+        p = None if top_p is None else _check_real(top_p, "top_p", where)
+        if p is not None and not 0 < p <= 1:
+            raise ValueError(f"{where}: top_p={p} must be in (0, 1]")
+        seed = _check_int(seed, "seed", where, minimum=0, allow_none=True)
+        stop_ids, stop_strs = set(), []
+        for s in self.eos_token_ids if stop is None else stop:
+            if isinstance(s, str):
+                if not s:
+                    raise ValueError(f"{where}: a stop string is empty")
+                stop_strs.append(s)
+            else:
+                stop_ids.add(_check_int(s, "stop entry", where))
+        if stop_strs and self.tokenizer is None:
+            raise TypeError(f"{where}: stop strings need a tokenizer; this model has none")
+        capacity = len(prompt_ids) + n_new
+        if self.max_positions is not None and capacity > self.max_positions:
+            raise ValueError(
+                f"{where}: the prompt ({len(prompt_ids)} tokens) plus max_new_tokens={n_new} "
+                f"exceeds max_positions={self.max_positions}"
+            )
+        rng = np.random.Generator(np.random.PCG64(seed))
+        holder: list = []
+        gen = self._generate_iter(
+            prompt_ids, n_new, temp, k, p, rng, stop_ids, stop_strs, capacity, holder
+        )
+        out = GenerationStream(gen, holder)
+        if stream:
+            return out
+        for _ in out:
+            pass
+        return out.output
+
+    def _generate_iter(self, prompt_ids, n_new, temp, k, p, rng, stop_ids, stop_strs, capacity,
+                       holder):  # fmt: skip
+        from exactblocks import _ext
+
+        exp = _ext.core().elementwise
+        res = GenerateOutput(prompt_ids=list(prompt_ids))
+        detok = _Detokenizer(self.tokenizer, stop_strs) if self.tokenizer is not None else None
+        state = self.allocate_state(1, None if self._is_mamba else capacity)
+        sessions = [
+            None if self._is_mamba else blk.decode_session(st)
+            for blk, st in zip(self._blocks, state.layers)
+        ]
+        try:
+            t0 = time.perf_counter()
+            ids = np.asarray([prompt_ids], np.int64)
+            x = self._run_blocks(self._embed_rows(ids, None), state, None, step=False,
+                                 sessions=sessions)  # fmt: skip
+            logits = self._head.forward(np.ascontiguousarray(x[0, -1:]))[0]
+            res.prefill_seconds = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            while True:
+                token = _pick(logits, temp, k, p, rng, exp)
+                if token in stop_ids:
+                    res.finish_reason = "stop"
+                    break
+                res.ids.append(token)
+                if detok is not None:
+                    piece = detok.push(token)
+                    if piece:
+                        yield piece
+                    if detok.stopped:
+                        res.finish_reason = "stop"
+                        break
+                else:
+                    yield token
+                if len(res.ids) == n_new:
+                    break
+                x = self._embed[np.asarray([token])]
+                x = self._run_blocks(x, state, None, step=True, sessions=sessions)
+                logits = self._head.forward(x.reshape(1, self.d_model))[0]
+                res.decode_steps += 1
+            res.decode_seconds = time.perf_counter() - t1
+            if detok is not None:
+                piece = detok.finish()
+                res.text = detok.text
+                if piece:
+                    yield piece
+            holder.append(res)
+        finally:
+            for sess in sessions:
+                if sess is not None:
+                    sess.close()
+
+
+def _pick(logits: np.ndarray, temp: float, top_k, top_p, rng, exp) -> int:
+    """The next token from float32 logits (greedy or sampled); see Model.generate Notes."""
+    if not np.isfinite(logits).all():
+        bad = int(np.flatnonzero(~np.isfinite(logits))[0])
+        raise ValueError(
+            f"Model.generate: logits[{bad}]={logits[bad]!r} is not finite (the model's "
+            "activations overflowed)"
+        )
+    if temp == 0.0:
+        return int(np.argmax(logits))  # first maximum: the lowest id on ties
+    z = logits if temp == 1.0 else logits / np.float32(temp)
+    order = np.lexsort((np.arange(z.size), -z))  # logit descending, id ascending
+    if top_k is not None and top_k < z.size:
+        kth = z[order[top_k - 1]]
+        order = order[z[order] >= kth]
+    zs = np.ascontiguousarray(z[order], dtype=np.float32)
+    e = exp("exp", np.ascontiguousarray(zs - zs[0])).astype(np.float64)
+    cum = np.cumsum(e)  # sequential float64 sums in the fixed order above
+    if top_p is not None and top_p < 1.0:
+        before = np.concatenate(([0.0], cum[:-1]))
+        n_keep = max(1, int(np.count_nonzero(before < top_p * cum[-1])))
+        cum = cum[:n_keep]
+        order = order[:n_keep]
+    u = rng.random() * cum[-1]
+    i = min(int(np.searchsorted(cum, u, side="right")), len(order) - 1)
+    return int(order[i])
+
+
+def _eos_from(config: Mapping, generation_config: Mapping | None) -> tuple[int, ...]:
+    """Default stop ids: generation_config.json's eos_token_id, else the config's (as HF)."""
+    for src in (generation_config or {}, config):
+        v = src.get("eos_token_id")
+        if v is not None:
+            vals = v if isinstance(v, (list, tuple)) else [v]
+            return tuple(int(i) for i in vals if isinstance(i, int) and not isinstance(i, bool))
+    return ()
+
+
+def _frozen_json(value: Any) -> Any:
+    """A deep copy of a JSON-like config with tuples for lists (for MappingProxyType views)."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _frozen_json(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen_json(v) for v in value)
+    return value

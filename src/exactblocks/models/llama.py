@@ -1,0 +1,150 @@
+"""Llama (HF ``LlamaForCausalLM``; SmolLM2 is one): HF config -> :class:`DecoderSpec`.
+
+The one place where a Llama config becomes block options. HF fields read (transformers 5.23
+``LlamaConfig``): vocab_size, hidden_size, intermediate_size, num_hidden_layers,
+num_attention_heads, num_key_value_heads (default: num_attention_heads), head_dim (default:
+hidden_size // num_attention_heads), hidden_act, max_position_embeddings, rms_norm_eps,
+tie_word_embeddings, rope_parameters (or legacy rope_theta/rope_scaling), attention_bias
+(q/k/v and o biases), mlp_bias. GGUF: ``general.architecture == "llama"`` (Mistral GGUFs too).
+"""
+
+from __future__ import annotations
+
+from ._config import ConfigReader
+from ._decoder import DecoderSpec
+
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+
+ARCHITECTURES = ("LlamaForCausalLM",)
+MODEL_TYPES = ("llama",)
+GGUF_ARCHS = ("llama",)
+
+#: ``LlamaConfig`` class defaults (transformers 5.23.0): used only for a field the file omits,
+#: as transformers itself does when it reads the same file.
+DEFAULTS = {
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": None,
+    "head_dim": None,
+    "hidden_act": "silu",
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+#: HF ``hidden_act`` -> the block's gated MLP (``LlamaMLP``: down(act(gate(x)) * up(x))).
+GATED_MLP = {"silu": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh"}
+
+
+def heads_and_dims(c: ConfigReader) -> dict:
+    """The size fields every decoder family reads the same way (HF ``__post_init__`` rules)."""
+    d = c.int("hidden_size")
+    n_heads = c.int("num_attention_heads")
+    n_kv = c.int("num_key_value_heads", allow_none=True)
+    head_dim = c.int("head_dim", allow_none=True)
+    if head_dim is None:  # HF: hidden_size // num_attention_heads
+        head_dim = d // n_heads
+    if n_kv is None:  # HF: num_attention_heads
+        n_kv = n_heads
+    if n_heads % n_kv:
+        raise ValueError(
+            f"load_model: config num_attention_heads={n_heads} is not divisible by "
+            f"num_key_value_heads={n_kv}"
+        )
+    c.resolved.update(head_dim=head_dim, num_key_value_heads=n_kv)
+    return {
+        "vocab_size": c.int("vocab_size"),
+        "d_model": d,
+        "n_layers": c.int("num_hidden_layers"),
+        "n_heads": n_heads,
+        "n_kv_heads": n_kv,
+        "head_dim": head_dim,
+        "intermediate": c.int("intermediate_size"),
+        "norm_eps": c.float("rms_norm_eps"),
+        "max_position_embeddings": c.int("max_position_embeddings"),
+        "tie_embeddings": c.bool("tie_word_embeddings"),
+        "mlp": c.choice("hidden_act", GATED_MLP),
+    }
+
+
+def rope_fields(c: ConfigReader) -> dict:
+    """``rope_theta`` and the frozen scaling items (``RotaryEmbeddingConfigMixin.default_theta``
+    = 10000.0 when the file states no base, as HF)."""
+    theta, scaling = c.rope(default_theta=10000.0)
+    return {
+        "rope_theta": theta,
+        "rope_scaling": None if scaling is None else tuple(sorted(scaling.items())),
+    }
+
+
+def layer_windows(c: ConfigReader, n_layers: int) -> tuple:
+    """Per-layer windows from HF ``layer_types`` and ``sliding_window`` (Qwen2/Qwen3 rule:
+    ``sliding_window if layer_types[i] == "sliding_attention" else None``)."""
+    types = c.get("layer_types")
+    if not isinstance(types, list) or len(types) != n_layers:
+        raise ValueError(
+            f"load_model: config field 'layer_types'={types!r} must list {n_layers} layer types "
+            "(num_hidden_layers)"
+        )
+    window = c.get("sliding_window")
+    out = []
+    for i, t in enumerate(types):
+        if t == "full_attention":
+            out.append(0)
+        elif t == "sliding_attention":
+            if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+                raise ValueError(
+                    f"load_model: config layer_types[{i}]='sliding_attention' needs an integer "
+                    f"sliding_window >= 1; got sliding_window={window!r}"
+                )
+            out.append(window)
+        else:
+            raise ValueError(
+                f"load_model: config layer_types[{i}]={t!r} is not supported (expected "
+                "'full_attention' or 'sliding_attention')"
+            )
+    return tuple(out)
+
+
+def spec_from_config(config) -> tuple[DecoderSpec, dict]:
+    """The frozen spec of a Llama model, and the resolved HF-style config.
+
+    Parameters
+    ----------
+    config : Mapping
+        HF ``LlamaConfig`` fields (``config.json``, ``to_dict()``, or the GGUF loader's dict).
+
+    Returns
+    -------
+    spec : DecoderSpec
+    resolved : dict
+        ``config`` with HF's defaults filled in.
+
+    Raises
+    ------
+    ValueError
+        A field value the blocks cannot compute as HF does (the message names the field): a
+        ``hidden_act`` other than silu/gelu/gelu_pytorch_tanh, a RoPE type other than
+        default/linear/llama3, partial RoPE, a quantisation config, bad sizes.
+    """
+    c = ConfigReader(config, DEFAULTS, "llama")
+    sizes = heads_and_dims(c)
+    bias = c.bool("attention_bias")
+    spec = DecoderSpec(
+        family="llama",
+        **sizes,
+        **rope_fields(c),
+        qkv_bias=bias,
+        o_bias=bias,
+        mlp_bias=c.bool("mlp_bias"),
+        qk_norm=False,
+        windows=(0,) * sizes["n_layers"],
+    )
+    return spec, c.resolved

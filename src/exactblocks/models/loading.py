@@ -1,0 +1,318 @@
+"""``load_model``: from a checkpoint (HF folder, safetensors, GGUF, a transformers model or a
+state dict) to a :class:`~exactblocks.models.base.Model`.
+
+What lives here: telling the sources apart, finding their config, tensors and tokenizer, and
+the one build path every source shares (:func:`build_model`): family from the config, the
+family's frozen spec, every tensor name and shape checked against the spec before anything is
+built, then the blocks, the embedding and the output head. What does not: file formats
+(``exactblocks.loaders``), what a config field means (the family files).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+
+import numpy as np
+
+from .base import _PRIVATE, Model, _eos_from
+from .registry import family_for_config
+
+__all__ = ["build_model", "load_model"]
+
+# Tensors HF itself skips when loading these classes: RoPE tables that old checkpoints
+# stored as buffers (LlamaPreTrainedModel._keys_to_ignore_on_load_unexpected in 4.x).
+_IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+
+
+def _read_json(path: str, what: str) -> dict:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"load_model: {what} {path!r} is missing")
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"load_model: {path!r} is not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"load_model: {path!r} does not hold a JSON object")
+    return value
+
+
+def _config_dict(config) -> dict:
+    """A config given by the caller: a Mapping, a PretrainedConfig, or a config.json path."""
+    if isinstance(config, Mapping):
+        return dict(config)
+    if hasattr(config, "to_dict") and callable(config.to_dict):
+        return dict(config.to_dict())
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        return _read_json(path, "config file")
+    raise TypeError(
+        "load_model: config must be a Mapping, a transformers PretrainedConfig or a path to "
+        f"config.json; got {type(config).__name__}"
+    )
+
+
+def load_model(source, *, max_positions: int | None = None, config=None) -> Model:
+    """Load a causal language model for bit-exact CPU inference.
+
+    Parameters
+    ----------
+    source : str, os.PathLike, transformers model, or Mapping of str to tensor
+        - a folder as ``save_pretrained`` writes it: ``config.json`` and ``model.safetensors``
+          (or ``model.safetensors.index.json`` and its shards), float32/bf16/fp16; its
+          ``tokenizer.json`` and chat template when present;
+        - a ``.safetensors`` file (its config from ``config=`` or a ``config.json`` beside it);
+        - a ``.gguf`` file (architectures llama, qwen2, qwen3; its own tokenizer);
+        - a transformers model object (``model.state_dict()`` and ``model.config``; float32
+          tensors are read without copying, bf16/fp16 widened exactly);
+        - a state dict (``config=`` required).
+    max_positions : int or None, default=None
+        Longest sequence the model serves; None = the config's ``max_position_embeddings``
+        (ignored by Mamba-2, which has no position limit).
+    config : Mapping, PretrainedConfig, str or None, default=None
+        The config for a state dict or a bare .safetensors file; for other sources it must be
+        None.
+
+    Returns
+    -------
+    Model
+
+    Raises
+    ------
+    FileNotFoundError
+        A missing path, config.json, weight file or shard (named).
+    TypeError
+        A source of another kind, or a config where none is taken.
+    ValueError
+        An unsupported architecture or config value (named); a truncated or malformed file; a
+        tensor missing, unexpected or of the wrong shape (named, with the file); a tied head
+        that differs from the embedding; non-finite weights. Nothing is half-built: every
+        check runs before the first block is made.
+    ImportError
+        A reader the source needs (``gguf``, ``tokenizers``) is not installed.
+
+    Examples
+    --------
+    >>> model = exactblocks.load_model("path/to/SmolLM2-135M-Instruct")  # doctest: +SKIP
+    >>> model.generate("The sky is", max_new_tokens=8).text              # doctest: +SKIP
+    """
+    from exactblocks.loaders.torch import TorchSource, is_torch_module
+
+    tokenizer = None
+    gen_config = None
+    if is_torch_module(source):
+        if config is not None:
+            raise TypeError("load_model: config= is not taken with a model object (it has .config)")
+        cfg = _config_dict(source.config)
+        tensors = TorchSource(source.state_dict())
+        origin = f"a {type(source).__name__} object"
+    elif isinstance(source, Mapping):
+        if config is None:
+            raise TypeError("load_model: a state dict needs config= (its HF config)")
+        cfg = _config_dict(config)
+        tensors = TorchSource(source)
+        origin = "a state dict"
+    elif isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if os.path.isdir(path):
+            from exactblocks.loaders.hf_tokenizer import HFTokenizer
+            from exactblocks.loaders.safetensors import SafetensorsSource
+
+            if config is not None:
+                raise TypeError(
+                    "load_model: config= is not taken with a folder (it has config.json)"
+                )
+            cfg = _read_json(os.path.join(path, "config.json"), "config file")
+            tensors = SafetensorsSource.from_folder(path)
+            tokenizer = HFTokenizer.from_folder(path)
+            gen_path = os.path.join(path, "generation_config.json")
+            gen_config = _read_json(gen_path, "file") if os.path.isfile(gen_path) else None
+            origin = path
+        elif path.endswith(".gguf"):
+            if config is not None:
+                raise TypeError("load_model: config= is not taken with a GGUF file")
+            return _load_gguf(path, max_positions)
+        elif path.endswith(".safetensors"):
+            from exactblocks.loaders.safetensors import SafetensorsSource
+
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"load_model: {path!r} is not a file")
+            folder = os.path.dirname(path) or "."
+            cfg = _config_dict(
+                config if config is not None else os.path.join(folder, "config.json")
+            )
+            tensors = SafetensorsSource([path])
+            origin = path
+        elif not os.path.exists(path):
+            raise FileNotFoundError(f"load_model: {path!r} does not exist")
+        else:
+            raise ValueError(
+                f"load_model: {path!r} is neither a folder, a .safetensors file nor a .gguf file"
+            )
+    else:
+        raise TypeError(
+            "load_model: source must be a path (folder, .safetensors, .gguf), a transformers "
+            f"model or a state dict; got {type(source).__name__}"
+        )
+    return build_model(cfg, tensors, tokenizer=tokenizer, max_positions=max_positions,
+                       generation_config=gen_config, origin=origin)  # fmt: skip
+
+
+def _load_gguf(path: str, max_positions) -> Model:
+    import warnings
+
+    from exactblocks.loaders.gguf import load_gguf_model
+    from exactblocks.loaders.torch import ArraySource
+    from exactblocks.tokenizer import GGUFTokenizer
+
+    try:
+        cfg, arrays, reader = load_gguf_model(path)
+    except (FileNotFoundError, ImportError):
+        raise
+    except Exception as exc:
+        raise ValueError(f"load_model: cannot read {path!r} as a GGUF model: {exc}") from exc
+    try:
+        tokenizer = GGUFTokenizer.from_gguf(reader)
+    except ValueError as exc:  # a tokenizer kind GGUFTokenizer does not implement
+        warnings.warn(f"load_model: {path!r}: no tokenizer ({exc})", stacklevel=3)
+        tokenizer = None
+    return build_model(cfg, ArraySource(arrays, path), tokenizer=tokenizer,
+                       max_positions=max_positions, origin=path)  # fmt: skip
+
+
+def build_model(config, tensors, *, tokenizer=None, max_positions=None, generation_config=None,
+                origin: str = "the source") -> Model:  # fmt: skip
+    """The one build path of every source: config -> family spec -> checked tensors -> Model.
+
+    Parameters
+    ----------
+    config : Mapping
+        HF config fields.
+    tensors : Mapping of str to float32 ndarray
+        With ``shape(name)`` and ``where(name)`` (``exactblocks.loaders`` sources), read lazily.
+    tokenizer : object or None, default=None
+    max_positions : int or None, default=None
+    generation_config : Mapping or None, default=None
+        generation_config.json (its eos_token_id is the default stop set).
+    origin : str
+        For messages.
+
+    Returns
+    -------
+    Model
+
+    Raises
+    ------
+    ValueError
+        See :func:`load_model`.
+    """
+    from exactblocks import _ext
+
+    family = family_for_config(config)
+    spec, resolved = family.spec_from_config(config)
+    if max_positions is None:
+        max_positions = spec.max_position_embeddings
+    elif isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 1:
+        raise ValueError(f"load_model: max_positions={max_positions!r} must be an int >= 1")
+    if spec.family == "mamba2":
+        max_positions = None
+
+    # 1. every tensor name and shape against the spec, before anything is built
+    layer_specs = [spec.layer_tensors(i) for i in range(spec.n_layers)]
+    expected = {t.name: t for ts in layer_specs for t in ts}
+    expected.update({t.name: t for t in spec.top_tensors()})
+    names = set(tensors)
+    unknown = sorted(n for n in names - set(expected) if not _IGNORED.search(n))
+    if unknown:
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        raise ValueError(
+            f"load_model: {origin} holds tensors the {spec.family} config does not account for: "
+            f"{unknown[:5]}{more} (config disagrees with the tensors, or another architecture)"
+        )
+    missing = sorted(n for n, t in expected.items() if t.required and n not in names)
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        hint = (
+            " (tie_word_embeddings is false, so the output head must be stored)"
+            if spec.head_name in missing
+            else ""
+        )
+        raise ValueError(
+            f"load_model: {origin} lacks tensors {missing[:5]}{more} that the {spec.family} "
+            f"config requires{hint}"
+        )
+    for name in sorted(names & set(expected)):
+        got, want = tuple(tensors.shape(name)), tuple(expected[name].shape)
+        if got != want:
+            raise ValueError(
+                f"load_model: tensor {name!r} in {tensors.where(name)} has shape {got}; the "
+                f"config implies {want}"
+            )
+    head_stored = spec.head_name in names
+    tied_same = (
+        head_stored
+        and hasattr(tensors, "same_storage")
+        and tensors.same_storage(spec.embed_name, spec.head_name)
+    )
+    if spec.tie_embeddings and head_stored and not tied_same:
+        a, b = tensors[spec.embed_name], tensors[spec.head_name]
+        if not np.array_equal(a.view(np.uint32), b.view(np.uint32)):
+            raise ValueError(
+                f"load_model: tie_word_embeddings is true but {spec.head_name!r} differs from "
+                f"{spec.embed_name!r} in {origin}; refusing to pick one"
+            )
+    if not spec.tie_embeddings and tied_same:
+        raise ValueError(
+            f"load_model: tie_word_embeddings is false but {spec.head_name!r} is the embedding "
+            f"itself in {origin}"
+        )
+
+    embed = np.ascontiguousarray(tensors[spec.embed_name], dtype=np.float32)
+    head_w = embed if spec.tie_embeddings else np.ascontiguousarray(tensors[spec.head_name])
+    norm_w = np.ascontiguousarray(tensors[spec.norm_name], dtype=np.float32)
+    for name, arr in ((spec.embed_name, embed), (spec.norm_name, norm_w), (spec.head_name, head_w)):
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            idx = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(
+                f"load_model: tensor {name!r} holds {float(arr[idx])!r} at index {idx}"
+            )
+
+    # 2. the blocks, one layer's tensors at a time
+    blocks = []
+    for i, ts in enumerate(layer_specs):
+        arrays = {t.name: tensors[t.name] for t in ts if t.name in names}
+        try:
+            blocks.append(spec.build_layer(i, arrays, max_positions))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"load_model: layer {i} of {origin}: {exc}") from exc
+        del arrays
+
+    # 3. the head: final norm + vocabulary projection in the core
+    core = _ext.core()
+    hc = core.HeadConfig()
+    hc.d_model, hc.vocab_size = spec.d_model, spec.vocab_size
+    fn = spec.final_norm()
+    hc.norm = getattr(core.NormKind, fn["norm"])
+    hc.norm_eps = fn["norm_eps"]
+    hc.norm_bias = fn["norm_bias"]
+    head = core.OutputHead(hc, norm_w, None, head_w)
+    head_bytes = [norm_w] + ([] if spec.tie_embeddings else [head_w]) + [embed]
+    return Model(
+        _PRIVATE,
+        spec=spec,
+        config=resolved,
+        blocks=blocks,
+        embed=embed,
+        head=head,
+        tokenizer=tokenizer,
+        eos_ids=_eos_from(resolved, generation_config),
+        max_positions=max_positions,
+        head_bytes=head_bytes,
+        source=origin,
+    )

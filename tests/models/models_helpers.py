@@ -1,0 +1,191 @@
+"""Helpers and the session fixture of the whole-model tests: tiny random transformers models
+saved with ``save_pretrained`` (one per family, built once per session), a tiny byte-level BPE
+tokenizer with a chat template, and the oracle helpers.
+
+Every model is float32 with eager attention and ``initializer_range`` large enough that the
+greedy path's top-2 logit margins are far above float32 noise (the greedy test checks it).
+Missing torch/transformers skip locally and fail under CI (``CI`` set), as in tests/model.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import numpy as np
+import pytest
+
+TORCH_THREADS = 2
+VOCAB = 320  # >= 256 byte symbols + merges + 3 special tokens for the tiny BPE tokenizer
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def require(module: str, why: str):
+    """Import ``module``; skip locally when it is missing, raise under CI."""
+    if os.environ.get("CI"):
+        return importlib.import_module(module)
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:  # pragma: no cover - local convenience only
+        pytest.skip(f"{why}: {exc}")
+
+
+def _common(**kw):
+    base = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=0.2,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    base.update(kw)
+    return base
+
+
+def family_configs():
+    """family -> (config class name, kwargs): the tiny models every family test uses."""
+    return {
+        "llama": ("LlamaConfig", _common(tie_word_embeddings=True)),
+        "llama_variant": (  # biases, llama3 RoPE scaling, tanh-GELU MLP, free head_dim
+            "LlamaConfig",
+            _common(
+                attention_bias=True,
+                mlp_bias=True,
+                hidden_act="gelu_pytorch_tanh",
+                head_dim=24,
+                rope_parameters={
+                    "rope_type": "llama3",
+                    "rope_theta": 500000.0,
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 32,
+                },
+            ),
+        ),
+        "mistral": ("MistralConfig", _common(sliding_window=6)),
+        "qwen2": ("Qwen2Config", _common(tie_word_embeddings=True)),
+        "qwen3": (  # head_dim != hidden/heads; layer 1 slides (max_window_layers=1)
+            "Qwen3Config",
+            _common(head_dim=32, use_sliding_window=True, sliding_window=5, max_window_layers=1),
+        ),
+        "mamba2": (
+            "Mamba2Config",
+            dict(
+                vocab_size=VOCAB,
+                hidden_size=64,
+                num_hidden_layers=2,
+                state_size=16,
+                head_dim=16,
+                num_heads=8,
+                n_groups=2,
+                expand=2,
+                initializer_range=0.2,
+                bos_token_id=None,
+                eos_token_id=None,
+                pad_token_id=None,
+            ),
+        ),
+    }
+
+
+FAMILIES = list(family_configs())
+
+
+def make_hf_model(name: str, seed: int = 0):
+    """A tiny random transformers model of family ``name`` (float32, eager, eval mode)."""
+    torch = require("torch", "torch runs the HF oracle")
+    transformers = require("transformers", "transformers is the oracle")
+    cls_name, kw = family_configs()[name]
+    cfg = getattr(transformers, cls_name)(**kw)
+    torch.manual_seed(seed)
+    extra = {} if name == "mamba2" else {"attn_implementation": "eager"}
+    model = transformers.AutoModelForCausalLM.from_config(cfg, **extra).float().eval()
+    if name == "mamba2":  # HF's init leaves these at 1/0: spread them so the test sees them
+        with torch.no_grad():
+            for layer in model.backbone.layers:
+                layer.mixer.D.uniform_(0.5, 1.5)
+                layer.mixer.norm.weight.uniform_(0.5, 1.5)
+                layer.norm.weight.uniform_(0.5, 1.5)
+    return model
+
+
+def make_tokenizer(folder: str):
+    """A tiny byte-level BPE tokenizer with a chat template, saved as transformers saves it."""
+    tokenizers = require("tokenizers", "the tokenizers package builds the tokenizer")
+    transformers = require("transformers", "transformers saves the tokenizer")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = [
+        "The quick brown fox jumps over the lazy dog.",
+        "Hello world! How are you today? I am fine, thank you.",
+        "Exact bits on every machine: decode equals prefill.",
+    ] * 20
+    tok.train_from_iterator(corpus, trainer)
+    assert tok.get_vocab_size() <= VOCAB
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(folder)
+    return fast
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """``tiny(name)`` -> (folder, hf_model): saved once per session per family.
+
+    The llama folder also holds the tiny tokenizer (tokenizer.json, chat template).
+    """
+    torch = require("torch", "torch runs the HF oracle")
+    torch.set_num_threads(TORCH_THREADS)
+    cache: dict = {}
+
+    def get(name: str):
+        if name not in cache:
+            model = make_hf_model(name)
+            folder = str(tmp_path_factory.mktemp(f"tiny_{name}"))
+            model.save_pretrained(folder)
+            if name == "llama":
+                make_tokenizer(folder)
+            cache[name] = (folder, model)
+        return cache[name]
+
+    return get
+
+
+def hf_logits(model, ids: np.ndarray) -> np.ndarray:
+    """HF float32 logits of ids (B, L), no cache."""
+    import torch
+
+    with torch.no_grad():
+        return model(torch.as_tensor(ids), use_cache=False).logits.float().numpy()
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    """The raw float32 bits (for bitwise comparisons)."""
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)

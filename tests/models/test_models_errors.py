@@ -1,0 +1,129 @@
+"""Bad input gives clear errors naming the file, field or tensor, and nothing half-built."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import exactblocks
+
+
+def _copy(folder, tmp_path):
+    dst = tmp_path / "m"
+    shutil.copytree(folder, dst)
+    return dst
+
+
+def _edit_config(folder, **changes):
+    cfg = json.loads((folder / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def test_missing_files(tiny, tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        exactblocks.load_model(str(tmp_path / "nowhere"))
+    m = _copy(tiny("llama")[0], tmp_path)
+    os.remove(m / "model.safetensors")
+    with pytest.raises(FileNotFoundError, match="neither model.safetensors"):
+        exactblocks.load_model(str(m))
+    os.remove(m / "config.json")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        exactblocks.load_model(str(m))
+
+
+def test_truncated_safetensors(tiny, tmp_path):
+    m = _copy(tiny("qwen2")[0], tmp_path)
+    data = (m / "model.safetensors").read_bytes()
+    (m / "model.safetensors").write_bytes(data[: len(data) - 100])
+    with pytest.raises(ValueError, match="truncated: tensor"):
+        exactblocks.load_model(str(m))
+    (m / "model.safetensors").write_bytes(data[:5])
+    with pytest.raises(ValueError, match="fewer than the 8-byte header"):
+        exactblocks.load_model(str(m))
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"hidden_size": 32}, r"has shape \(320, 64\); the config implies \(320, 32\)"),
+        ({"attention_bias": True}, r"lacks tensors \['model.layers.0.self_attn.k_proj.bias'"),
+        ({"num_hidden_layers": 1}, "does not account for: \\['model.layers.1."),
+        ({"tie_word_embeddings": False}, "tie_word_embeddings is false"),
+        ({"architectures": ["GPT2LMHeadModel"]}, "'GPT2LMHeadModel' is not supported"),
+        ({"architectures": None, "model_type": "gemma"}, "model_type='gemma' is not supported"),
+        ({"hidden_act": "relu"}, "'hidden_act'='relu' is not supported by the llama family"),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
+            r"rope_parameters\['rope_type'\]='yarn' is not supported",
+        ),
+        ({"quantization_config": {"quant_method": "gptq"}}, "quantization_config"),
+    ],
+)
+def test_config_that_disagrees_or_is_unsupported(tiny, tmp_path, changes, match):
+    m = _copy(tiny("llama")[0], tmp_path)
+    _edit_config(m, **changes)
+    with pytest.raises(ValueError, match=match):
+        exactblocks.load_model(str(m))
+
+
+def test_tied_head_that_differs_from_the_embedding(tiny):
+    _, hf = tiny("llama")
+    sd = {k: v.clone() for k, v in hf.state_dict().items()}
+    sd["lm_head.weight"][0, 0] += 1.0
+    with pytest.raises(ValueError, match="tie_word_embeddings is true but 'lm_head.weight'"):
+        exactblocks.load_model(sd, config=hf.config)
+
+
+def test_nonfinite_weight_is_named(tiny):
+    _, hf = tiny("mistral")
+    sd = {k: v.clone() for k, v in hf.state_dict().items()}
+    sd["model.norm.weight"][3] = float("nan")
+    with pytest.raises(ValueError, match=r"'model.norm.weight' holds nan at index \(3,\)"):
+        exactblocks.load_model(sd, config=hf.config)
+    sd = {k: v.clone() for k, v in hf.state_dict().items()}
+    sd["model.layers.1.mlp.up_proj.weight"][0, 0] = float("inf")
+    with pytest.raises(ValueError, match="layer 1 of a state dict"):
+        exactblocks.load_model(sd, config=hf.config)
+
+
+def test_source_and_call_errors(tiny):
+    with pytest.raises(TypeError, match="source must be a path"):
+        exactblocks.load_model(42)
+    with pytest.raises(TypeError, match="needs config="):
+        exactblocks.load_model({})
+    model = exactblocks.load_model(tiny("qwen3")[0])
+    with pytest.raises(ValueError, match=r"ids\[1, 2\]=320 is outside the vocabulary \[0, 320\)"):
+        model.forward([[1, 2, 3], [4, 5, 320]])
+    with pytest.raises(ValueError, match=r"ids\[0, 0\]=-1"):
+        model.forward([[-1, 2]])
+    with pytest.raises(TypeError, match="must hold integers"):
+        model.forward(np.ones((1, 3)))
+    with pytest.raises(TypeError, match="must hold integers"):
+        model.forward([[True, False]])
+    model.forward([[1, 2, 320]], lengths=[2])  # padding ids are never read
+    with pytest.raises(ValueError, match=r"lengths\[0\]=4 is outside"):
+        model.forward([[1, 2, 3]], lengths=[4])
+    with pytest.raises(TypeError, match="needs a tokenizer"):
+        model.generate("hello", max_new_tokens=2)
+    with pytest.raises(ValueError, match="max_positions=128"):
+        model.generate([1] * 120, max_new_tokens=10)
+    with pytest.raises(ValueError, match="top_p=1.5"):
+        model.generate([1], max_new_tokens=2, temperature=1.0, top_p=1.5)
+    with pytest.raises(ValueError, match="max_tokens is required"):
+        model.allocate_state(1)
+    st = model.allocate_state(2, 8)
+    with pytest.raises(ValueError, match="ids has 1 rows but state.batch_size is 2"):
+        model.step([1], st)
+    with pytest.raises(TypeError, match="ModelState"):
+        model.forward([[1]], st.layers[0])
+    with pytest.raises(TypeError):
+        model.config["vocab_size"] = 3  # a read-only mapping
