@@ -1,27 +1,56 @@
-"""Caller-owned state of a Mamba-2 block: Mamba2State (conv window and SSM state per row).
+"""Mamba2State (conv window and SSM state per row) and the state checks of Mamba-2 calls.
 
 What lives here: the state object made by :meth:`Mamba2BlockInference.allocate_state`, its
-buffers (plain NumPy arrays, writable in place, attributes not rebindable), its fingerprint,
-``reset`` and pickling. What does not: any arithmetic, and the call-time checks of the buffers
-(``mamba2.py``). The lock and the private constructor token follow ``TransformerState``
-(``state.py``).
+buffers (plain NumPy arrays, writable in place, attributes not rebindable), ``reset``, and the
+checks every call runs on it (counters, and the finiteness of what the call reads, naming the
+first bad element). What does not: what both states share (``_state.py``: private
+construction, read-only attributes, lock, reset, buffer checks, copying) and any arithmetic.
 """
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
-from ._validation import check_state_buffers, describe_type
-from .state import _PRIVATE, _reset_rows
+from .. import _ext
+from .._state import _PRIVATE, StateBase
+from .._validation import check_finite, describe_type
 
 __all__ = ["Mamba2State"]
 
-_MADE_BY = "Mamba2BlockInference.allocate_state(batch_size)"
+_INT64_MAX = (1 << 63) - 1
 
 
-class Mamba2State:
+def _restore_mamba2_state(
+    batch_size,
+    n_heads,
+    head_dim,
+    d_state,
+    n_groups,
+    conv_dim,
+    conv_kernel,
+    fingerprint,
+    conv_window,
+    h,
+    row_tokens,
+):
+    """Unpickle a Mamba2State (the arguments of ``Mamba2State.__reduce__``)."""
+    return Mamba2State._make(
+        _PRIVATE,
+        batch_size=batch_size,
+        n_heads=n_heads,
+        head_dim=head_dim,
+        d_state=d_state,
+        n_groups=n_groups,
+        conv_dim=conv_dim,
+        conv_kernel=conv_kernel,
+        fingerprint=fingerprint,
+        conv_window=conv_window,
+        h=h,
+        row_tokens=row_tokens,
+    )
+
+
+class Mamba2State(StateBase):
     """Conv window and SSM state of one :class:`Mamba2BlockInference` for a batch of sequences.
 
     Made only by :meth:`Mamba2BlockInference.allocate_state`; calling the class directly raises
@@ -76,14 +105,24 @@ class Mamba2State:
         "conv_kernel",
         "conv_window",
         "h",
-        "row_tokens",
-        "fingerprint",
-        "_lock",
-        "__weakref__",
     )
-
-    def __init__(self, *args, **kwargs):
-        raise TypeError(f"Mamba2State: states are made by {_MADE_BY}, not by calling the class")
+    _MADE_BY = "Mamba2BlockInference.allocate_state(batch_size)"
+    _BUFFERS = ("conv_window", "h")
+    _ASSIGN_HINT = "write into the arrays instead (e.g. state.h[0] = h0, state.row_tokens[:] = 0)"
+    _PICKLED = (
+        "batch_size",
+        "n_heads",
+        "head_dim",
+        "d_state",
+        "n_groups",
+        "conv_dim",
+        "conv_kernel",
+        "fingerprint",
+        "conv_window",
+        "h",
+        "row_tokens",
+    )
+    _restore = staticmethod(_restore_mamba2_state)
 
     @classmethod
     def _make(
@@ -102,81 +141,31 @@ class Mamba2State:
         h=None,
         row_tokens=None,
     ):
-        if token is not _PRIVATE:
-            raise TypeError(f"Mamba2State: states are made by {_MADE_BY}")
-        self = object.__new__(cls)
-        cw_shape = (batch_size, conv_dim, conv_kernel)
-        h_shape = (batch_size, n_heads, head_dim, d_state)
-        s = object.__setattr__
-        for name, v in (
-            ("batch_size", batch_size),
-            ("n_heads", n_heads),
-            ("head_dim", head_dim),
-            ("d_state", d_state),
-            ("n_groups", n_groups),
-            ("conv_dim", conv_dim),
-            ("conv_kernel", conv_kernel),
-        ):
-            s(self, name, int(v))
-        s(
-            self,
-            "conv_window",
-            np.zeros(cw_shape, np.float32)
-            if conv_window is None
-            else np.array(conv_window, dtype=np.float32, order="C", copy=True).reshape(cw_shape),
+        self = cls._new(
+            token,
+            fingerprint,
+            row_tokens,
+            batch_size=batch_size,
+            n_heads=n_heads,
+            head_dim=head_dim,
+            d_state=d_state,
+            n_groups=n_groups,
+            conv_dim=conv_dim,
+            conv_kernel=conv_kernel,
         )
-        s(
-            self,
-            "h",
-            np.zeros(h_shape, np.float32)
-            if h is None
-            else np.array(h, dtype=np.float32, order="C", copy=True).reshape(h_shape),
+        shapes = self._buffer_shapes()
+        object.__setattr__(
+            self, "conv_window", self._buffer(conv_window, shapes["conv_window"], np.float32)
         )
-        s(
-            self,
-            "row_tokens",
-            np.zeros(batch_size, np.int64)
-            if row_tokens is None
-            else np.array(row_tokens, dtype=np.int64, copy=True).reshape(batch_size),
-        )
-        s(self, "fingerprint", str(fingerprint))
-        s(self, "_lock", threading.Lock())
+        object.__setattr__(self, "h", self._buffer(h, shapes["h"], np.float32))
         return self
 
-    def __setattr__(self, name, value):
-        raise AttributeError(
-            f"Mamba2State: attribute {name!r} cannot be assigned; write into "
-            "the arrays instead (e.g. state.h[0] = h0, state.row_tokens[:] = 0)"
-        )
-
-    def __delattr__(self, name):
-        raise AttributeError(f"Mamba2State: attribute {name!r} cannot be deleted")
-
-    # -- pickling ---------------------------------------------------------------------------
-    def __reduce__(self):
-        return (
-            _restore_mamba2_state,
-            (
-                self.batch_size,
-                self.n_heads,
-                self.head_dim,
-                self.d_state,
-                self.n_groups,
-                self.conv_dim,
-                self.conv_kernel,
-                self.fingerprint,
-                self.conv_window,
-                self.h,
-                self.row_tokens,
-            ),
-        )
-
-    def __copy__(self):
-        fn, args = self.__reduce__()
-        return fn(*args)
-
-    def __deepcopy__(self, memo):
-        return self.__copy__()
+    def _buffer_shapes(self) -> dict:
+        b = self.batch_size
+        return {
+            "conv_window": (b, self.conv_dim, self.conv_kernel),
+            "h": (b, self.n_heads, self.head_dim, self.d_state),
+        }
 
     def reset(self, rows=None) -> None:
         """Zero ``conv_window`` and ``h`` of the given rows and set their ``row_tokens`` to 0.
@@ -199,25 +188,7 @@ class Mamba2State:
         RuntimeError
             The state is in use by a running call.
         """
-        _reset_rows(self, rows, "Mamba2State.reset", ("conv_window", "h"))
-
-    def _check_buffers(self, where: str) -> None:
-        """Raise ValueError unless conv_window, h and row_tokens are intact (see
-        :func:`exactblocks._validation.check_state_buffers`)."""
-        b = self.batch_size
-        check_state_buffers(
-            [
-                (
-                    "state.conv_window",
-                    self.conv_window,
-                    (b, self.conv_dim, self.conv_kernel),
-                    np.float32,
-                ),
-                ("state.h", self.h, (b, self.n_heads, self.head_dim, self.d_state), np.float32),
-                ("state.row_tokens", self.row_tokens, (b,), np.int64),
-            ],
-            where,
-        )
+        self._reset(rows, "Mamba2State.reset")
 
     def __repr__(self) -> str:
         return (
@@ -228,37 +199,46 @@ class Mamba2State:
         )
 
 
-def _restore_mamba2_state(
-    batch_size,
-    n_heads,
-    head_dim,
-    d_state,
-    n_groups,
-    conv_dim,
-    conv_kernel,
-    fingerprint,
-    conv_window,
-    h,
-    row_tokens,
-):
-    return Mamba2State._make(
-        _PRIVATE,
-        batch_size=batch_size,
-        n_heads=n_heads,
-        head_dim=head_dim,
-        d_state=d_state,
-        n_groups=n_groups,
-        conv_dim=conv_dim,
-        conv_kernel=conv_kernel,
-        fingerprint=fingerprint,
-        conv_window=conv_window,
-        h=h,
-        row_tokens=row_tokens,
-    )
-
-
-def _mamba2_state_type_error(where: str, state) -> TypeError:
+def _state_type_error(where: str, state) -> TypeError:
     return TypeError(
         f"{where}: state must be a Mamba2State from this block's "
         f"allocate_state(batch_size); got {describe_type(state)}"
     )
+
+
+def _check_counters(state: Mamba2State, lens: np.ndarray, where: str) -> np.ndarray:
+    """Re-check the state's buffers, then return a copy of row_tokens, each >= 0 and with room
+    for this call's tokens in int64 (called under the state's lock, before anything is
+    written)."""
+    state._check_buffers(where)  # dtype, shape, C order, writable, no aliasing
+    start = np.array(state.row_tokens, dtype=np.int64, copy=True)
+    for b in range(start.shape[0]):
+        held, n = int(start[b]), int(lens[b])
+        if held < 0:
+            raise ValueError(f"{where}: state.row_tokens[{b}]={held} must be >= 0")
+        if n and held > _INT64_MAX - n:
+            raise ValueError(f"{where}: state.row_tokens[{b}]={held} + {n} tokens overflows int64")
+    return start
+
+
+def _check_finite(state: Mamba2State, lens: np.ndarray, where: str) -> None:
+    """SPEC 2.4: what a call reads of each advancing row must be finite: ``conv_window[b, :,
+    1:]`` (the first token's conv reads columns 1 .. K-1; column 0, the oldest input, leaves
+    the window unread) and ``h[b]``. One native pass over all advancing rows of each buffer;
+    only when it sees a NaN/inf somewhere (column 0 included) does the exact per-row check run,
+    which names the first offending element (rows in order, conv_window before h) or finds
+    that only column 0 holds one."""
+    rows = np.flatnonzero(np.asarray(lens) > 0).astype(np.int64)
+    if rows.size == 0:
+        return
+    core = _ext.core()
+    if (
+        core.first_nonfinite_rows(state.conv_window, rows) is None
+        and core.first_nonfinite_rows(state.h, rows) is None
+    ):
+        return
+    for b in rows.tolist():
+        cols = state.conv_window[b, :, 1:]
+        if cols.size:
+            check_finite(cols, "state.conv_window", where, index_base=(b,), index_offset=(0, 1))
+        check_finite(state.h[b], "state.h", where, index_base=(b,))

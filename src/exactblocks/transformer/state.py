@@ -1,27 +1,44 @@
-"""Caller-owned states: TransformerState (KV cache, window aware).
+"""TransformerState (the KV cache, window aware) and the state checks of Transformer calls.
 
-A block holds only weights and options; everything a sequence accumulates lives in a state
-object made by the block's ``allocate_state``. States expose their buffers as plain NumPy arrays
-(readable and writable in place, attributes not rebindable), carry the fingerprint of the block
-that made them, and serve one call at a time (a per-state lock). Arithmetic never happens here.
+What lives here: the state object made by :meth:`TransformerBlockInference.allocate_state`, its
+buffers, ``keys``/``values``/``cached_tokens``/``reset``, the session claim it carries, and the
+checks every call and the session's ``load_state`` run on it (counters in range, SPEC.md 5
+reading rule). What does not: what both states share (``_state.py``: private construction,
+read-only attributes, lock, reset, buffer checks, copying) and any arithmetic.
 """
 
 from __future__ import annotations
 
-import threading
 import weakref
 
 import numpy as np
 
-from ._validation import check_int, check_state_buffers, describe_type
+from .. import _ext
+from .._state import _PRIVATE, StateBase
+from .._validation import check_int, describe_type
 
 __all__ = ["TransformerState"]
 
-# Passed by the blocks' allocate_state only; direct construction of a state raises TypeError.
-_PRIVATE = object()
+
+def _restore_transformer_state(
+    batch_size, n_kv_heads, head_dim, max_tokens, window, fingerprint, k_cache, v_cache, row_tokens
+):
+    """Unpickle a TransformerState (the arguments of ``TransformerState.__reduce__``)."""
+    return TransformerState._make(
+        _PRIVATE,
+        batch_size=batch_size,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        max_tokens=max_tokens,
+        window=window,
+        fingerprint=fingerprint,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        row_tokens=row_tokens,
+    )
 
 
-class TransformerState:
+class TransformerState(StateBase):
     """KV cache of one :class:`TransformerBlockInference` for a batch of sequences.
 
     Made only by :meth:`TransformerBlockInference.allocate_state`; calling the class directly
@@ -84,19 +101,24 @@ class TransformerState:
         "capacity",
         "k_cache",
         "v_cache",
-        "row_tokens",
-        "fingerprint",
-        "_lock",
         "_session",
-        "__weakref__",
     )
-
-    def __init__(self, *args, **kwargs):
-        raise TypeError(
-            "TransformerState: states are made by "
-            "TransformerBlockInference.allocate_state(batch_size, max_tokens), not "
-            "by calling the class"
-        )
+    _MADE_BY = "TransformerBlockInference.allocate_state(batch_size, max_tokens)"
+    _BUFFERS = ("k_cache", "v_cache")
+    _ASSIGN_HINT = "write into the arrays instead (e.g. state.row_tokens[:] = 0)"
+    _SETTABLE = ("cached_tokens",)
+    _PICKLED = (
+        "batch_size",
+        "n_kv_heads",
+        "head_dim",
+        "max_tokens",
+        "window",
+        "fingerprint",
+        "k_cache",
+        "v_cache",
+        "row_tokens",
+    )
+    _restore = staticmethod(_restore_transformer_state)
 
     @classmethod
     def _make(
@@ -113,82 +135,23 @@ class TransformerState:
         v_cache=None,
         row_tokens=None,
     ):
-        if token is not _PRIVATE:
-            raise TypeError(
-                "TransformerState: states are made by "
-                "TransformerBlockInference.allocate_state(batch_size, max_tokens)"
-            )
-        self = object.__new__(cls)
         capacity = min(window, max_tokens) if window > 0 else max_tokens
-        shape = (batch_size, n_kv_heads, capacity, head_dim)
-        s = object.__setattr__
-        s(self, "batch_size", int(batch_size))
-        s(self, "n_kv_heads", int(n_kv_heads))
-        s(self, "head_dim", int(head_dim))
-        s(self, "max_tokens", int(max_tokens))
-        s(self, "window", int(window))
-        s(self, "capacity", int(capacity))
-        s(
-            self,
-            "k_cache",
-            np.zeros(shape, np.float32)
-            if k_cache is None
-            else np.array(k_cache, dtype=np.float32, order="C", copy=True).reshape(shape),
+        self = cls._new(
+            token,
+            fingerprint,
+            row_tokens,
+            batch_size=batch_size,
+            n_kv_heads=n_kv_heads,
+            head_dim=head_dim,
+            max_tokens=max_tokens,
+            window=window,
+            capacity=capacity,
         )
-        s(
-            self,
-            "v_cache",
-            np.zeros(shape, np.float32)
-            if v_cache is None
-            else np.array(v_cache, dtype=np.float32, order="C", copy=True).reshape(shape),
-        )
-        s(
-            self,
-            "row_tokens",
-            np.zeros(batch_size, np.int64)
-            if row_tokens is None
-            else np.array(row_tokens, dtype=np.int64, copy=True).reshape(batch_size),
-        )
-        s(self, "fingerprint", str(fingerprint))
-        s(self, "_lock", threading.Lock())
-        s(self, "_session", None)
+        shape = (self.batch_size, self.n_kv_heads, self.capacity, self.head_dim)
+        object.__setattr__(self, "k_cache", self._buffer(k_cache, shape, np.float32))
+        object.__setattr__(self, "v_cache", self._buffer(v_cache, shape, np.float32))
+        object.__setattr__(self, "_session", None)
         return self
-
-    def __setattr__(self, name, value):
-        if name == "cached_tokens":
-            object.__setattr__(self, name, value)  # the property's setter
-            return
-        raise AttributeError(
-            f"TransformerState: attribute {name!r} cannot be assigned; "
-            "write into the arrays instead (e.g. state.row_tokens[:] = 0)"
-        )
-
-    def __delattr__(self, name):
-        raise AttributeError(f"TransformerState: attribute {name!r} cannot be deleted")
-
-    # -- pickling ---------------------------------------------------------------------------
-    def __reduce__(self):
-        return (
-            _restore_transformer_state,
-            (
-                self.batch_size,
-                self.n_kv_heads,
-                self.head_dim,
-                self.max_tokens,
-                self.window,
-                self.fingerprint,
-                self.k_cache,
-                self.v_cache,
-                self.row_tokens,
-            ),
-        )
-
-    def __copy__(self):
-        fn, args = self.__reduce__()
-        return fn(*args)
-
-    def __deepcopy__(self, memo):
-        return self.__copy__()
 
     # -- counters ---------------------------------------------------------------------------
     @property
@@ -223,18 +186,9 @@ class TransformerState:
         finally:
             self._lock.release()
 
-    def _check_buffers(self, where: str) -> None:
-        """Raise ValueError unless k_cache, v_cache and row_tokens are intact (see
-        :func:`exactblocks._validation.check_state_buffers`)."""
+    def _buffer_shapes(self) -> dict:
         shape = (self.batch_size, self.n_kv_heads, self.capacity, self.head_dim)
-        check_state_buffers(
-            [
-                ("state.k_cache", self.k_cache, shape, np.float32),
-                ("state.v_cache", self.v_cache, shape, np.float32),
-                ("state.row_tokens", self.row_tokens, (self.batch_size,), np.int64),
-            ],
-            where,
-        )
+        return {"k_cache": shape, "v_cache": shape}
 
     def _held(self, where: str, row) -> tuple[list[int], int]:
         rows = (
@@ -335,7 +289,7 @@ class TransformerState:
         RuntimeError
             The state is in use by a running call.
         """
-        _reset_rows(self, rows, "TransformerState.reset", ("k_cache", "v_cache"))
+        self._reset(rows, "TransformerState.reset")
 
     def __repr__(self) -> str:
         return (
@@ -354,61 +308,71 @@ class TransformerState:
         object.__setattr__(self, "_session", None if session is None else weakref.ref(session))
 
 
-def _reset_rows(state, rows, where: str, buffers: tuple) -> None:
-    """A state's ``reset``: zero the named buffers and ``row_tokens`` of ``rows`` (all when
-    None), under the state's lock and after re-checking its buffers; nothing is written when a
-    check fails."""
-    idx = _check_rows(rows, state.batch_size, where)
-    if not state._lock.acquire(blocking=False):
-        raise RuntimeError(f"{where}: state is in use by another call")
-    try:
-        state._check_buffers(where)
-        for name in buffers:
-            getattr(state, name)[idx] = 0.0
-        state.row_tokens[idx] = 0
-    finally:
-        state._lock.release()
-
-
-def _check_rows(rows, batch: int, where: str) -> list[int]:
-    if rows is None:
-        return list(range(batch))
-    if isinstance(rows, np.ndarray):
-        if rows.dtype.kind not in "iu" or rows.ndim > 1:
-            raise TypeError(
-                f"{where}: rows must be an int or a sequence of ints; got an array of "
-                f"dtype {rows.dtype} and shape {rows.shape}"
-            )
-        items = rows.reshape(-1).tolist()
-    elif isinstance(rows, (list, tuple, range)):
-        items = list(rows)
-    else:
-        return [check_int(rows, "rows", where, min_value=0, max_value=batch - 1)]
-    return [
-        check_int(r, f"rows[{i}]", where, min_value=0, max_value=batch - 1)
-        for i, r in enumerate(items)
-    ]
-
-
-def _restore_transformer_state(
-    batch_size, n_kv_heads, head_dim, max_tokens, window, fingerprint, k_cache, v_cache, row_tokens
-):
-    return TransformerState._make(
-        _PRIVATE,
-        batch_size=batch_size,
-        n_kv_heads=n_kv_heads,
-        head_dim=head_dim,
-        max_tokens=max_tokens,
-        window=window,
-        fingerprint=fingerprint,
-        k_cache=k_cache,
-        v_cache=v_cache,
-        row_tokens=row_tokens,
-    )
-
-
 def _state_type_error(where: str, state) -> TypeError:
     return TypeError(
         f"{where}: state must be a TransformerState from this block's "
         f"allocate_state(); got {describe_type(state)}"
     )
+
+
+def _check_counters(state: TransformerState, where: str) -> np.ndarray:
+    """Re-check the state's buffers, then return a copy of row_tokens, each in [0, max_tokens].
+
+    Called (under the state's lock) before anything is computed or written, by every block call
+    and by the session's ``load_state``.
+    """
+    state._check_buffers(where)
+    rt = np.array(state.row_tokens, dtype=np.int64, copy=True)
+    for b, n in enumerate(rt.tolist()):
+        if not 0 <= n <= state.max_tokens:
+            raise ValueError(
+                f"{where}: state.row_tokens[{b}]={n} is outside [0, max_tokens={state.max_tokens}]"
+            )
+    return rt
+
+
+def _check_readable(
+    state: TransformerState,
+    start: np.ndarray,
+    lens: np.ndarray,
+    where: str,
+    reader: str = "read by this call",
+) -> None:
+    """SPEC.md 5 reading rule: slots of positions j0 .. q0-1 of every advancing row are finite.
+
+    The error names the first non-finite element in (row, k_cache then v_cache, KV head,
+    position) order, whatever the thread count and whether the window wraps the ring.
+    ``reader`` completes the message ("read by this call", or the session's next step).
+    """
+    w, cap = state.window, state.capacity
+    spans, first_pos = [], []  # (b, a, e) slot ranges; position held by slot a of each
+    for b in range(state.batch_size):
+        q0 = int(start[b])
+        if lens[b] == 0 or q0 == 0:
+            continue
+        j0 = max(0, q0 - w + 1) if w > 0 else 0
+        s0 = j0 % cap
+        count = q0 - j0
+        spans.append((b, s0, min(cap, s0 + count)))
+        first_pos.append(j0)
+        if s0 + count > cap:
+            spans.append((b, 0, s0 + count - cap))
+            first_pos.append(j0 + cap - s0)
+    if not spans:
+        return
+    span_arr = np.array(spans, dtype=np.int64)
+    core = _ext.core()
+    hits = []  # the first bad element in (row, buffer, span) order, as the rows are read
+    for k, buf_name in enumerate(("k_cache", "v_cache")):
+        hit = core.first_nonfinite_spans(getattr(state, buf_name), span_arr)
+        if hit is not None:
+            i, g, slot, dd = (int(v) for v in hit)
+            hits.append((spans[i][0], k, i, buf_name, g, slot, dd))
+    if hits:
+        b, _, i, buf_name, g, slot, dd = min(hits)
+        pos = first_pos[i] + (slot - spans[i][1])
+        buf = getattr(state, buf_name)
+        raise ValueError(
+            f"{where}: state.{buf_name}[{b}, {g}, {slot}, {dd}] (row {b}, position "
+            f"{pos}, {reader}) must be finite; got {float(buf[b, g, slot, dd])!r}"
+        )
