@@ -49,10 +49,10 @@ class Option:
     default : object
         Default value, or :data:`REQUIRED`.
     check : callable
-        ``check(value, where=where) -> checked value``: type and range checks of this option
-        alone (the messages start with ``where``; ``where`` is passed by keyword so that a
-        ``functools.partial`` of the ``_validation`` checks with ``name=`` fits). Checks that
-        involve other options or the weights belong to the block's ``config.py``.
+        ``check(value, name, where) -> checked value``, the calling convention of the
+        ``_validation`` checks (``functools.partial`` supplies their ranges): type and range
+        checks of this option alone, messages starting with ``where``. Checks that involve
+        other options or the weights belong to the block's ``config.py``.
     doc : str
         Docstring of the read-only property, ``"type: What it is."``.
     field : str, tuple of str or None, default=None
@@ -91,7 +91,7 @@ def defaults(table: Sequence[Option]) -> dict:
 def check_all(table: Sequence[Option], raw: Mapping, where: str) -> dict:
     """Run every option's own check (stage by stage); return the values in table order."""
     by_stage = sorted(table, key=lambda o: o.stage)
-    done = {o.name: o.check(raw[o.name], where=where) for o in by_stage}
+    done = {o.name: o.check(raw[o.name], o.name, where) for o in by_stage}
     return {o.name: done[o.name] for o in table}
 
 

@@ -24,7 +24,7 @@ __all__ = ["OPTIONS", "check_options", "core_config"]
 _MAX_INT_OPTION = 1 << 24  # n_groups (it must also divide n_heads, the length of A_log)
 
 
-def _check_dt_limit(value, where: str) -> tuple[float, float]:
+def _check_dt_limit(value, name: str, where: str) -> tuple[float, float]:
     if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
         raise TypeError(
             f"{where}: dt_limit must be a tuple or list of two reals (lo, hi); got "
@@ -58,7 +58,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "n_groups",
         1,
-        partial(check_int, name="n_groups", min_value=1, max_value=_MAX_INT_OPTION),
+        partial(check_int, min_value=1, max_value=_MAX_INT_OPTION),
         "int: B/C groups.",
         field="n_groups",
         canonical=int,
@@ -66,7 +66,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "norm_eps",
         1e-05,
-        partial(check_real, name="norm_eps", gt=0.0, float32=True),
+        partial(check_real, gt=0.0, float32=True),
         "float: Norm epsilon.",
         field="norm_eps",
         canonical=float,

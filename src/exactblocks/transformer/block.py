@@ -212,6 +212,7 @@ class TransformerBlockInference(BlockCommon):
     # __init__(self, weights, *, n_heads, ...), one read-only property per option: from
     # config.OPTIONS (install() below).
 
+    # -- read-only attributes -------------------------------------------------------------------
     d_model = property(
         lambda self: self._impl.sizes["d_model"],
         doc="int: Residual width, the length of input_layernorm.weight.",

@@ -55,8 +55,9 @@ _ROPE_NUMBERS = {
 # --------------------------------------------------------------------------------------------
 
 
-def _check_rope_scaling(value, where: str):
-    """Structural checks of rope_scaling; returns a normalized copy (numbers checked) or None."""
+def _check_rope_scaling(value, name: str, where: str):
+    """Structural checks of rope_scaling (``name``); returns a normalized copy (numbers checked)
+    or None."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
@@ -111,11 +112,11 @@ def _check_rope_scaling(value, where: str):
             raise ValueError(
                 f"{where}: rope_scaling[{k!r}] is missing (needed by rope type {kind!r})"
             )
-        name = f"rope_scaling[{k!r}]"
+        label = f"rope_scaling[{k!r}]"
         if k == "original_max_position_embeddings":
-            norm[k] = check_int(value[k], name, where, min_value=1, max_value=MAX_POSITIONS_LIMIT)
+            norm[k] = check_int(value[k], label, where, min_value=1, max_value=MAX_POSITIONS_LIMIT)
         else:
-            norm[k] = check_real(value[k], name, where, gt=0.0)
+            norm[k] = check_real(value[k], label, where, gt=0.0)
     if kind == "llama3" and not norm["high_freq_factor"] > norm["low_freq_factor"]:
         raise ValueError(
             f"{where}: rope_scaling['high_freq_factor']={norm['high_freq_factor']!r}"
@@ -156,8 +157,8 @@ def _rope_to_core(rope_scaling, core_mod) -> tuple:
     return (getattr(core_mod.RopeScaling, kind), float(factor), float(low), float(high), int(omax))
 
 
-def _check_rope_dim(value, where: str):
-    v = check_int(value, "rope_dim", where, allow_none=True)
+def _check_rope_dim(value, name: str, where: str):
+    v = check_int(value, name, where, allow_none=True)
     if v is not None and not -_MAX_INT_OPTION <= v <= _MAX_INT_OPTION:
         raise ValueError(
             f"{where}: rope_dim must be an even int in [2, head_dim]; got {_fmt_int(v)}"
@@ -165,12 +166,8 @@ def _check_rope_dim(value, where: str):
     return v
 
 
-def _int(name, *, lo, hi=_MAX_INT_OPTION, allow_none=False):
-    return partial(check_int, name=name, min_value=lo, max_value=hi, allow_none=allow_none)
-
-
-def _flag(name):
-    return partial(check_flag, name=name)
+def _int(*, lo, hi=_MAX_INT_OPTION, allow_none=False):
+    return partial(check_int, min_value=lo, max_value=hi, allow_none=allow_none)
 
 
 def _copy_mapping(value):
@@ -180,32 +177,32 @@ def _copy_mapping(value):
 # Stages keep the order in which the options were always checked: sizes and numbers (0), flags
 # (1), kinds, epsilons and caps (2), then rope_scaling (3).
 OPTIONS: tuple[Option, ...] = (
-    Option("n_heads", REQUIRED, _int("n_heads", lo=1), "int: Query heads.", field="n_heads"),
+    Option("n_heads", REQUIRED, _int(lo=1), "int: Query heads.", field="n_heads"),
     Option(
         "n_kv_heads",
         None,
-        _int("n_kv_heads", lo=1, allow_none=True),
+        _int(lo=1, allow_none=True),
         "int: K/V heads (resolved).",
         field="n_kv_heads",
     ),
     Option(
         "head_dim",
         None,
-        _int("head_dim", lo=1, allow_none=True),
+        _int(lo=1, allow_none=True),
         "int: Width of one head (resolved).",
         field="head_dim",
     ),
     Option(
         "window",
         0,
-        _int("window", lo=0),
+        _int(lo=0),
         "int: Sliding window in tokens (0 = causal).",
         field="window",
     ),
     Option(
         "rope_theta",
         10000.0,
-        partial(check_real, name="rope_theta", gt=0.0),
+        partial(check_real, gt=0.0),
         "float: RoPE base.",
         field="rope_theta",
     ),
@@ -236,16 +233,16 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "max_positions",
         8192,
-        _int("max_positions", lo=1, hi=MAX_POSITIONS_LIMIT),
+        _int(lo=1, hi=MAX_POSITIONS_LIMIT),
         "int: Positions p < max_positions can be computed.",
         field="max_positions",
     ),
-    Option("qkv_bias", False, _flag("qkv_bias"), "bool: q/k/v biases.", field="qkv_bias", stage=1),
-    Option("o_bias", False, _flag("o_bias"), "bool: o_proj bias.", field="o_bias", stage=1),
+    Option("qkv_bias", False, check_flag, "bool: q/k/v biases.", field="qkv_bias", stage=1),
+    Option("o_bias", False, check_flag, "bool: o_proj bias.", field="o_bias", stage=1),
     Option(
         "norm",
         "rmsnorm",
-        partial(check_choice, name="norm", choices=NORMS),
+        partial(check_choice, choices=NORMS),
         "str: Norm kind.",
         field="norm",
         to_core=lambda v, core: getattr(core.NormKind, v),
@@ -254,7 +251,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "norm_eps",
         1e-06,
-        partial(check_real, name="norm_eps", gt=0.0, float32=True),
+        partial(check_real, gt=0.0, float32=True),
         "float: Norm epsilon.",
         field="norm_eps",
         stage=2,
@@ -262,7 +259,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "norm_bias",
         False,
-        _flag("norm_bias"),
+        check_flag,
         "bool: LayerNorm biases.",
         field="norm_bias",
         stage=1,
@@ -270,20 +267,18 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "mlp",
         "swiglu",
-        partial(check_choice, name="mlp", choices=MLPS),
+        partial(check_choice, choices=MLPS),
         "str: MLP kind.",
         field="mlp",
         to_core=lambda v, core: getattr(core.MlpKind, v),
         stage=2,
     ),
-    Option("mlp_bias", False, _flag("mlp_bias"), "bool: MLP biases.", field="mlp_bias", stage=1),
-    Option(
-        "qk_norm", False, _flag("qk_norm"), "bool: Per-head q/k norm.", field="qk_norm", stage=1
-    ),
+    Option("mlp_bias", False, check_flag, "bool: MLP biases.", field="mlp_bias", stage=1),
+    Option("qk_norm", False, check_flag, "bool: Per-head q/k norm.", field="qk_norm", stage=1),
     Option(
         "attn_softcap",
         None,
-        partial(check_real, name="attn_softcap", gt=0.0, allow_none=True, float32=True),
+        partial(check_real, gt=0.0, allow_none=True, float32=True),
         "float or None: Attention logit softcap.",
         field="attn_softcap",
         to_core=lambda v, core: 0.0 if v is None else v,
@@ -292,7 +287,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "numeric_profile",
         None,
-        partial(check_choice, name="numeric_profile", choices=("fp32",), allow_none=True),
+        partial(check_choice, choices=("fp32",), allow_none=True),
         "str or None: Numeric profile (None = 'fp32').",
         stage=2,
         canonical=lambda v: "fp32",  # None and 'fp32' are the same arithmetic
