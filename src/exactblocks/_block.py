@@ -1,31 +1,82 @@
-"""Members shared by both block classes (SPEC.md 2.8): read-only attributes, ``set_params``,
-pickling, extension queries, ``backward`` and the checks that open every call.
+"""Members shared by both block classes (SPEC.md 2.8): construction, read-only attributes,
+``get_params``/``set_params``, ``repr``, pickling, extension queries, ``backward`` and the checks
+that open every call.
 
-A subclass sets ``_defaults`` (keyword option -> default) and ``_build`` (a staticmethod
-``(raw_options, where, weights=None, canonical=None) -> impl`` that validates everything and
-returns the immutable implementation object stored as ``self._impl``, which has ``raw`` (the
-options as given) and ``weights`` (canonical read-only copies)).
+A subclass sets ``_build`` (a staticmethod ``(raw_options, where, weights=None, canonical=None)
+-> Impl`` that validates everything and returns the implementation object stored as
+``self._impl``) and ``_REPR_SIZES`` (the sizes its ``repr`` shows first), then calls
+:func:`exactblocks._options.install` with its option table, which adds ``__init__``, the option
+properties, ``_options`` and ``_defaults``. What does not live here: any option, weight or state
+of a particular block (``transformer/``, ``mamba2/``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from . import _ext
+from ._options import options_repr, public_values
 from ._validation import check_finite, check_lengths, check_tokens, format_shape
+from ._weights import fingerprint
 
-__all__ = ["BlockCommon"]
+__all__ = ["BlockCommon", "Impl", "make_impl"]
+
+
+class Impl:
+    """Everything one configuration needs; swapped as a whole by ``set_params``.
+
+    ``raw``: the options as given (mappings copied); ``opts``: the options in force; ``sizes``:
+    what the weights gave; ``weights``: canonical read-only copies (short names); ``core``: the
+    compiled block.
+    """
+
+    __slots__ = ("raw", "opts", "sizes", "weights", "fingerprint", "core")
+
+
+def make_impl(class_name: str, table, raw, opts, sizes, weights, core_mod, cfg, core_type) -> Impl:
+    """The last step of a block's ``_build``: fingerprint (class, arithmetic, options in force,
+    weight bytes) and core (``core_type(cfg, weights)``) of a checked configuration."""
+    impl = Impl()
+    impl.raw = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in raw.items()}
+    impl.opts = opts
+    impl.sizes = sizes
+    impl.weights = weights
+    impl.fingerprint = fingerprint(
+        class_name, str(core_mod.arithmetic_version()), options_repr(table, opts), weights
+    )
+    impl.core = core_type(cfg, weights)
+    return impl
 
 
 class BlockCommon:
     """Mixin of TransformerBlockInference and Mamba2BlockInference (no state of its own)."""
 
     __slots__ = ()
+    _options: tuple = ()
     _defaults: dict = {}
+    _REPR_SIZES: tuple = ()
 
     @staticmethod
     def _build(raw: dict, where: str, weights=None, canonical=None):  # pragma: no cover
         raise NotImplementedError
+
+    def _init(self, weights, raw: dict, where: str) -> None:
+        """The body of the generated ``__init__``: build and store the first configuration."""
+        object.__setattr__(self, "_impl", self._build(raw, where, weights=weights))
+
+    def _public_options(self) -> dict:
+        """``get_params()``: every option in force, mutable values copied."""
+        return public_values(self._options, self._impl.opts)
+
+    def __repr__(self) -> str:
+        impl = self._impl
+        inner = ", ".join(
+            [f"{k}={impl.sizes[k]!r}" for k in self._REPR_SIZES]
+            + [f"{k}={impl.opts[k]!r}" for k in self._defaults]
+        )
+        return f"{type(self).__name__}({inner})"
 
     # -- checks that open every call (SPEC.md 2.5: all before anything is computed) -----------
     @staticmethod

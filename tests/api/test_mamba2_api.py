@@ -751,7 +751,7 @@ def test_state_wrong_class(block, x, kind):
     elif kind == "array":
         bad = np.zeros((2, NH, DI // NH, NS), np.float32)
     else:
-        from exactblocks.state import _PRIVATE
+        from exactblocks._state import _PRIVATE
 
         bad = TransformerState._make(
             _PRIVATE,

@@ -374,7 +374,8 @@ def test_decode_heads_split_over_threads(n_kv, n_rep):
 @pytest.mark.parametrize("name", ["default", "gqa_window", "odd_head_dim", "softcap", "gemma_like"])
 def test_long_prefill_paths_agree_on_every_isa(name):
     """Rows with >= 16 tokens in a call score their keys from transposed key blocks, shorter
-    calls key by key (csrc/ops/attention/kernels.hpp): both paths, on every ISA, give the same bits."""
+    calls key by key (csrc/ops/attention/kernels.hpp): both paths, on every ISA, give the same
+    bits."""
     core = _ext.core()
     blk = make_block(name)
     rng = np.random.default_rng(12)

@@ -1,308 +1,54 @@
 """Mamba2BlockInference: one Mamba-2 block (norm, mixer, residual), bit-exact on the CPU.
 
-What lives here: every option and weight check of SPEC.md 7 and 10 (both weight spellings,
-every size derived from the shapes), the resolved configuration handed to the C++ core, the
-fingerprint, and the call path shared by ``forward`` and ``step`` (all checks first, then one
-core call with the GIL released, then the counters). What does not: arithmetic
-(``csrc/core/mamba2_impl.hpp``; A = -exp(A_log) is computed there with the library's exp) and
-the state object (``mamba2_state.py``).
+What lives here: the block class, the construction path (:func:`_build`: options, weight names
+in both spellings, every size derived from the shapes, canonical copies, typed config,
+fingerprint, core) and the call path shared by ``forward`` and ``step`` (all checks first, then
+one core call with the GIL released, then the counters). What does not: the option table and
+checks (``config.py``), the weight table and shape checks (``weights.py``), the state and its
+checks (``state.py``), what both blocks share (``_block.py``), arithmetic
+(``csrc/blocks/mamba2/``; A = -exp(A_log) is computed there with the library's exp).
 """
 
 from __future__ import annotations
 
-import math
 import sys
 
 import numpy as np
 
-from . import _ext
-from ._block import BlockCommon
-from ._validation import (
-    check_array,
-    check_finite,
-    check_int,
-    check_real,
-    describe_type,
-    format_shape,
-)
-from .mamba2_state import Mamba2State, _mamba2_state_type_error
-from .state import _PRIVATE
-from .weights import canonical_copy, check_key_set, fingerprint, resolve_names
+from .. import _ext
+from .._block import BlockCommon, make_impl
+from .._options import install
+from .._state import _PRIVATE
+from .._validation import check_array, check_int, format_shape
+from .._weights import canonical_copy, resolve_names
+from .config import OPTIONS, check_options, core_config
+from .state import Mamba2State, _check_counters, _check_finite, _state_type_error
+from .weights import HF_PREFIXES, SHORT_TO_HF, check_a, check_names, check_shapes
 
 __all__ = ["Mamba2BlockInference"]
 
 _CLS = "Mamba2BlockInference"
-
-# SPEC.md 7.2: short (canonical, mojolearn's) name -> HF Mamba2Block.state_dict() name. In the
-# short form 'norm.weight' is the gated norm; in the HF form it is the block norm.
-MAMBA2_SHORT_TO_HF: dict[str, str] = {
-    "block_norm.weight": "norm.weight",
-    "in_proj.weight": "mixer.in_proj.weight",
-    "in_proj.bias": "mixer.in_proj.bias",
-    "conv1d.weight": "mixer.conv1d.weight",
-    "conv1d.bias": "mixer.conv1d.bias",
-    "dt_bias": "mixer.dt_bias",
-    "A_log": "mixer.A_log",
-    "D": "mixer.D",
-    "norm.weight": "mixer.norm.weight",
-    "out_proj.weight": "mixer.out_proj.weight",
-    "out_proj.bias": "mixer.out_proj.bias",
-}
-MAMBA2_HF_PREFIXES = ("mixer.",)
-_REQUIRED = (
-    "block_norm.weight",
-    "in_proj.weight",
-    "conv1d.weight",
-    "dt_bias",
-    "A_log",
-    "D",
-    "norm.weight",
-    "out_proj.weight",
-)
-_OPTIONAL = {
-    "conv1d.bias": "a conv bias (HF use_conv_bias)",
-    "in_proj.bias": "projection biases (HF use_bias): in_proj.bias with out_proj.bias",
-    "out_proj.bias": "projection biases (HF use_bias): in_proj.bias with out_proj.bias",
-}
-
-_DEFAULTS = {"dt_limit": (0.0, math.inf), "n_groups": 1, "norm_eps": 1e-05}
-_OPTION_NAMES = tuple(_DEFAULTS)
-_INT64_MAX = (1 << 63) - 1
-_MAX_INT_OPTION = 1 << 24  # n_groups (it must also divide n_heads, the length of A_log)
 _MAX_BATCH = 1 << 62  # allocate_state's batch_size; memory is the real limit
 
 
-class _Impl:
-    """Everything one configuration needs; swapped as a whole by ``set_params``."""
+def _build(raw: dict, where: str, weights=None, canonical=None):
+    """Check everything, copy the weights, build the core. Nothing observable changes on error.
 
-    __slots__ = ("raw", "opts", "sizes", "weights", "fingerprint", "core")
-
-
-# --------------------------------------------------------------------------------------------
-# option and weight checks
-# --------------------------------------------------------------------------------------------
-
-
-def _check_dt_limit(value, where: str) -> tuple[float, float]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
-        raise TypeError(
-            f"{where}: dt_limit must be a tuple or list of two reals (lo, hi); got "
-            f"{describe_type(value)} {value!r}"
-        )
-    if len(value) != 2:
-        raise ValueError(
-            f"{where}: dt_limit must hold exactly two reals (lo, hi); got "
-            f"{len(value)} entries {tuple(value)!r}"
-        )
-    lo = check_real(value[0], "dt_limit[0]", where, ge=0.0, float32=True)
-    hi = check_real(value[1], "dt_limit[1]", where, ge=0.0, allow_inf=True, float32=True)
-    if lo > hi:
-        raise ValueError(
-            f"{where}: dt_limit=({lo!r}, {hi!r}) needs lo <= hi (allowed: "
-            "0 <= lo <= hi, lo finite, hi finite or inf, finite entries <= "
-            "3.4028234663852886e+38, the largest float32)"
-        )
-    return (lo, hi)
-
-
-def _check_options(raw: dict, where: str) -> dict:
-    return {
-        "dt_limit": _check_dt_limit(raw["dt_limit"], where),
-        "n_groups": check_int(
-            raw["n_groups"], "n_groups", where, min_value=1, max_value=_MAX_INT_OPTION
-        ),
-        "norm_eps": check_real(raw["norm_eps"], "norm_eps", where, gt=0.0, float32=True),
-    }
-
-
-def _check_shapes(arrs: dict, o: dict, spell, where: str) -> dict:
-    """Derive every size from the weight shapes (SPEC.md 7.2) and check every shape."""
-
-    def name(n):
-        return f"weights[{spell(n)!r}]"
-
-    def rank(n, r):
-        a = arrs[n]
-        if a.ndim != r:
-            raise ValueError(f"{where}: {name(n)} must be {r}-D; got shape {format_shape(a.shape)}")
-        return a.shape
-
-    def expect(n, exp, src):
-        got = arrs[n].shape
-        if got != exp:
-            raise ValueError(
-                f"{where}: {name(n)} has shape {format_shape(got)}; expected "
-                f"{format_shape(exp)}: {src}"
-            )
-
-    (d,) = rank("block_norm.weight", 1)
-    if d < 1:
-        raise ValueError(
-            f"{where}: {name('block_norm.weight')} is empty; its length is "
-            "d_model, which must be >= 1"
-        )
-    d_src = f"d_model={d} (length of {name('block_norm.weight')})"
-
-    out_r, d_inner = rank("out_proj.weight", 2)
-    if out_r != d:
-        raise ValueError(
-            f"{where}: {name('out_proj.weight')} has shape "
-            f"{format_shape((out_r, d_inner))}; expected {d} rows: {d_src}"
-        )
-    if d_inner < 1:
-        raise ValueError(
-            f"{where}: {name('out_proj.weight')} has 0 columns; its columns give "
-            "d_inner, which must be >= 1"
-        )
-    di_src = f"d_inner={d_inner} (columns of {name('out_proj.weight')})"
-    (gn,) = rank("norm.weight", 1)
-    if gn != d_inner:
-        raise ValueError(
-            f"{where}: {name('norm.weight')} (the gated norm) has length {gn}; "
-            f"expected {d_inner}: {di_src}"
-        )
-
-    (n_heads,) = rank("A_log", 1)
-    if n_heads < 1:
-        raise ValueError(
-            f"{where}: {name('A_log')} is empty; its length is n_heads, which must be >= 1"
-        )
-    nh_src = f"n_heads={n_heads} (length of {name('A_log')})"
-    for n in ("D", "dt_bias"):
-        rank(n, 1)
-        expect(n, (n_heads,), nh_src)
-    if d_inner % n_heads:
-        raise ValueError(
-            f"{where}: d_inner={d_inner} (columns of {name('out_proj.weight')}) is "
-            f"not divisible by n_heads={n_heads} (length of {name('A_log')}); "
-            "head_dim = d_inner / n_heads must be exact"
-        )
-    head_dim = d_inner // n_heads
-
-    cw = arrs["conv1d.weight"]
-    if cw.ndim == 3 and cw.shape[1] == 1:
-        conv_dim, kernel = cw.shape[0], cw.shape[2]
-    elif cw.ndim == 2:
-        conv_dim, kernel = cw.shape
-    else:
-        raise ValueError(
-            f"{where}: {name('conv1d.weight')} has shape {format_shape(cw.shape)}; "
-            "expected (conv_dim, 1, conv_kernel) or (conv_dim, conv_kernel)"
-        )
-    if kernel < 1:
-        raise ValueError(
-            f"{where}: {name('conv1d.weight')} has shape {format_shape(cw.shape)}; "
-            "its last axis is conv_kernel, which must be >= 1"
-        )
-    n_groups = o["n_groups"]
-    bc = conv_dim - d_inner
-    if bc <= 0 or bc % (2 * n_groups):
-        raise ValueError(
-            f"{where}: conv_dim={conv_dim} (rows of {name('conv1d.weight')}) minus "
-            f"d_inner={d_inner} (columns of {name('out_proj.weight')}) is {bc}; it must be "
-            f"2*n_groups*d_state, a positive multiple of 2*n_groups={2 * n_groups} "
-            f"(n_groups={n_groups})"
-        )
-    d_state = bc // (2 * n_groups)
-    if n_heads % n_groups:
-        raise ValueError(
-            f"{where}: n_groups={n_groups} does not divide n_heads={n_heads} "
-            f"(length of {name('A_log')})"
-        )
-    cd_src = f"conv_dim={conv_dim} (rows of {name('conv1d.weight')})"
-
-    n_in = d_inner + conv_dim + n_heads
-    rank("in_proj.weight", 2)
-    expect(
-        "in_proj.weight",
-        (n_in, d),
-        f"rows = d_inner + conv_dim + n_heads = {d_inner} + {conv_dim} + {n_heads} "
-        f"(z | xBC | dt; {di_src}, {cd_src}, {nh_src}); columns = {d_src}",
-    )
-    if "in_proj.bias" in arrs:
-        rank("in_proj.bias", 1)
-        expect(
-            "in_proj.bias",
-            (n_in,),
-            f"d_inner + conv_dim + n_heads = {d_inner} + "
-            f"{conv_dim} + {n_heads} ({di_src}, {cd_src}, {nh_src})",
-        )
-    if "out_proj.bias" in arrs:
-        rank("out_proj.bias", 1)
-        expect("out_proj.bias", (d,), d_src)
-    if "conv1d.bias" in arrs:
-        rank("conv1d.bias", 1)
-        expect("conv1d.bias", (conv_dim,), cd_src)
-    return {
-        "d_model": d,
-        "d_inner": d_inner,
-        "n_heads": n_heads,
-        "head_dim": head_dim,
-        "d_state": d_state,
-        "n_groups": n_groups,
-        "conv_dim": conv_dim,
-        "conv_kernel": kernel,
-        "conv_bias": "conv1d.bias" in arrs,
-        "proj_bias": "in_proj.bias" in arrs,
-    }
-
-
-def _check_a(core_mod, a_log: np.ndarray, spell, where: str) -> None:
-    """SPEC.md 7.2: A = -exp(A_log) (the library's exp) must be finite."""
-    e = np.asarray(core_mod.elementwise("exp", np.ascontiguousarray(a_log, np.float32)))
-    bad = np.flatnonzero(~np.isfinite(e))
-    if bad.size:
-        k = int(bad[0])
-        raise ValueError(
-            f"{where}: weights[{spell('A_log')!r}] gives a non-finite "
-            f"A = -exp(A_log) at flat index {k}: A_log={float(a_log[k])!r}, "
-            f"A={-float(e[k])!r} (exp overflows float32 above about 88.72)"
-        )
-
-
-def _options_repr(opts: dict) -> str:
-    """Canonical, platform-independent spelling of the resolved options (for the fingerprint)."""
-    lo, hi = opts["dt_limit"]
-    return repr(
-        (
-            ("dt_limit", (float(lo), float(hi))),
-            ("n_groups", int(opts["n_groups"])),
-            ("norm_eps", float(opts["norm_eps"])),
-        )
-    )
-
-
-def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
-    """Check everything, copy the weights, build the core. Nothing observable changes on error."""
-    o = _check_options(raw, where)
+    ``weights`` is the user's dict (any spelling); ``canonical`` instead reuses the private,
+    read-only, checked copies of an existing configuration (``set_params``, unpickling).
+    """
+    o = check_options(raw, where)
     if canonical is None:
-        by_short, user_key, hf_form = resolve_names(
-            weights, where, MAMBA2_SHORT_TO_HF, MAMBA2_HF_PREFIXES
-        )
+        by_short, user_key, hf_form = resolve_names(weights, where, SHORT_TO_HF, HF_PREFIXES)
     else:
         by_short, user_key, hf_form = canonical, {k: k for k in canonical}, False
 
     def spell(n):  # the name as the user spelled it (or would have, for a missing tensor)
-        return user_key.get(n, MAMBA2_SHORT_TO_HF[n] if hf_form else n)
+        return user_key.get(n, SHORT_TO_HF[n] if hf_form else n)
 
-    has_in, has_out = "in_proj.bias" in by_short, "out_proj.bias" in by_short
-    if has_in != has_out:
-        there, absent = (
-            ("in_proj.bias", "out_proj.bias") if has_in else ("out_proj.bias", "in_proj.bias")
-        )
-        raise ValueError(
-            f"{where}: weights[{spell(there)!r}] is present but "
-            f"weights[{spell(absent)!r}] is missing; projection biases (HF "
-            "use_bias) come as a pair: give both or neither"
-        )
-    expected = {n: "always" for n in _REQUIRED}
-    for n in _OPTIONAL:
-        if n in by_short:
-            expected[n] = "optional"
-    check_key_set(by_short, expected, _OPTIONAL, where, spell)
-
+    check_names(by_short, o, spell, where)
     arrs = {n: check_array(v, f"weights[{spell(n)!r}]", where) for n, v in by_short.items()}
-    sizes = _check_shapes(arrs, o, spell, where)
+    sizes = check_shapes(arrs, o, spell, where)
     core_mod = _ext.core()
     if canonical is None:
         weights_c = {}
@@ -313,66 +59,18 @@ def _build(raw: dict, where: str, weights=None, canonical=None) -> _Impl:
             weights_c[n] = c
     else:
         weights_c = canonical  # already private, read-only, 2-D conv, checked finite
-    _check_a(core_mod, weights_c["A_log"], spell, where)
-
-    lo, hi = o["dt_limit"]
-    cfg = {
-        k: sizes[k]
-        for k in (
-            "d_model",
-            "d_inner",
-            "n_heads",
-            "head_dim",
-            "d_state",
-            "n_groups",
-            "conv_dim",
-            "conv_kernel",
-            "conv_bias",
-            "proj_bias",
-        )
-    }
-    cfg.update(norm_eps=o["norm_eps"], dt_min=lo, dt_max=hi)
-    impl = _Impl()
-    impl.raw = dict(raw)
-    impl.opts = o
-    impl.sizes = sizes
-    impl.weights = weights_c
-    impl.fingerprint = fingerprint(
-        _CLS, str(core_mod.arithmetic_version()), _options_repr(o), weights_c
+    check_a(core_mod, weights_c["A_log"], spell, where)
+    return make_impl(
+        _CLS,
+        OPTIONS,
+        raw,
+        o,
+        sizes,
+        weights_c,
+        core_mod,
+        core_config(core_mod, o, sizes),
+        core_mod.Mamba2Core,
     )
-    typed = core_mod.Mamba2Config()
-    for k, v in cfg.items():
-        setattr(typed, k, v)
-    impl.core = core_mod.Mamba2Core(typed, weights_c)
-    return impl
-
-
-# --------------------------------------------------------------------------------------------
-# the block
-# --------------------------------------------------------------------------------------------
-
-
-def _check_state_finite(state: Mamba2State, lens: np.ndarray, where: str) -> None:
-    """SPEC 2.4: what a call reads of each advancing row must be finite: ``conv_window[b, :,
-    1:]`` (the first token's conv reads columns 1 .. K-1; column 0, the oldest input, leaves
-    the window unread) and ``h[b]``. One native pass over all advancing rows of each buffer;
-    only when it sees a NaN/inf somewhere (column 0 included) does the exact per-row check run,
-    which names the first offending element (rows in order, conv_window before h) or finds
-    that only column 0 holds one."""
-    rows = np.flatnonzero(np.asarray(lens) > 0).astype(np.int64)
-    if rows.size == 0:
-        return
-    core = _ext.core()
-    if (
-        core.first_nonfinite_rows(state.conv_window, rows) is None
-        and core.first_nonfinite_rows(state.h, rows) is None
-    ):
-        return
-    for b in rows.tolist():
-        cols = state.conv_window[b, :, 1:]
-        if cols.size:
-            check_finite(cols, "state.conv_window", where, index_base=(b,), index_offset=(0, 1))
-        check_finite(state.h[b], "state.h", where, index_base=(b,))
 
 
 class Mamba2BlockInference(BlockCommon):
@@ -481,12 +179,20 @@ class Mamba2BlockInference(BlockCommon):
     True
     """
 
-    _defaults = _DEFAULTS
     _build = staticmethod(_build)
-
-    def __init__(self, weights, *, dt_limit=(0.0, math.inf), n_groups=1, norm_eps=1e-05):
-        raw = {"dt_limit": dt_limit, "n_groups": n_groups, "norm_eps": norm_eps}
-        object.__setattr__(self, "_impl", _build(raw, f"{_CLS}.__init__", weights=weights))
+    _REPR_SIZES = (
+        "d_model",
+        "d_inner",
+        "n_heads",
+        "head_dim",
+        "d_state",
+        "conv_dim",
+        "conv_kernel",
+        "conv_bias",
+        "proj_bias",
+    )
+    # __init__(self, weights, *, dt_limit, n_groups, norm_eps) and one read-only property per
+    # option: from config.OPTIONS (install() below).
 
     # -- read-only attributes -------------------------------------------------------------------
     d_model = property(
@@ -507,7 +213,6 @@ class Mamba2BlockInference(BlockCommon):
         lambda self: self._impl.sizes["d_state"],
         doc="int: SSM state size, (conv_dim - d_inner) / (2 * n_groups).",
     )
-    n_groups = property(lambda self: self._impl.sizes["n_groups"], doc="int: B/C groups.")
     conv_dim = property(
         lambda self: self._impl.sizes["conv_dim"],
         doc="int: Conv channels, d_inner + 2 * n_groups * d_state.",
@@ -522,10 +227,6 @@ class Mamba2BlockInference(BlockCommon):
         lambda self: self._impl.sizes["proj_bias"],
         doc="bool: Whether in_proj.bias and out_proj.bias are present.",
     )
-    dt_limit = property(
-        lambda self: self._impl.opts["dt_limit"], doc="tuple of two float: dt clamp (lo, hi)."
-    )
-    norm_eps = property(lambda self: self._impl.opts["norm_eps"], doc="float: Norm epsilon.")
     fingerprint = property(
         lambda self: self._impl.fingerprint,
         doc="str: 32 hex digits identifying class, arithmetic, options and "
@@ -547,29 +248,7 @@ class Mamba2BlockInference(BlockCommon):
             ``{'dt_limit': (lo, hi), 'n_groups': int, 'norm_eps': float}`` (``weights`` is not
             included); ``dt_limit`` is a tuple of two floats.
         """
-        return dict(self._impl.opts)
-
-    # -- identity, copying --------------------------------------------------------------------
-    def __repr__(self) -> str:
-        s, o = self._impl.sizes, self._impl.opts
-        inner = ", ".join(
-            [
-                f"{k}={s[k]!r}"
-                for k in (
-                    "d_model",
-                    "d_inner",
-                    "n_heads",
-                    "head_dim",
-                    "d_state",
-                    "conv_dim",
-                    "conv_kernel",
-                    "conv_bias",
-                    "proj_bias",
-                )
-            ]
-            + [f"{k}={o[k]!r}" for k in _OPTION_NAMES]
-        )
-        return f"{_CLS}({inner})"
+        return self._public_options()
 
     # -- states -------------------------------------------------------------------------------
     def allocate_state(self, batch_size: int, *extra) -> Mamba2State:
@@ -718,7 +397,7 @@ class Mamba2BlockInference(BlockCommon):
             step=step,
             d_model=s["d_model"],
             state_cls=Mamba2State,
-            type_error=_mamba2_state_type_error,
+            type_error=_state_type_error,
             alloc_call="allocate_state(batch_size)",
         )
         bsz = xa.shape[0]
@@ -732,21 +411,12 @@ class Mamba2BlockInference(BlockCommon):
         self._check_state_fits(impl, state, xa, where)
         self._lock_state(state, where)
         try:
-            state._check_buffers(where)  # dtype, shape, C order, writable, no aliasing
-            start = np.array(state.row_tokens, dtype=np.int64, copy=True)
-            for b in range(bsz):
-                held, n = int(start[b]), int(lens[b])
-                if held < 0:
-                    raise ValueError(f"{where}: state.row_tokens[{b}]={held} must be >= 0")
-                if n and held > _INT64_MAX - n:
-                    raise ValueError(
-                        f"{where}: state.row_tokens[{b}]={held} + {n} tokens overflows int64"
-                    )
+            start = _check_counters(state, lens, where)
             # The native call checks what it reads of each advancing row before writing and
             # returns None when a value is not finite; the exact check then names it.
             y = impl.core.forward(xa, lens, state.conv_window, state.h, check_state=True)
             if y is None:
-                _check_state_finite(state, lens, where)
+                _check_finite(state, lens, where)
                 raise RuntimeError(
                     f"{where}: internal error: the native state check failed but no "
                     "non-finite value was found"
@@ -755,3 +425,6 @@ class Mamba2BlockInference(BlockCommon):
         finally:
             state._lock.release()
         return y
+
+
+install(Mamba2BlockInference, OPTIONS)

@@ -5,6 +5,7 @@ The session computes nothing of its own: ``step`` and ``forward`` run the block'
 refuses the state from anyone else. It also owns a scratch workspace reused by its calls, so
 steps stop allocating once the buffers have their size (SPEC 6). The state keeps only a weak
 reference to the session, so a dropped session releases its claim when it is garbage-collected.
+What does not live here: the call path (``block.py``) and the state checks (``state.py``).
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ import threading
 
 import numpy as np
 
-from . import _ext
-from .state import TransformerState
+from .. import _ext
+from .state import TransformerState, _check_counters, _check_readable
 
 __all__ = ["TransformerDecodeSession"]
 
 _CLS = "TransformerDecodeSession"
-_PRIVATE = object()
 _claim_lock = threading.Lock()
 
 
@@ -213,8 +213,6 @@ class TransformerDecodeSession:
         RuntimeError
             The state is in use by another call.
         """
-        from .transformer import _check_counters, _check_readable
-
         where = f"{_CLS}.load_state"
         st = self._state
         if not st._lock.acquire(blocking=False):

@@ -1,15 +1,18 @@
-"""Weight tables: names, spellings, shapes, canonical copies and fingerprints.
+"""What both blocks do with weights: table rows, name resolution, key sets, copies, fingerprints.
 
-What lives here: the Transformer weight table of SPEC.md 4.2 (short and HF spellings), the
-generic key-set checks (missing / unknown / mixed spellings), the canonical float32 copy of
-each tensor with its finiteness check, and the block fingerprint (XXH3-128). What does not:
-option checks (``transformer.py``) and any arithmetic (the C++ core packs the weights).
+What lives here: the :class:`Tensor` / :class:`Presence` records a block's weight table is made
+of, the generic checks of a user's weight dict (its type, short or HF spelling, unknown, mixed,
+missing or unexpected names), the canonical float32 copy of each tensor with its finiteness
+check, and the block fingerprint (XXH3-128). What does not: a particular block's table and shape
+checks (``transformer/weights.py``, ``mamba2/weights.py``), option checks, and any arithmetic
+(the C++ core packs the weights).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import xxhash
@@ -17,81 +20,86 @@ import xxhash
 from ._validation import check_array, check_finite, describe_type
 
 __all__ = [
-    "TRANSFORMER_SHORT_TO_HF",
+    "Presence",
+    "Tensor",
     "canonical_copy",
+    "check_key_set",
+    "expected_names",
     "fingerprint",
     "resolve_names",
-    "transformer_expected_names",
+    "used_with",
 ]
 
-# SPEC.md 4.2: short (canonical, mojolearn's) name -> HF LlamaDecoderLayer.state_dict() name.
-TRANSFORMER_SHORT_TO_HF: dict[str, str] = {
-    "input_layernorm.weight": "input_layernorm.weight",
-    "input_layernorm.bias": "input_layernorm.bias",
-    "post_attention_layernorm.weight": "post_attention_layernorm.weight",
-    "post_attention_layernorm.bias": "post_attention_layernorm.bias",
-    **{
-        f"{p}.{s}": f"self_attn.{p}.{s}"
-        for p in ("q_proj", "k_proj", "v_proj", "o_proj")
-        for s in ("weight", "bias")
-    },
-    "q_norm.weight": "self_attn.q_norm.weight",
-    "k_norm.weight": "self_attn.k_norm.weight",
-    **{
-        f"{p}.{s}": f"mlp.{p}.{s}"
-        for p in ("gate_proj", "up_proj", "down_proj")
-        for s in ("weight", "bias")
-    },
-}
-TRANSFORMER_HF_PREFIXES = ("self_attn.", "mlp.")
 
-
-def transformer_expected_names(
-    *, qkv_bias: bool, o_bias: bool, norm_bias: bool, gated: bool, mlp_bias: bool, qk_norm: bool
-) -> dict[str, str]:
-    """Return the exact short-name key set for these options, each with its presence rule.
+@dataclass(frozen=True)
+class Presence:
+    """When an optional tensor is part of a block's key set.
 
     Parameters
     ----------
-    qkv_bias, o_bias, norm_bias, gated, mlp_bias, qk_norm : bool
-        The resolved options (``gated`` = the MLP kind is swiglu, geglu or geglu_tanh).
+    used_with : str
+        What makes the tensor present, for messages (``"qkv_bias=True"``).
+    test : callable or None, default=None
+        ``test(options in force) -> bool``; None = optional whatever the options (present iff
+        given, as Mamba-2's ``conv1d.bias``).
+    """
+
+    used_with: str
+    test: Callable[[Mapping], bool] | None = None
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One row of a block's weight table.
+
+    Parameters
+    ----------
+    name : str
+        Short (canonical) name, e.g. ``"q_proj.weight"``.
+    hf : str
+        The HF ``state_dict()`` name of the same tensor.
+    shape : tuple of str, default=()
+        Symbols of its expected shape, resolved by the block's shape check (empty when that
+        check spells the shape out itself).
+    presence : Presence or None, default=None
+        None = always present.
+    """
+
+    name: str
+    hf: str
+    shape: tuple[str, ...] = ()
+    presence: Presence | None = None
+
+
+def expected_names(table: Iterable[Tensor], opts: Mapping, present: Iterable[str]) -> list[str]:
+    """Return the short names a weight dict must hold for these options (SPEC.md 4.2, 7.2).
+
+    Parameters
+    ----------
+    table : iterable of Tensor
+        The block's weight table.
+    opts : Mapping
+        The options in force (what each ``Presence.test`` reads).
+    present : iterable of str
+        The short names given (an option-free optional tensor is expected iff given).
 
     Returns
     -------
-    dict of str to str
-        ``{short_name: rule}`` for every tensor of the table (SPEC.md 4.2); the rule is
-        ``"always"`` or the option that makes the tensor present, and only tensors present for
-        these options are included.
+    list of str
+        In table order.
     """
-    names = {
-        "input_layernorm.weight": "always",
-        "post_attention_layernorm.weight": "always",
-        "q_proj.weight": "always",
-        "k_proj.weight": "always",
-        "v_proj.weight": "always",
-        "o_proj.weight": "always",
-        "up_proj.weight": "always",
-        "down_proj.weight": "always",
-    }
-    if norm_bias:
-        names["input_layernorm.bias"] = "norm_bias=True"
-        names["post_attention_layernorm.bias"] = "norm_bias=True"
-    if qkv_bias:
-        for p in ("q_proj", "k_proj", "v_proj"):
-            names[f"{p}.bias"] = "qkv_bias=True"
-    if o_bias:
-        names["o_proj.bias"] = "o_bias=True"
-    if qk_norm:
-        names["q_norm.weight"] = "qk_norm=True"
-        names["k_norm.weight"] = "qk_norm=True"
-    if gated:
-        names["gate_proj.weight"] = "gated mlp"
-        if mlp_bias:
-            names["gate_proj.bias"] = "gated mlp and mlp_bias=True"
-    if mlp_bias:
-        names["up_proj.bias"] = "mlp_bias=True"
-        names["down_proj.bias"] = "mlp_bias=True"
-    return names
+    present = set(present)
+    out = []
+    for t in table:
+        p = t.presence
+        if p is None or (t.name in present if p.test is None else p.test(opts)):
+            out.append(t.name)
+    return out
+
+
+def used_with(table: Iterable[Tensor]) -> dict[str, str]:
+    """Return ``{short name: what makes it present}`` for every optional tensor of a table."""
+    return {t.name: t.presence.used_with for t in table if t.presence is not None}
 
 
 def resolve_names(
@@ -171,7 +179,7 @@ def resolve_names(
 
 
 def check_key_set(
-    present: Iterable[str], expected: Mapping[str, str], all_optional: Mapping, where: str, spell
+    present: Iterable[str], expected: Iterable[str], all_optional: Mapping, where: str, spell
 ) -> None:
     """Compare the present short names with the expected set (SPEC.md 4.2).
 
@@ -179,8 +187,8 @@ def check_key_set(
     ----------
     present : iterable of str
         Short names given (already known to be valid names).
-    expected : Mapping of str to str
-        ``transformer_expected_names(...)`` for the options in force.
+    expected : iterable of str
+        :func:`expected_names` for the options in force.
     all_optional : Mapping of str to str
         Every optional short name -> the option that makes it present (for messages).
     where : str
@@ -194,15 +202,15 @@ def check_key_set(
         An optional tensor is present while its option is off (naming the option to set), or
         required tensors are missing (listing them and the full expected set).
     """
-    present = set(present)
-    extra = sorted(present - set(expected))
+    present, expected = set(present), set(expected)
+    extra = sorted(present - expected)
     if extra:
         name = extra[0]
         raise ValueError(
             f"{where}: weights[{spell(name)!r}] is present but only used with "
             f"{all_optional.get(name, '?')}; set that option or remove the tensor"
         )
-    missing = sorted(set(expected) - present)
+    missing = sorted(expected - present)
     if missing:
         raise ValueError(
             f"{where}: weights are missing {[spell(m) for m in missing]}; the "
