@@ -75,7 +75,8 @@ void bind_kinds(nb::module_& m) {
   nb::enum_<blocks::NormPlacement>(m, "NormPlacement")
       .value("pre", blocks::kNormPre)
       .value("sandwich", blocks::kNormSandwich)
-      .value("post", blocks::kNormPost);
+      .value("post", blocks::kNormPost)
+      .value("parallel", blocks::kNormParallel);
   nb::enum_<blocks::BlockParts>(m, "BlockParts")
       .value("full", blocks::kBlockFull)
       .value("attention_only", blocks::kBlockAttentionOnly)

@@ -60,6 +60,8 @@ class NormPlacement(enum.Enum):
 
     post = 2
 
+    parallel = 3
+
 class BlockParts(enum.Enum):
     full = 0
 

@@ -15,7 +15,8 @@ layer of each family in float32 with eager attention (SPEC 4.6: rtol = atol = 2e
 - NemotronHBlock attention (no RoPE) and MLP (relu2, ungated) layers: the half blocks.
 - GraniteMoeHybridDecoderLayer (dense, attention type, with and without RoPE) = our
   attention-only block followed by our MLP-only block.
-- StableLmDecoderLayer with ``qk_layernorm`` (StableLmLayerNormPerHead: per-head weights).
+- StableLmDecoderLayer with ``qk_layernorm`` (StableLmLayerNormPerHead: per-head weights), with
+  and without ``use_parallel_residual`` (StableLM 2 12B: the parallel placement).
 
 Then the bit promises for every new setting, all as ``view(np.uint32)`` equality: one prefill
 == token-by-token decode == a chunk split; a ragged row == that row alone; 1 == 2 == 3 threads;
@@ -553,7 +554,7 @@ def _granite_hybrid(rope: bool) -> Shape:
     )
 
 
-def _stablelm_qk_layernorm() -> Shape:
+def _stablelm_qk_layernorm(parallel: bool) -> Shape:
     cfg = _eager(
         StableLmConfig(
             hidden_size=D,
@@ -565,13 +566,13 @@ def _stablelm_qk_layernorm() -> Shape:
             partial_rotary_factor=0.25,
             use_qkv_bias=True,
             qk_layernorm=True,
-            use_parallel_residual=False,
+            use_parallel_residual=parallel,
             max_position_embeddings=MAX_POS,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         )
     )
     layer = StableLmDecoderLayer(cfg, 0)
-    _perturb(layer, 1100)
+    _perturb(layer, 1100 + int(parallel))
     sd = _short(_state(layer))
     for qk, n in (("q", NH), ("k", NKV)):
         rows = [sd.pop(f"{qk}_layernorm.norms.{h}.weight") for h in range(n)]
@@ -584,9 +585,11 @@ def _stablelm_qk_layernorm() -> Shape:
         qk_norm_scope="per_head_weights",
         rope_dim=HD // 4,
         norm_eps=1e-5,
+        norm_placement="parallel" if parallel else "pre",
     )
     hf = _decoder_hf(layer, cfg, StableLmRotaryEmbedding(cfg))
-    return Shape("stablelm_qk_layernorm", hf, [(fields, sd)])
+    name = "stablelm2_12b_parallel" if parallel else "stablelm_qk_layernorm"
+    return Shape(name, hf, [(fields, sd)])
 
 
 BUILDERS = {
@@ -606,7 +609,8 @@ BUILDERS = {
     "nemotron_h_mlp": lambda: _nemotron_h("mlp"),
     "granite_hybrid_rope": lambda: _granite_hybrid(True),
     "granite_hybrid_nope": lambda: _granite_hybrid(False),
-    "stablelm_qk_layernorm": _stablelm_qk_layernorm,
+    "stablelm_qk_layernorm": lambda: _stablelm_qk_layernorm(False),
+    "stablelm2_12b_parallel": lambda: _stablelm_qk_layernorm(True),
 }
 _CACHE: dict = {}
 

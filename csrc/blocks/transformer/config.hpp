@@ -13,7 +13,8 @@
 //     q_proj (QW, d), k_proj (KW, d), v_proj (KW, d), o_proj (d, QW); .bias (rows,) when given
 //     q_norm / k_norm when qk_norm: (head_dim,) [qk_norm_scope head], (QW,) / (KW,)
 //       [all_heads], (n_heads, head_dim) / (n_kv_heads, head_dim) [per_head_weights]
-//     input_layernorm (d,)           the norm on the attention input     [pre, sandwich]
+//     input_layernorm (d,)           the norm on the attention input     [pre, sandwich,
+//                                    (and on the MLP input under parallel)  parallel]
 //     post_attention_layernorm (d,)  the norm on the attention output    [sandwich, post]
 //   MLP half (block_parts full | mlp_only):
 //     gate_proj (IT, d) [gated mlp], up_proj (IT, d), down_proj (d, IT); .bias when given
@@ -36,8 +37,10 @@ namespace eb::blocks {
 //   sandwich x1 = x + m*N_post_attn(attn(N_in(x))); y = x1 + m*N_post_ff(mlp(N_pre_ff(x1)))
 //                                                                            Gemma 2, Gemma 3
 //   post     x1 = x + m*N_post_attn(attn(x));     y = x1 + m*N_post_ff(mlp(x1))    OLMo 2
+//   parallel h = N_in(x); x1 = x + m*attn(h);     y = x1 + m*mlp(h)    (full blocks only)
+//                               StableLM 2 12B / GPT-NeoX use_parallel_residual, one norm
 // m = residual_multiplier (the multiply is skipped when it is 1).
-enum NormPlacement : int { kNormPre = 0, kNormSandwich = 1, kNormPost = 2 };
+enum NormPlacement : int { kNormPre = 0, kNormSandwich = 1, kNormPost = 2, kNormParallel = 3 };
 
 // Which halves the block has, each with its own norm(s) and residual add:
 //   full            attention half then MLP half (a decoder layer)

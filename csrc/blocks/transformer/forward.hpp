@@ -3,7 +3,8 @@
 // LlamaDecoderLayer), with the norm placements and half blocks of config.hpp: the attention
 // half is [N_attn_in] qkv, q/k norm, RoPE, attention, o, [N_attn_out], x1 = x + m*branch; the
 // MLP half is [N_mlp_in] gate|up, combine, down, [N_mlp_out], y = x1 + m*branch (a norm in
-// brackets runs when the placement has it; m = residual_multiplier, skipped when 1). Real tokens of
+// brackets runs when the placement has it; m = residual_multiplier, skipped when 1). Under the
+// parallel placement the MLP reads N_attn_in(x) instead of x1. Real tokens of
 // all rows are gathered into M compact rows; every step is either per token or per (token, head),
 // so a row's bits never depend on the other rows, on how its tokens were split into calls, or on
 // the thread count.
@@ -179,7 +180,9 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   const int nt_copy = threads_for_rows(M, nt);
   if (mlp) {
     // 8-9. u = act(g) * up (or act(up)) of h2 = [N_mlp_in](x1); y = x1 + m * [N_mlp_out](Wd u)
-    ops::gemm<V>(n_mi.on() ? hn : x1, M, d, mdl.w_gu, gu, n_gu, nt);
+    // parallel placement: hn still holds N_attn_in(x), the MLP's input too
+    const bool mlp_reads_hn = n_mi.on() || c.norm_placement == kNormParallel;
+    ops::gemm<V>(mlp_reads_hn ? hn : x1, M, d, mdl.w_gu, gu, n_gu, nt);
     parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
       for (int64_t m = b0; m < b1; ++m) ops::mlp_combine<V>(c.mlp, &gu[m * n_gu], it, &u[m * it]);
     });

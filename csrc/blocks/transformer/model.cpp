@@ -69,7 +69,10 @@ TransformerModel::TransformerModel(const TransformerConfig& c,
     : cfg(c) {
   FpEnvGuard guard;  // the RoPE table, (1 + w) and the packer's checks: the caller's FTZ/rounding
                      // mode must not change them (SPEC 3.2)
-  const bool attn = has_attention(c), mlp = has_mlp(c), pre = c.norm_placement == kNormPre;
+  const bool attn = has_attention(c), mlp = has_mlp(c);
+  const NormPlacement np = c.norm_placement;
+  EB_CHECK(np != kNormParallel || c.block_parts == kBlockFull,
+           "the parallel placement needs a full block");
   const int64_t d = c.d_model;
   norm_eps = static_cast<float>(c.norm_eps);  // rounded to nearest under the guard
   residual_mult = static_cast<float>(c.residual_multiplier);
@@ -81,8 +84,9 @@ TransformerModel::TransformerModel(const TransformerConfig& c,
                                     : static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
     attn_softcap = static_cast<float>(c.attn_softcap);
     build_rope(*this, c);
-    if (c.norm_placement != kNormPost) n_attn_in = block_norm(w, "input_layernorm", c);
-    if (!pre) n_attn_out = block_norm(w, "post_attention_layernorm", c);
+    if (np != kNormPost) n_attn_in = block_norm(w, "input_layernorm", c);
+    if (np == kNormSandwich || np == kNormPost)
+      n_attn_out = block_norm(w, "post_attention_layernorm", c);
     if (c.qk_norm) {
       int64_t nq = hd, nk = hd;  // kQkNormHead: one row shared by the heads
       if (c.qk_norm_scope != kQkNormHead) nq = qw, nk = kw;
@@ -101,9 +105,11 @@ TransformerModel::TransformerModel(const TransformerConfig& c,
   if (mlp) {
     const int64_t it = c.intermediate;
     EB_CHECK(it > 0, "bad intermediate");
-    if (pre) n_mlp_in = block_norm(w, "post_attention_layernorm", c);
-    if (c.norm_placement == kNormSandwich) n_mlp_in = block_norm(w, "pre_feedforward_layernorm", c);
-    if (!pre) n_mlp_out = block_norm(w, "post_feedforward_layernorm", c);
+    // parallel: the MLP reads the attention's input norm (n_attn_in), no norm of its own
+    if (np == kNormPre) n_mlp_in = block_norm(w, "post_attention_layernorm", c);
+    if (np == kNormSandwich) n_mlp_in = block_norm(w, "pre_feedforward_layernorm", c);
+    if (np == kNormSandwich || np == kNormPost)
+      n_mlp_out = block_norm(w, "post_feedforward_layernorm", c);
     if (ops::mlp_is_gated(c.mlp)) {
       w_gu = ops::pack_matrices(
           {need_weight(w, "gate_proj.weight"), need_weight(w, "up_proj.weight")}, {it, it}, d,
