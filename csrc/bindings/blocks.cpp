@@ -64,11 +64,27 @@ void bind_kinds(nb::module_& m) {
       .value("geglu", ops::kGeGlu)
       .value("geglu_tanh", ops::kGeGluTanh)
       .value("gelu", ops::kGelu)
-      .value("gelu_tanh", ops::kGeluTanh);
+      .value("gelu_tanh", ops::kGeluTanh)
+      .value("relu2", ops::kRelu2);
   nb::enum_<ops::RopeScaling>(m, "RopeScaling")
       .value("default", ops::kRopeDefault)
       .value("linear", ops::kRopeLinear)
-      .value("llama3", ops::kRopeLlama3);
+      .value("llama3", ops::kRopeLlama3)
+      .value("yarn", ops::kRopeYarn)
+      .value("longrope", ops::kRopeLongrope);
+  nb::enum_<blocks::NormPlacement>(m, "NormPlacement")
+      .value("pre", blocks::kNormPre)
+      .value("sandwich", blocks::kNormSandwich)
+      .value("post", blocks::kNormPost)
+      .value("parallel", blocks::kNormParallel);
+  nb::enum_<blocks::BlockParts>(m, "BlockParts")
+      .value("full", blocks::kBlockFull)
+      .value("attention_only", blocks::kBlockAttentionOnly)
+      .value("mlp_only", blocks::kBlockMlpOnly);
+  nb::enum_<blocks::QkNormScope>(m, "QkNormScope")
+      .value("head", blocks::kQkNormHead)
+      .value("all_heads", blocks::kQkNormAllHeads)
+      .value("per_head_weights", blocks::kQkNormPerHeadWeights);
 }
 
 // Every field under its C++ name; Python reads and writes them as attributes.
@@ -80,8 +96,12 @@ void bind_configs(nb::module_& m) {
       .def_rw("n_kv_heads", &TransformerConfig::n_kv_heads)
       .def_rw("head_dim", &TransformerConfig::head_dim)
       .def_rw("intermediate", &TransformerConfig::intermediate)
+      .def_rw("block_parts", &TransformerConfig::block_parts)
+      .def_rw("norm_placement", &TransformerConfig::norm_placement)
       .def_rw("window", &TransformerConfig::window)
       .def_rw("attn_softcap", &TransformerConfig::attn_softcap)
+      .def_rw("attn_scale", &TransformerConfig::attn_scale)
+      .def_rw("residual_multiplier", &TransformerConfig::residual_multiplier)
       .def_rw("rope_dim", &TransformerConfig::rope_dim)
       .def_rw("rope_theta", &TransformerConfig::rope_theta)
       .def_rw("rope_scaling", &TransformerConfig::rope_scaling)
@@ -89,11 +109,20 @@ void bind_configs(nb::module_& m) {
       .def_rw("rope_low_freq_factor", &TransformerConfig::rope_low_freq_factor)
       .def_rw("rope_high_freq_factor", &TransformerConfig::rope_high_freq_factor)
       .def_rw("rope_original_max", &TransformerConfig::rope_original_max)
+      .def_rw("rope_beta_fast", &TransformerConfig::rope_beta_fast)
+      .def_rw("rope_beta_slow", &TransformerConfig::rope_beta_slow)
+      .def_rw("rope_truncate", &TransformerConfig::rope_truncate)
+      .def_rw("rope_mscale", &TransformerConfig::rope_mscale)
+      .def_rw("rope_mscale_all_dim", &TransformerConfig::rope_mscale_all_dim)
+      .def_rw("rope_attention_factor", &TransformerConfig::rope_attention_factor)
+      .def_rw("rope_short_factor", &TransformerConfig::rope_short_factor)
+      .def_rw("rope_long_factor", &TransformerConfig::rope_long_factor)
       .def_rw("max_positions", &TransformerConfig::max_positions)
       .def_rw("norm", &TransformerConfig::norm)
       .def_rw("norm_eps", &TransformerConfig::norm_eps)
       .def_rw("norm_bias", &TransformerConfig::norm_bias)
       .def_rw("qk_norm", &TransformerConfig::qk_norm)
+      .def_rw("qk_norm_scope", &TransformerConfig::qk_norm_scope)
       .def_rw("qkv_bias", &TransformerConfig::qkv_bias)
       .def_rw("o_bias", &TransformerConfig::o_bias)
       .def_rw("mlp", &TransformerConfig::mlp)
@@ -124,13 +153,32 @@ void bind_blocks(nb::module_& m) {
   bind_configs(m);
   nb::class_<TransformerModel>(m, "TransformerCore")
       // [(matrix, format, bytes)] of the packed projections (ops/gemm/format.hpp PanelFormat)
+      // [(matrix, format, bytes)] of the packed projections (ops/gemm/format.hpp PanelFormat);
+      // a half block lists its own half's only.
       .def_prop_ro("weight_storage",
                    [](const TransformerModel& t) {
-                     return storage_list(
-                         {{"qkv_proj", &t.w_qkv},
-                          {"o_proj", &t.w_o},
-                          {ops::mlp_is_gated(t.cfg.mlp) ? "gate_up_proj" : "up_proj", &t.w_gu},
-                          {"down_proj", &t.w_down}});
+                     const char* gu = ops::mlp_is_gated(t.cfg.mlp) ? "gate_up_proj" : "up_proj";
+                     if (!blocks::has_mlp(t.cfg))
+                       return storage_list({{"qkv_proj", &t.w_qkv}, {"o_proj", &t.w_o}});
+                     if (!blocks::has_attention(t.cfg))
+                       return storage_list({{gu, &t.w_gu}, {"down_proj", &t.w_down}});
+                     return storage_list({{"qkv_proj", &t.w_qkv},
+                                          {"o_proj", &t.w_o},
+                                          {gu, &t.w_gu},
+                                          {"down_proj", &t.w_down}});
+                   })
+      // The float32 RoPE tables the block rotates with: (inv_freq per set, attention factor).
+      // longrope: [short, long]; otherwise one set; no rotation: [[]].
+      .def_prop_ro("rope_tables",
+                   [](const TransformerModel& t) {
+                     const int64_t half = blocks::has_attention(t.cfg) ? t.cfg.rope_dim / 2 : 0;
+                     nb::list sets;
+                     const auto add = [&](const std::vector<float>& v) {
+                       sets.append(std::vector<float>(v.begin(), v.begin() + half));
+                     };
+                     add(t.inv_freq);
+                     if (!t.inv_freq_long.empty()) add(t.inv_freq_long);
+                     return nb::make_tuple(sets, t.rope_factor);
                    })
       // cfg: the typed config (copied); weights: canonical short names -> float32 arrays,
       // exactly the set the config needs. Real options become float32 in the constructor,
@@ -147,32 +195,40 @@ void bind_blocks(nb::module_& m) {
       .def_prop_ro("cfg", [](const TransformerModel& t) { return t.cfg; })
       // check_cache: check the slots each row reads (SPEC 5) while reading them; returns None,
       // with the cache untouched, when one is not finite (Python then names the element).
+      // rope_set: longrope's table for this call, 0 = short, 1 = long (TransformerCall). An
+      // mlp_only block ignores the caches (any float32 arrays, e.g. empty) and the positions.
       .def(
           "forward",
           [](const TransformerModel& mdl,
              nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> x, IArr lengths,
-             IArr start, MArr k_cache, MArr v_cache, Workspace* ws,
-             bool check_cache) -> nb::object {
+             IArr start, MArr k_cache, MArr v_cache, Workspace* ws, bool check_cache,
+             int rope_set) -> nb::object {
             const int64_t B = static_cast<int64_t>(x.shape(0)),
                           L = static_cast<int64_t>(x.shape(1));
             const TransformerConfig& c = mdl.cfg;
             EB_CHECK(static_cast<int64_t>(x.shape(2)) == c.d_model, "x last dim != d_model");
             check_rows(lengths, B, "lengths");
             check_rows(start, B, "start");
-            EB_CHECK(k_cache.ndim() == 4 && v_cache.ndim() == 4, "cache rank");
-            const int64_t cap = static_cast<int64_t>(k_cache.shape(2));
-            EB_CHECK(static_cast<int64_t>(k_cache.shape(0)) == B &&
-                         static_cast<int64_t>(k_cache.shape(1)) == c.n_kv_heads &&
-                         static_cast<int64_t>(k_cache.shape(3)) == c.head_dim && cap >= 0,
-                     "k_cache shape");
-            for (size_t i = 0; i < 4; ++i)
-              EB_CHECK(k_cache.shape(i) == v_cache.shape(i), "v_cache shape");
-            // capacity 0: a state-less call (nothing cached before, nothing kept after)
-            for (int64_t b = 0; b < B && cap == 0; ++b)
-              EB_CHECK(start.data()[b] == 0, "a call without a cache must start at position 0");
+            EB_CHECK(rope_set == 0 || (rope_set == 1 && c.rope_scaling == ops::kRopeLongrope),
+                     "rope_set must be 0, or 0 or 1 with longrope");
+            const bool attn = blocks::has_attention(c);
+            int64_t cap = 0;
+            if (attn) {  // an MLP-only block reads no cache and no positions (caches ignored)
+              EB_CHECK(k_cache.ndim() == 4 && v_cache.ndim() == 4, "cache rank");
+              cap = static_cast<int64_t>(k_cache.shape(2));
+              EB_CHECK(static_cast<int64_t>(k_cache.shape(0)) == B &&
+                           static_cast<int64_t>(k_cache.shape(1)) == c.n_kv_heads &&
+                           static_cast<int64_t>(k_cache.shape(3)) == c.head_dim && cap >= 0,
+                       "k_cache shape");
+              for (size_t i = 0; i < 4; ++i)
+                EB_CHECK(k_cache.shape(i) == v_cache.shape(i), "v_cache shape");
+              // capacity 0: a state-less call (nothing cached before, nothing kept after)
+              for (int64_t b = 0; b < B && cap == 0; ++b)
+                EB_CHECK(start.data()[b] == 0, "a call without a cache must start at position 0");
+            }
             for (int64_t b = 0; b < B; ++b)
               EB_CHECK(lengths.data()[b] >= 0 && lengths.data()[b] <= L && start.data()[b] >= 0 &&
-                           start.data()[b] + lengths.data()[b] <= c.max_positions,
+                           (!attn || start.data()[b] + lengths.data()[b] <= c.max_positions),
                        "lengths/start out of range");
             OutArr y = new_array(
                 {static_cast<size_t>(B), static_cast<size_t>(L), static_cast<size_t>(c.d_model)});
@@ -188,7 +244,8 @@ void bind_blocks(nb::module_& m) {
                                  cap,
                                  runtime::num_threads(),
                                  runtime::call_workspace(ws),
-                                 check_cache ? &cache_bad : nullptr};
+                                 check_cache && attn ? &cache_bad : nullptr,
+                                 rope_set};
             {
               nb::gil_scoped_release release;
               kernels().transformer_forward(mdl, call);
@@ -199,7 +256,7 @@ void bind_blocks(nb::module_& m) {
           },
           nb::arg("x"), nb::arg("lengths"), nb::arg("start"), nb::arg("k_cache"),
           nb::arg("v_cache"), nb::arg("workspace").none() = nb::none(),
-          nb::arg("check_cache") = false);
+          nb::arg("check_cache") = false, nb::arg("rope_set") = 0);
 
   nb::class_<Mamba2Model>(m, "Mamba2Core")
       .def_prop_ro("weight_storage",

@@ -1,6 +1,8 @@
 // MLP activations and GLU combinations (SPEC 3.4 op orders, math/derived.hpp):
 //   gated   u = act(g) * up     act in {silu, gelu (erf), gelu_tanh}   HF LlamaMLP / GemmaMLP
 //   ungated u = act(up)                                               HF Starcoder2MLP
+//   relu2   u = r * r, r = relu(up) (r = 0 for up < 0)                HF NemotronHMLP
+//           (mlp_hidden_act 'relu2': ReLUSquaredActivation, relu then square)
 // Elementwise, so any vectorisation or split gives the same bits. Reference twin: itself.
 #pragma once
 #include <cstdint>
@@ -9,7 +11,14 @@
 
 namespace eb::ops {
 
-enum MlpKind : int { kSwiGlu = 0, kGeGlu = 1, kGeGluTanh = 2, kGelu = 3, kGeluTanh = 4 };
+enum MlpKind : int {
+  kSwiGlu = 0,
+  kGeGlu = 1,
+  kGeGluTanh = 2,
+  kGelu = 3,
+  kGeluTanh = 4,
+  kRelu2 = 5
+};
 
 inline bool mlp_is_gated(int kind) { return kind <= kGeGluTanh; }
 
@@ -18,6 +27,10 @@ inline float mlp_act(int kind, float v) {
     case kSwiGlu: return math::silu_f32(v);
     case kGeGlu:
     case kGelu: return math::gelu_f32(v);
+    case kRelu2: {
+      const float r = v < 0.0f ? 0.0f : v;
+      return r * r;
+    }
     default: return math::gelu_tanh_f32(v);
   }
 }

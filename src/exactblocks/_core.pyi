@@ -1,3 +1,4 @@
+from collections.abc import Sequence
 import enum
 from typing import Annotated
 
@@ -39,12 +40,41 @@ class MlpKind(enum.Enum):
 
     gelu_tanh = 4
 
+    relu2 = 5
+
 class RopeScaling(enum.Enum):
     default = 0
 
     linear = 1
 
     llama3 = 2
+
+    yarn = 3
+
+    longrope = 4
+
+class NormPlacement(enum.Enum):
+    pre = 0
+
+    sandwich = 1
+
+    post = 2
+
+    parallel = 3
+
+class BlockParts(enum.Enum):
+    full = 0
+
+    attention_only = 1
+
+    mlp_only = 2
+
+class QkNormScope(enum.Enum):
+    head = 0
+
+    all_heads = 1
+
+    per_head_weights = 2
 
 class TransformerConfig:
     def __init__(self) -> None: ...
@@ -80,6 +110,18 @@ class TransformerConfig:
     def intermediate(self, arg: int, /) -> None: ...
 
     @property
+    def block_parts(self) -> BlockParts: ...
+
+    @block_parts.setter
+    def block_parts(self, arg: BlockParts, /) -> None: ...
+
+    @property
+    def norm_placement(self) -> NormPlacement: ...
+
+    @norm_placement.setter
+    def norm_placement(self, arg: NormPlacement, /) -> None: ...
+
+    @property
     def window(self) -> int: ...
 
     @window.setter
@@ -90,6 +132,18 @@ class TransformerConfig:
 
     @attn_softcap.setter
     def attn_softcap(self, arg: float, /) -> None: ...
+
+    @property
+    def attn_scale(self) -> float: ...
+
+    @attn_scale.setter
+    def attn_scale(self, arg: float, /) -> None: ...
+
+    @property
+    def residual_multiplier(self) -> float: ...
+
+    @residual_multiplier.setter
+    def residual_multiplier(self, arg: float, /) -> None: ...
 
     @property
     def rope_dim(self) -> int: ...
@@ -134,6 +188,54 @@ class TransformerConfig:
     def rope_original_max(self, arg: int, /) -> None: ...
 
     @property
+    def rope_beta_fast(self) -> float: ...
+
+    @rope_beta_fast.setter
+    def rope_beta_fast(self, arg: float, /) -> None: ...
+
+    @property
+    def rope_beta_slow(self) -> float: ...
+
+    @rope_beta_slow.setter
+    def rope_beta_slow(self, arg: float, /) -> None: ...
+
+    @property
+    def rope_truncate(self) -> bool: ...
+
+    @rope_truncate.setter
+    def rope_truncate(self, arg: bool, /) -> None: ...
+
+    @property
+    def rope_mscale(self) -> float: ...
+
+    @rope_mscale.setter
+    def rope_mscale(self, arg: float, /) -> None: ...
+
+    @property
+    def rope_mscale_all_dim(self) -> float: ...
+
+    @rope_mscale_all_dim.setter
+    def rope_mscale_all_dim(self, arg: float, /) -> None: ...
+
+    @property
+    def rope_attention_factor(self) -> float: ...
+
+    @rope_attention_factor.setter
+    def rope_attention_factor(self, arg: float, /) -> None: ...
+
+    @property
+    def rope_short_factor(self) -> list[float]: ...
+
+    @rope_short_factor.setter
+    def rope_short_factor(self, arg: Sequence[float], /) -> None: ...
+
+    @property
+    def rope_long_factor(self) -> list[float]: ...
+
+    @rope_long_factor.setter
+    def rope_long_factor(self, arg: Sequence[float], /) -> None: ...
+
+    @property
     def max_positions(self) -> int: ...
 
     @max_positions.setter
@@ -162,6 +264,12 @@ class TransformerConfig:
 
     @qk_norm.setter
     def qk_norm(self, arg: bool, /) -> None: ...
+
+    @property
+    def qk_norm_scope(self) -> QkNormScope: ...
+
+    @qk_norm_scope.setter
+    def qk_norm_scope(self, arg: QkNormScope, /) -> None: ...
 
     @property
     def qkv_bias(self) -> bool: ...
@@ -287,9 +395,12 @@ class TransformerCore:
     def weight_storage(self) -> list: ...
 
     @property
+    def rope_tables(self) -> tuple: ...
+
+    @property
     def cfg(self) -> TransformerConfig: ...
 
-    def forward(self, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None, None), order='C', device='cpu', writable=False)], lengths: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], start: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], k_cache: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu')], v_cache: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu')], workspace: Workspace | None = None, check_cache: bool = False) -> object: ...
+    def forward(self, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None, None), order='C', device='cpu', writable=False)], lengths: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], start: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], k_cache: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu')], v_cache: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu')], workspace: Workspace | None = None, check_cache: bool = False, rope_set: int = 0) -> object: ...
 
 class Mamba2Core:
     def __init__(self, cfg: Mamba2Config, weights: dict) -> None: ...

@@ -131,6 +131,7 @@ void check_y(const std::string& what, const std::vector<float>& y, int64_t B, in
 struct TfCase {
   std::string name;
   eb::blocks::TransformerConfig cfg;
+  int rope_set = 0;  // longrope: the table of every call
 };
 
 std::vector<TfCase> transformer_cases() {
@@ -198,7 +199,96 @@ std::vector<TfCase> transformer_cases() {
     c.mlp_bias = true;
     out.push_back({"tf_neox", c});
   }
+  {  // Gemma 2/3-like sandwich norms, query_pre_attn_scalar scale, q/k norms over all heads,
+     // yarn RoPE with mscale (issue #12 layer shapes).
+    eb::blocks::TransformerConfig c;
+    c.d_model = 36;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 12;
+    c.intermediate = 40;
+    c.window = 6;
+    c.rope_dim = 12;
+    c.max_positions = 64;
+    c.rope_theta = 10000.0;
+    c.rope_scaling = eb::ops::kRopeYarn;
+    c.rope_factor = 4.0;
+    c.rope_original_max = 16;
+    c.rope_mscale = 0.9;
+    c.rope_mscale_all_dim = 0.6;
+    c.norm_eps = 1e-6;
+    c.attn_softcap = 7.0;
+    c.attn_scale = 0.2;
+    c.norm = eb::ops::kRmsNormOffset;
+    c.norm_placement = eb::blocks::kNormSandwich;
+    c.mlp = eb::ops::kGeGluTanh;
+    c.qk_norm = true;
+    c.qk_norm_scope = eb::blocks::kQkNormAllHeads;
+    out.push_back({"tf_sandwich_yarn", c});
+  }
+  {  // OLMo 2-like post norms; per-head LayerNorm q/k weights (StableLM 2); longrope, long set;
+     // Granite residual multiplier.
+    eb::blocks::TransformerConfig c;
+    c.d_model = 32;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 10;
+    c.intermediate = 48;
+    c.rope_dim = 6;
+    c.max_positions = 64;
+    c.rope_theta = 10000.0;
+    c.rope_scaling = eb::ops::kRopeLongrope;
+    c.rope_factor = 4.0;
+    c.rope_original_max = 16;
+    c.rope_short_factor = {1.0, 1.25, 1.5};
+    c.rope_long_factor = {1.0, 3.0, 7.5};
+    c.norm_eps = 1e-5;
+    c.norm = eb::ops::kLayerNorm;
+    c.norm_placement = eb::blocks::kNormPost;
+    c.qk_norm = true;
+    c.qk_norm_scope = eb::blocks::kQkNormPerHeadWeights;
+    c.residual_multiplier = 0.3;
+    out.push_back({"tf_post_longrope", c, 1});
+  }
+  {  // Nemotron-H / Granite-4.0-H attention-only block: no RoPE, own scale and multiplier.
+    eb::blocks::TransformerConfig c;
+    c.d_model = 30;
+    c.n_heads = 3;
+    c.n_kv_heads = 1;
+    c.head_dim = 14;
+    c.block_parts = eb::blocks::kBlockAttentionOnly;
+    c.rope_dim = 0;
+    c.max_positions = 64;
+    c.attn_scale = 0.15;
+    c.residual_multiplier = 0.5;
+    out.push_back({"tf_attention_only", c});
+  }
+  {  // Nemotron-H MLP-only block: squared ReLU, ungated, with biases.
+    eb::blocks::TransformerConfig c;
+    c.d_model = 30;
+    c.intermediate = 52;
+    c.block_parts = eb::blocks::kBlockMlpOnly;
+    c.mlp = eb::ops::kRelu2;
+    c.mlp_bias = true;
+    c.max_positions = 64;
+    out.push_back({"tf_mlp_only", c});
+  }
   return out;
+}
+
+// The MLP half's weights (absent from an attention-only block).
+void add_mlp_weights(const eb::blocks::TransformerConfig& c, const std::string& p, Weights& w) {
+  const int64_t d = c.d_model, it = c.intermediate;
+  if (eb::ops::mlp_is_gated(c.mlp)) {
+    w["gate_proj.weight"] = tensor(p + "g", it * d, inv_sqrt(d));
+    if (c.mlp_bias) w["gate_proj.bias"] = tensor(p + "gb", it, 0.1f);
+  }
+  w["up_proj.weight"] = tensor(p + "u", it * d, inv_sqrt(d));
+  w["down_proj.weight"] = tensor(p + "dn", d * it, inv_sqrt(it));
+  if (c.mlp_bias) {
+    w["up_proj.bias"] = tensor(p + "ub", it, 0.1f);
+    w["down_proj.bias"] = tensor(p + "db", d, 0.1f);
+  }
 }
 
 Weights transformer_weights(const TfCase& tc) {
@@ -210,14 +300,22 @@ Weights transformer_weights(const TfCase& tc) {
   const bool offset = c.norm == eb::ops::kRmsNormOffset;  // weights stored as w, used as 1 + w
   w["input_layernorm.weight"] = tensor(p + "ln1", d, 0.25f, offset ? 0.0f : 1.0f);
   w["post_attention_layernorm.weight"] = tensor(p + "ln2", d, 0.25f, offset ? 0.0f : 1.0f);
+  // read only under the sandwich / post placements (the model takes the names it needs)
+  w["pre_feedforward_layernorm.weight"] = tensor(p + "ln3", d, 0.25f, offset ? 0.0f : 1.0f);
+  w["post_feedforward_layernorm.weight"] = tensor(p + "ln4", d, 0.25f, offset ? 0.0f : 1.0f);
   if (c.norm_bias) {
     w["input_layernorm.bias"] = tensor(p + "ln1b", d, 0.1f);
     w["post_attention_layernorm.bias"] = tensor(p + "ln2b", d, 0.1f);
+    w["pre_feedforward_layernorm.bias"] = tensor(p + "ln3b", d, 0.1f);
+    w["post_feedforward_layernorm.bias"] = tensor(p + "ln4b", d, 0.1f);
   }
   if (c.qk_norm) {
-    w["q_norm.weight"] = tensor(p + "qn", c.head_dim, 0.25f, offset ? 0.0f : 1.0f);
-    w["k_norm.weight"] = tensor(p + "kn", c.head_dim, 0.25f, offset ? 0.0f : 1.0f);
+    const bool one_row = c.qk_norm_scope == eb::blocks::kQkNormHead;
+    w["q_norm.weight"] = tensor(p + "qn", one_row ? c.head_dim : qw, 0.25f, offset ? 0.0f : 1.0f);
+    w["k_norm.weight"] = tensor(p + "kn", one_row ? c.head_dim : kw, 0.25f, offset ? 0.0f : 1.0f);
   }
+  if (it > 0) add_mlp_weights(c, p, w);
+  if (qw == 0) return w;  // an MLP-only block
   w["q_proj.weight"] = tensor(p + "q", qw * d, inv_sqrt(d));
   w["k_proj.weight"] = tensor(p + "k", kw * d, inv_sqrt(d));
   w["v_proj.weight"] = tensor(p + "v", kw * d, inv_sqrt(d));
@@ -228,16 +326,6 @@ Weights transformer_weights(const TfCase& tc) {
   }
   w["o_proj.weight"] = tensor(p + "o", d * qw, inv_sqrt(qw));
   if (c.o_bias) w["o_proj.bias"] = tensor(p + "ob", d, 0.1f);
-  if (eb::ops::mlp_is_gated(c.mlp)) {
-    w["gate_proj.weight"] = tensor(p + "g", it * d, inv_sqrt(d));
-    if (c.mlp_bias) w["gate_proj.bias"] = tensor(p + "gb", it, 0.1f);
-  }
-  w["up_proj.weight"] = tensor(p + "u", it * d, inv_sqrt(d));
-  w["down_proj.weight"] = tensor(p + "dn", d * it, inv_sqrt(it));
-  if (c.mlp_bias) {
-    w["up_proj.bias"] = tensor(p + "ub", it, 0.1f);
-    w["down_proj.bias"] = tensor(p + "db", d, 0.1f);
-  }
   return w;
 }
 
@@ -268,6 +356,7 @@ uint64_t run_transformer(const TfCase& tc, const eb::blocks::TransformerModel& m
     call.v_cache = vc.data();
     call.capacity = cap;
     call.n_threads = n_threads;
+    call.rope_set = tc.rope_set;
     eb::kernels().transformer_forward(mdl, call);
     check_y(tc.name, y, B, L, d, calls_len[k]);
     f.floats(y);

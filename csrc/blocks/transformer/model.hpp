@@ -13,18 +13,30 @@
 
 namespace eb::blocks {
 
+// One block norm's weight (and bias under norm_bias); empty when the block has no such norm.
+struct BlockNorm {
+  std::vector<float> w, b;  // (d_model,); w holds float32(1 + w) for rmsnorm_offset
+  bool on() const { return !w.empty(); }
+  const float* bias() const { return b.empty() ? nullptr : b.data(); }
+};
+
 struct TransformerModel {
   TransformerConfig cfg;
-  float attn_scale = 1.0f;      // float32 nearest to head_dim^-1/2
-  float norm_eps = 0.0f;        // cfg.norm_eps rounded to float32 once
-  float attn_softcap = 0.0f;    // cfg.attn_softcap rounded to float32 once (0 = none)
-  std::vector<float> inv_freq;  // (rope_dim / 2,)
-  std::vector<float> norm_in_w, norm_in_b, norm_post_w, norm_post_b;  // (d_model,)
-  std::vector<float> q_norm_w, k_norm_w;                              // (head_dim,)
-  ops::PackedMatrix w_qkv;   // [q_proj; k_proj; v_proj]  (QW + 2 KW, d_model)
-  ops::PackedMatrix w_o;     // o_proj                     (d_model, QW)
-  ops::PackedMatrix w_gu;    // [gate_proj; up_proj] or [up_proj]  ((2|1) IT, d_model)
-  ops::PackedMatrix w_down;  // down_proj                  (d_model, IT)
+  float attn_scale = 1.0f;           // cfg.attn_scale, or the float32 nearest to head_dim^-1/2
+  float norm_eps = 0.0f;             // cfg.norm_eps rounded to float32 once
+  float attn_softcap = 0.0f;         // cfg.attn_softcap rounded to float32 once (0 = none)
+  float residual_mult = 1.0f;        // cfg.residual_multiplier rounded once (applied when != 1)
+  float rope_factor = 1.0f;          // yarn / longrope attention factor on cos and sin (1 = none)
+  std::vector<float> inv_freq;       // (rope_dim / 2,) [longrope: the short set, rope_set 0]
+  std::vector<float> inv_freq_long;  // longrope: the long set (rope_set 1); empty otherwise
+  // The block norms by their place in the op order (config.hpp: which HF weight each is):
+  // on the attention input, the attention output, the MLP input, the MLP output.
+  BlockNorm n_attn_in, n_attn_out, n_mlp_in, n_mlp_out;
+  std::vector<float> q_norm_w, k_norm_w;  // config.hpp qk_norm_scope shapes
+  ops::PackedMatrix w_qkv;   // [q_proj; k_proj; v_proj]  (QW + 2 KW, d_model)   attention half
+  ops::PackedMatrix w_o;     // o_proj                     (d_model, QW)          attention half
+  ops::PackedMatrix w_gu;    // [gate_proj; up_proj] or [up_proj]  ((2|1) IT, d_model)  MLP half
+  ops::PackedMatrix w_down;  // down_proj                  (d_model, IT)          MLP half
 
   // weights: canonical short names -> contiguous float32 data (shapes checked by Python).
   TransformerModel(const TransformerConfig& c,
@@ -33,7 +45,8 @@ struct TransformerModel {
 
 struct TransformerCall {
   const float* x;  // (batch, n_tokens, d_model)
-  float* y;        // (batch, n_tokens, d_model), zero-filled by the caller
+  // mlp_only blocks read no cache and no positions: k_cache / v_cache may be null, capacity 0.
+  float* y;  // (batch, n_tokens, d_model), zero-filled by the caller
   int64_t batch, n_tokens;
   const int64_t* lengths;  // (batch,) real tokens per row, 0..n_tokens
   const int64_t* start;    // (batch,) absolute position of each row's first token
@@ -46,6 +59,10 @@ struct TransformerCall {
   // hold a NaN or an infinity, the call sets *cache_nonfinite = 1 and returns before writing
   // the cache (y is then garbage; the caller raises). nullptr: the caller checked already.
   int* cache_nonfinite = nullptr;
+  // longrope: which inv_freq set rotates this call's tokens, 0 = short, 1 = long. HF picks by
+  // the sequence length, which would make a decode differ from a prefill; the caller picks
+  // once per state instead (long when its max_tokens > original_max_position_embeddings).
+  int rope_set = 0;
 };
 
 }  // namespace eb::blocks
