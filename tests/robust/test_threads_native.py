@@ -141,6 +141,81 @@ def test_multiprocessing_fork_pool_after_threaded_call():
     assert res.stdout.split() == ["True"], (res.stdout, res.stderr)
 
 
+MEMORY_LIMIT_BODY = """
+import resource, threading
+margin, warm = int(sys.argv[1]), sys.argv[2] == "warm"
+eb.set_num_threads(1)  # no helper exists before the limited call
+
+
+def reference():
+    st_ref = blk.allocate_state(2, 64)
+    blk.forward(x[:, :8], st_ref)
+    return blk.forward(x[:, 8:], st_ref), st_ref
+
+
+if warm:  # on this thread: the limited call finds its workspace grown
+    y_ref, st_ref = reference()
+else:  # on another OS thread: the limited call must grow this thread's workspace
+    out = []
+    t = threading.Thread(target=lambda: out.append(reference()))
+    t.start()
+    t.join()
+    y_ref, st_ref = out[0]
+st = blk.allocate_state(2, 64)
+blk.forward(x[:, :8], st)
+before = (st.k_cache.tobytes(), st.v_cache.tobytes(), st.row_tokens.tobytes())
+eb.set_num_threads(2)
+size = 0
+with open("/proc/self/status") as f:
+    for line in f:
+        if line.startswith("VmSize:"):
+            size = int(line.split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + margin, resource.RLIM_INFINITY))
+try:
+    y = blk.forward(x[:, 8:], st)  # 40 tokens: the workspace must grow
+    outcome = "completed"
+except MemoryError:
+    outcome = "memoryerror"
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+if outcome == "completed":
+    ok = y.tobytes() == y_ref.tobytes() and st.k_cache.tobytes() == st_ref.k_cache.tobytes()
+else:
+    ok = (st.k_cache.tobytes(), st.v_cache.tobytes(), st.row_tokens.tobytes()) == before
+print(outcome, ok)
+"""
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/status are Linux's"
+)
+# KiB above the process size: tight ones fail the call's first allocation or the helper's
+# 8 MiB stack; with a warm workspace 8448 (8.25 MiB) let OpenMP start its thread and then failed
+# that thread's rebuild buffer (std::bad_alloc, terminate).
+@pytest.mark.parametrize("workspace", ["warm", "cold"])
+@pytest.mark.parametrize("margin_kib", [0, 256, 1024, 4096, 8448, 8704, 16384])
+def test_memory_limit_gives_memoryerror_or_result_never_abort(margin_kib, workspace):
+    """With RLIMIT_AS just above the process size, the first 2-thread call used to end in
+    ``terminate called after throwing std::bad_alloc`` (a thread_local rebuild buffer allocated
+    by a worker inside the parallel region) or libgomp's ``Thread creation failed`` exit(1).
+    Now the GEMM scratch is reserved before the first state write, and a helper that cannot be
+    created just leaves fewer threads."""
+    code = PRELUDE.format(tests=TESTS) + textwrap.dedent(MEMORY_LIMIT_BODY)
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", code, str(margin_kib << 10), workspace],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"hung: {exc.stderr!r}")
+    assert res.returncode == 0, (res.returncode, res.stdout, res.stderr[-2000:])
+    assert "terminate" not in res.stderr and "Thread creation failed" not in res.stderr
+    outcome, ok = res.stdout.split()
+    assert outcome in ("completed", "memoryerror")
+    assert ok == "True", (outcome, "wrong bits" if outcome == "completed" else "state changed")
+
+
 def _bf16(a):
     return (np.ascontiguousarray(a, np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32)
 

@@ -50,6 +50,9 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
   float* dtb_scratch = ws.floats(7, sz(n_slots, pad_floats(ops::ssm_scan_scratch_floats(ns))));
   const int64_t gate_floats = pad_floats(di);
   float* gate_scratch = ws.floats(8, sz(n_slots, gate_floats));
+  const int64_t gemm_floats =
+      std::max(ops::gemm_scratch_floats<V>(mdl.w_in, M), ops::gemm_scratch_floats<V>(mdl.w_out, M));
+  float* gemm_scratch = ws.op_scratch(sz(n_slots, gemm_floats));
   int64_t* tok_row = ws.ints(1, static_cast<size_t>(M));  // real token m is row tok_row[m]
   for (int64_t b = 0; b < B; ++b)
     for (int64_t m = row_off[b]; m < row_off[b + 1]; ++m) tok_row[m] = b;
@@ -88,7 +91,7 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
                        &hn[m * d]);
     }
   });
-  ops::gemm<V>(hn, M, d, mdl.w_in, zx, n_in, nt);
+  ops::gemm<V>(hn, M, d, mdl.w_in, zx, n_in, nt, gemm_scratch);
 
   // 3. causal depthwise conv, per (row, block of kConvBlock channels), token after token and
   // vectorised across channels: c[ch] = SEQ_k fma(w[ch,k], u_(t-K+1+k)[ch]) (+ bias), the
@@ -191,7 +194,7 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
                          nullptr, mdl.norm_eps, v + g * gs);
     }
   });
-  ops::gemm<V>(o, M, di, mdl.w_out, y, d, nt);
+  ops::gemm<V>(o, M, di, mdl.w_out, y, d, nt, gemm_scratch);
   parallel_for(M, threads_for_rows(M, nt), [&](int64_t b0, int64_t b1, int) {
     for (int64_t m = b0; m < b1; ++m) {
       float* dst = call.y + x_at(m);

@@ -60,6 +60,10 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   const int n_slots = std::max(nt, 1);
   const int64_t rope_floats = pad_floats(2 * (half + 1));
   float* rope_scratch = ws.floats(8, sz(n_slots, rope_floats));
+  const int64_t gemm_floats = std::max(
+      {ops::gemm_scratch_floats<V>(mdl.w_qkv, M), ops::gemm_scratch_floats<V>(mdl.w_o, M),
+       ops::gemm_scratch_floats<V>(mdl.w_gu, M), ops::gemm_scratch_floats<V>(mdl.w_down, M)});
+  float* gemm_scratch = ws.op_scratch(sz(n_slots, gemm_floats));
   const float* nb_in = mdl.norm_in_b.empty() ? nullptr : mdl.norm_in_b.data();
   const float* nb_post = mdl.norm_post_b.empty() ? nullptr : mdl.norm_post_b.data();
 
@@ -72,7 +76,7 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
     }
   });
   // 2. q | k | v = h [Wq; Wk; Wv]^T (+ b)
-  ops::gemm<V>(hn, M, d, mdl.w_qkv, qkv, n_qkv, nt);
+  ops::gemm<V>(hn, M, d, mdl.w_qkv, qkv, n_qkv, nt, gemm_scratch);
   // 3-4. q/k norm, then RoPE at each token's absolute position.
   parallel_for(M, nt, [&](int64_t b0, int64_t b1, int tid) {
     float* cs = &rope_scratch[static_cast<size_t>(tid * rope_floats)];
@@ -123,7 +127,7 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
     return;
   }
   // 7. x1 = x + (Wo o (+ bo))
-  ops::gemm<V>(att, M, qw, mdl.w_o, x1, d, nt);
+  ops::gemm<V>(att, M, qw, mdl.w_o, x1, d, nt, gemm_scratch);
   // 8-9. h2 = N_post(x1); u = act(g) * up (or act(up)); y = x1 + (Wd u (+ bd))
   parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
     for (int64_t m = b0; m < b1; ++m) {
@@ -132,11 +136,11 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
       ops::norm_row<V>(c.norm, row, d, mdl.norm_post_w.data(), nb_post, mdl.norm_eps, &hn[m * d]);
     }
   });
-  ops::gemm<V>(hn, M, d, mdl.w_gu, gu, n_gu, nt);
+  ops::gemm<V>(hn, M, d, mdl.w_gu, gu, n_gu, nt, gemm_scratch);
   parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
     for (int64_t m = b0; m < b1; ++m) ops::mlp_combine<V>(c.mlp, &gu[m * n_gu], it, &u[m * it]);
   });
-  ops::gemm<V>(u, M, it, mdl.w_down, y, d, nt);
+  ops::gemm<V>(u, M, it, mdl.w_down, y, d, nt, gemm_scratch);
   const int nt_copy = threads_for_rows(M, nt);
   parallel_for(M, nt_copy, [&](int64_t b0, int64_t b1, int) {
     for (int64_t m = b0; m < b1; ++m) {
