@@ -216,6 +216,47 @@ def test_memory_limit_gives_memoryerror_or_result_never_abort(margin_kib, worksp
     assert ok == "True", (outcome, "wrong bits" if outcome == "completed" else "state changed")
 
 
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="peak RSS read from getrusage (Linux: KiB)"
+)
+def test_mamba2_conv_scratch_follows_the_real_shapes():
+    """A Mamba-2 step reserved 2*K*256 floats of conv scratch per thread whatever conv_dim
+    was: K = 50000 taps over conv_dim 4 cost ~196 MiB. It is now 2*K*min(256, conv_dim)."""
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import resource, sys
+                import numpy as np
+                sys.path.insert(0, {TESTS!r})
+                import exactblocks as eb
+                from helpers import make_mamba2_weights
+                w = make_mamba2_weights(0, d=8, di=2, nh=1, ns=1, ng=1, k=50000)
+                blk = eb.Mamba2BlockInference(w, n_groups=1)
+                eb.set_num_threads(2)
+                st = blk.allocate_state(1)
+                x = np.random.default_rng(1).standard_normal((1, 8)).astype(np.float32)
+                peak0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                y = blk.step(x, st)
+                assert np.isfinite(y).all()
+                peak1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                print((peak1 - peak0) // 1024)
+                """
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    grew_mib = int(res.stdout.split()[-1])
+    # the window itself (4 x 50000 floats) and two threads' scratch (2 x 2 x 50000 x 4 floats)
+    # are ~2.3 MiB; the old sizing touched ~196 MiB
+    assert grew_mib < 24, f"a step grew the peak RSS by {grew_mib} MiB"
+
+
 def _bf16(a):
     return (np.ascontiguousarray(a, np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32)
 
