@@ -257,6 +257,32 @@ def test_mamba2_conv_scratch_follows_the_real_shapes():
     assert grew_mib < 24, f"a step grew the peak RSS by {grew_mib} MiB"
 
 
+def test_exit_while_a_thread_is_inside_a_call_prints_no_leak_warnings():
+    """The interpreter exits while a daemon thread is inside a long native call (GIL released,
+    seconds long: the process ends before it returns): nanobind then saw the objects that call
+    holds as leaked and printed warnings."""
+    res = run_script(
+        """
+        import threading, time
+        eb.set_num_threads(2)
+        big = np.random.default_rng(2).standard_normal((2, 8192, 128)).astype(np.float32)
+        started = threading.Event()
+
+        def long_calls():
+            started.set()
+            blk.forward(big)
+
+        threading.Thread(target=long_calls, daemon=True).start()
+        started.wait()
+        time.sleep(0.3)
+        print("exiting")
+        """
+    )
+    assert res.returncode == 0, (res.returncode, res.stderr[-2000:])
+    assert res.stdout.split() == ["exiting"]
+    assert "leak" not in res.stderr.lower(), res.stderr[-2000:]
+
+
 def _bf16(a):
     return (np.ascontiguousarray(a, np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32)
 
