@@ -1,35 +1,50 @@
-// parallel_for: a static split of n independent output items (rows, heads, panels) into
-// contiguous ranges, one per thread, that depends only on n and n_threads (STYLE 5.5).
-// Every item is computed by exactly one thread with the single-thread instruction sequence,
-// so the thread count changes speed, never bits. No reductions are ever split.
+// parallel_for: n independent output items (rows, heads, panels, tokens) computed on up to
+// n_threads threads of the core's pool (base/pool.hpp). Items are handed out dynamically, in
+// chunks, to whichever thread is free, so which thread computes an item depends on timing.
+// That is allowed because every item is computed by exactly one thread with the
+// single-thread instruction sequence, and no reduction is ever split (STYLE 5.5): the thread
+// count and the assignment change speed, never bits.
 #pragma once
-#include <omp.h>
 #include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <type_traits>
+#include <utility>
 
 #include "base/fpenv.hpp"
+#include "base/pool.hpp"
 
 namespace eb {
 
-// fn(begin, end, thread_index) is called once per thread with a non-empty range.
+// Chunks of a parallel_for hold a multiple of `items` items (the last one excepted): the
+// GEMM keeps a panel's row blocks together.
+struct Grain {
+  int64_t items = 1;
+};
+
+// fn(begin, end, tid) is called for non-empty ranges that together cover [0, n) once; tid names
+// the calling OS thread for the whole call, tid < n_threads (call sites index per-thread
+// scratch with it). With one thread, or n within one grain: fn(0, n, 0) on the calling thread.
 template <class Fn>
-void parallel_for(int64_t n, int n_threads, Fn&& fn) {
+void parallel_for(int64_t n, int n_threads, Grain grain, Fn&& fn) {
   if (n <= 0) return;
-  const int nt = static_cast<int>(std::min<int64_t>(std::max(n_threads, 1), n));
-  if (nt == 1) {
+  if (n_threads <= 1 || n <= grain.items) {
     FpEnvGuard guard;
     fn(int64_t{0}, n, 0);
     return;
   }
-#pragma omp parallel num_threads(nt)
-  {
-    FpEnvGuard guard;
-    const int tid = omp_get_thread_num();
-    const int t_all = omp_get_num_threads();
-    const int64_t begin = n * tid / t_all;
-    const int64_t end = n * (tid + 1) / t_all;
-    if (begin < end) fn(begin, end, tid);
-  }
+  using F = std::remove_reference_t<Fn>;
+  pool::run(
+      n, n_threads, grain.items,
+      [](void* ctx, int64_t begin, int64_t end, int tid) {
+        (*static_cast<F*>(ctx))(begin, end, tid);
+      },
+      const_cast<void*>(static_cast<const void*>(std::addressof(fn))));
+}
+
+template <class Fn>
+void parallel_for(int64_t n, int n_threads, Fn&& fn) {
+  parallel_for(n, n_threads, Grain{}, std::forward<Fn>(fn));
 }
 
 // Threads for a pass that copies or adds whole token rows (residuals, outputs, the KV-cache

@@ -28,12 +28,17 @@ class Workspace {
 
   float* floats(size_t slot, size_t n);
   int64_t* ints(size_t slot, size_t n);
+  // A buffer apart from the numbered slots, for scratch an op slices per thread (the GEMM's
+  // rebuilt panels): a block reserves it before its first state write, so no parallel region
+  // allocates. Null when n == 0 and nothing was reserved yet.
+  float* op_scratch(size_t n);
   size_t bytes() const;
   void release();
 
  private:
   std::vector<AlignedVector<float>> f_;  // every buffer starts on a 64-byte boundary
   std::vector<AlignedVector<int64_t>> i_;
+  AlignedVector<float> op_;
 };
 
 }  // namespace eb

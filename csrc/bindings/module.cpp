@@ -41,6 +41,9 @@ void bind_runtime(nb::module_& m) {
 }  // namespace eb::bindings
 
 NB_MODULE(_core, m) {
+  // A block call runs with the GIL released, so the interpreter can exit while another thread
+  // is still inside one; nanobind would then report the objects that call holds as "leaked".
+  nanobind::set_leak_warnings(false);
   eb::bindings::bind_runtime(m);
   eb::bindings::bind_blocks(m);
   eb::bindings::bind_ops(m);

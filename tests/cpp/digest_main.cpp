@@ -18,7 +18,7 @@
 //
 // Build (x86-64, see the test for the full command; every kernels_isa.cpp object needs
 // -DEB_ISA_<isa>=1 -DEB_ISA_NAME=isa_<isa> and the ISA's flags, the rest -DEB_HAVE_<ISA>=1):
-//   g++ -std=c++17 -O2 -fopenmp -ffp-contract=off -I csrc tests/cpp/digest_main.cpp
+//   g++ -std=c++17 -O2 -pthread -ffp-contract=off -I csrc tests/cpp/digest_main.cpp
 //       csrc/{base,blocks,ops,dispatch}/**/*.cpp (not kernels_isa.cpp) <isa objects> -o digest
 // Run: ./digest [--quick]
 #include <algorithm>

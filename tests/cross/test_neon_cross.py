@@ -134,7 +134,7 @@ def build_digest(cxx, arch, out_dir, static):
         "-std=c++17",
         "-O3",
         "-DNDEBUG",
-        "-fopenmp",
+        "-pthread",
         *flags["EB_NUMERIC_FLAGS"],
         f"-I{CSRC}",
     ]
@@ -171,7 +171,7 @@ def build_digest(cxx, arch, out_dir, static):
     exe = out_dir / "digest"
     link = [
         cxx,
-        "-fopenmp",
+        "-pthread",
         *(["-static"] if static else []),
         *(str(o) for _, o in jobs),
         "-o",

@@ -46,10 +46,17 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
   float* y = ws.floats(5, sz(M, d));
   // Per-thread scratch, allocated before the first state write (SPEC 2.5).
   const int n_slots = std::max(nt, 1);
-  float* seq_scratch = ws.floats(6, sz(n_slots, 2 * K * 256));
+  // conv: two (K, block) windows per thread, a block being min(kConvBlock, conv_dim) channels
+  constexpr int64_t kConvBlock = 256;
+  const int64_t conv_block = std::min(kConvBlock, cd);
+  const int64_t conv_floats = pad_floats(2 * K * conv_block);
+  float* seq_scratch = ws.floats(6, sz(n_slots, conv_floats));
   float* dtb_scratch = ws.floats(7, sz(n_slots, pad_floats(ops::ssm_scan_scratch_floats(ns))));
   const int64_t gate_floats = pad_floats(di);
   float* gate_scratch = ws.floats(8, sz(n_slots, gate_floats));
+  const int64_t gemm_floats =
+      std::max(ops::gemm_scratch_floats<V>(mdl.w_in, M), ops::gemm_scratch_floats<V>(mdl.w_out, M));
+  float* gemm_scratch = ws.op_scratch(sz(n_slots, gemm_floats));
   int64_t* tok_row = ws.ints(1, static_cast<size_t>(M));  // real token m is row tok_row[m]
   for (int64_t b = 0; b < B; ++b)
     for (int64_t m = row_off[b]; m < row_off[b + 1]; ++m) tok_row[m] = b;
@@ -88,28 +95,27 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
                        &hn[m * d]);
     }
   });
-  ops::gemm<V>(hn, M, d, mdl.w_in, zx, n_in, nt);
+  ops::gemm<V>(hn, M, d, mdl.w_in, zx, n_in, nt, gemm_scratch);
 
   // 3. causal depthwise conv, per (row, block of kConvBlock channels), token after token and
   // vectorised across channels: c[ch] = SEQ_k fma(w[ch,k], u_(t-K+1+k)[ch]) (+ bias), the
   // order of ops::conv1d_token. u before the call comes from the row's conv window
   // (column K + idx holds u_idx for idx < 0), which is then rolled to the last K inputs.
-  constexpr int64_t kConvBlock = 256;
   const int64_t n_cb = (cd + kConvBlock - 1) / kConvBlock;
   const float* conv_b = mdl.conv_b.empty() ? nullptr : mdl.conv_b.data();
   const float* wt = mdl.conv_w_t.data();  // (K, conv_dim)
   parallel_for(B * n_cb, nt, [&](int64_t b0, int64_t b1, int tid) {
-    float* tw = &seq_scratch[static_cast<size_t>(tid * 2 * K * kConvBlock)];  // (K, block)
-    float* tw_new = tw + K * kConvBlock;
+    float* tw = &seq_scratch[static_cast<size_t>(tid * conv_floats)];  // (K, conv_block)
+    float* tw_new = tw + K * conv_block;
     for (int64_t task = b0; task < b1; ++task) {
       const int64_t b = task / n_cb, c0 = (task % n_cb) * kConvBlock, n = call.lengths[b];
       const int64_t nc = std::min(kConvBlock, cd - c0);
       if (n == 0) continue;
       float* win = call.conv_window + (b * cd + c0) * K;  // (nc, K) of this block
       for (int64_t ch = 0; ch < nc; ++ch)
-        for (int64_t j = 0; j < K; ++j) tw[j * kConvBlock + ch] = win[ch * K + j];
+        for (int64_t j = 0; j < K; ++j) tw[j * conv_block + ch] = win[ch * K + j];
       const auto input = [&](int64_t idx) -> const float* {  // u_idx of this block's channels
-        return idx < 0 ? tw + (K + idx) * kConvBlock : &zx[(row_off[b] + idx) * n_in + di + c0];
+        return idx < 0 ? tw + (K + idx) * conv_block : &zx[(row_off[b] + idx) * n_in + di + c0];
       };
       for (int64_t t = 0; t < n; ++t)
         ops::conv1d_token<V>(
@@ -118,11 +124,11 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
       // new window column j = u_(n-K+j)
       for (int64_t j = 0; j < K; ++j) {
         const float* src = input(n - K + j);
-        for (int64_t ch = 0; ch < nc; ++ch) tw_new[j * kConvBlock + ch] = src[ch];
+        for (int64_t ch = 0; ch < nc; ++ch) tw_new[j * conv_block + ch] = src[ch];
       }
       for (int64_t ch = 0; ch < nc; ++ch)
         for (int64_t j = 0; j < K; ++j)
-          win[ch * K + j] = math::canon_nan(tw_new[j * kConvBlock + ch]);
+          win[ch * K + j] = math::canon_nan(tw_new[j * conv_block + ch]);
     }
   });
 
@@ -191,7 +197,7 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
                          nullptr, mdl.norm_eps, v + g * gs);
     }
   });
-  ops::gemm<V>(o, M, di, mdl.w_out, y, d, nt);
+  ops::gemm<V>(o, M, di, mdl.w_out, y, d, nt, gemm_scratch);
   parallel_for(M, threads_for_rows(M, nt), [&](int64_t b0, int64_t b1, int) {
     for (int64_t m = b0; m < b1; ++m) {
       float* dst = call.y + x_at(m);

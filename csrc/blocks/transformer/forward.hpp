@@ -68,6 +68,12 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   const int n_slots = std::max(nt, 1);
   const int64_t rope_floats = pad_floats(2 * (half + 1));
   float* rope_scratch = ws.floats(8, sz(n_slots, rope_floats));
+  // The GEMMs' per-thread rebuild scratch, reserved before any state write (nothing allocates
+  // inside a parallel region).
+  const int64_t gemm_floats = std::max(
+      {ops::gemm_scratch_floats<V>(mdl.w_qkv, M), ops::gemm_scratch_floats<V>(mdl.w_o, M),
+       ops::gemm_scratch_floats<V>(mdl.w_gu, M), ops::gemm_scratch_floats<V>(mdl.w_down, M)});
+  float* gemm_scratch = ws.op_scratch(sz(n_slots, gemm_floats));
   const BlockNorm &n_ai = mdl.n_attn_in, &n_ao = mdl.n_attn_out;
   const BlockNorm &n_mi = mdl.n_mlp_in, &n_mo = mdl.n_mlp_out;
   const auto norm = [&](const BlockNorm& n, const float* src, float* dst) {
@@ -92,7 +98,7 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
       }
     });
     // 2. q | k | v = h [Wq; Wk; Wv]^T (+ b)   (post placement: h = x)
-    ops::gemm<V>(n_ai.on() ? hn : xs, M, d, mdl.w_qkv, qkv, n_qkv, nt);
+    ops::gemm<V>(n_ai.on() ? hn : xs, M, d, mdl.w_qkv, qkv, n_qkv, nt, gemm_scratch);
     // 3-4. q/k norm, then RoPE at each token's absolute position.
     const float* inv_freq = call.rope_set == 1 && !mdl.inv_freq_long.empty()
                                 ? mdl.inv_freq_long.data()
@@ -159,7 +165,7 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
       return;
     }
     // 7. x1 = x + m * [N_attn_out](Wo o (+ bo)); then the MLP input norm of the row
-    ops::gemm<V>(att, M, qw, mdl.w_o, x1, d, nt);
+    ops::gemm<V>(att, M, qw, mdl.w_o, x1, d, nt, gemm_scratch);
     parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
       for (int64_t m = b0; m < b1; ++m) {
         float* row = &x1[m * d];
@@ -182,11 +188,11 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
     // 8-9. u = act(g) * up (or act(up)) of h2 = [N_mlp_in](x1); y = x1 + m * [N_mlp_out](Wd u)
     // parallel placement: hn still holds N_attn_in(x), the MLP's input too
     const bool mlp_reads_hn = n_mi.on() || c.norm_placement == kNormParallel;
-    ops::gemm<V>(mlp_reads_hn ? hn : x1, M, d, mdl.w_gu, gu, n_gu, nt);
+    ops::gemm<V>(mlp_reads_hn ? hn : x1, M, d, mdl.w_gu, gu, n_gu, nt, gemm_scratch);
     parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
       for (int64_t m = b0; m < b1; ++m) ops::mlp_combine<V>(c.mlp, &gu[m * n_gu], it, &u[m * it]);
     });
-    ops::gemm<V>(u, M, it, mdl.w_down, y, d, nt);
+    ops::gemm<V>(u, M, it, mdl.w_down, y, d, nt, gemm_scratch);
     if (n_mo.on() || scaled_residual) {
       parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
         for (int64_t m = b0; m < b1; ++m) {

@@ -11,25 +11,41 @@
 #include <cstdint>
 
 #include "base/parallel.hpp"
+#include "base/workspace.hpp"
 #include "ops/gemm/format.hpp"
 #include "ops/gemm/tiles.hpp"
 
 namespace eb::ops {
 
-// c (m, ldc) = a (m, lda) * W^T (+ bias). Tasks (panel, row block) are split over threads in
-// contiguous ranges; a thread walks its tasks panel by panel, K block by K block. A compact
-// matrix is rebuilt K block by K block into a float32 buffer when the thread has several row
-// blocks of the panel (prefill), and rebuilt in registers inside the tile when it has one
-// (decode): the weight values, and so the bits, are the same either way.
+// Floats of rebuild scratch gemm<V> needs PER THREAD for w and m rows: a compact matrix is
+// rebuilt into float32 panel rows only when a chunk holds several row blocks of a panel.
+template <class V>
+int64_t gemm_scratch_floats(const PackedMatrix& w, int64_t m) {
+  if (w.format == kPanelF32 || m <= GemmTraits<V>::kMR) return 0;
+  return pad_floats(std::min(w.k_in, kGemmKC) * kGemmNR);
+}
+
+// c (m, ldc) = a (m, lda) * W^T (+ bias). Tasks (panel, row block) are handed out in chunks
+// (of whole panels when there are enough of them); a thread walks its chunk panel by panel, K
+// block by K block. A compact matrix is rebuilt K block by K block into a float32 buffer when
+// the chunk has several row blocks of the panel (prefill), and rebuilt in registers inside the
+// tile when it has one (decode): the weight values, and so the bits, are the same either way.
+// `scratch` holds gemm_scratch_floats<V>(w, m) floats per thread (the tid-th slice); when null
+// and needed, it is allocated here, on the calling thread, before the parallel region.
 template <class V, int FMT>
 void gemm_fmt(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, float* c, int64_t ldc,
-              int n_threads) {
+              int n_threads, float* scratch) {
   constexpr int MR = GemmTraits<V>::kMR;
   constexpr int NC = GemmTraits<V>::kCols;
   const int64_t n_mb = (m + MR - 1) / MR;
   const int64_t tasks = w.n_panels * n_mb;
   const int64_t kk = w.k_in;
-  parallel_for(tasks, n_threads, [&](int64_t begin, int64_t end, int) {
+  const int64_t per_thread = gemm_scratch_floats<V>(w, m);
+  Workspace local;
+  if (per_thread > 0 && scratch == nullptr)
+    scratch = local.floats(0, static_cast<size_t>(std::max(n_threads, 1) * per_thread));
+  const Grain grain{w.n_panels >= 4 * int64_t{std::max(n_threads, 1)} ? n_mb : 1};
+  parallel_for(tasks, n_threads, grain, [&](int64_t begin, int64_t end, int tid) {
     for (int64_t t0 = begin; t0 < end;) {
       const int64_t p = t0 / n_mb;
       const int64_t t1 = std::min(end, (p + 1) * n_mb);  // this thread's tasks of panel p
@@ -42,7 +58,7 @@ void gemm_fmt(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, flo
         if constexpr (FMT == kPanelF32) {
           panel = w.data.data() + p * kk * kGemmNR + k0 * kGemmNR;
         } else if (t1 - t0 > 1) {
-          float* rebuilt = gemm_rebuild_buffer();
+          float* rebuilt = scratch + tid * per_thread;
           unpack_blocks<V, FMT>(w, p, k0 / kQBlock, k1 / kQBlock, rebuilt);
           panel = rebuilt;
         }
@@ -87,15 +103,15 @@ void gemm_fmt(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, flo
 
 template <class V>
 void gemm(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, float* c, int64_t ldc,
-          int n_threads) {
+          int n_threads, float* scratch = nullptr) {
   if (w.format == kPanelQ4) {
-    gemm_fmt<V, kPanelQ4>(a, m, lda, w, c, ldc, n_threads);
+    gemm_fmt<V, kPanelQ4>(a, m, lda, w, c, ldc, n_threads, scratch);
   } else if (w.format == kPanelQ8) {
-    gemm_fmt<V, kPanelQ8>(a, m, lda, w, c, ldc, n_threads);
+    gemm_fmt<V, kPanelQ8>(a, m, lda, w, c, ldc, n_threads, scratch);
   } else if (w.format == kPanelBF16) {
-    gemm_fmt<V, kPanelBF16>(a, m, lda, w, c, ldc, n_threads);
+    gemm_fmt<V, kPanelBF16>(a, m, lda, w, c, ldc, n_threads, scratch);
   } else {
-    gemm_fmt<V, kPanelF32>(a, m, lda, w, c, ldc, n_threads);
+    gemm_fmt<V, kPanelF32>(a, m, lda, w, c, ldc, n_threads, scratch);
   }
 }
 

@@ -79,9 +79,4 @@ PackedMatrix pack_matrices(const std::vector<const float*>& parts, const std::ve
 constexpr int64_t kGemmKC = 2048;
 static_assert(kGemmKC % kQBlock == 0, "K blocks hold whole quantisation blocks");
 
-// This OS thread's buffer of kGemmKC x kGemmNR floats (64-byte aligned, kept for the thread's
-// life) for compact K blocks rebuilt as float32 panel rows. Defined out of line, in the
-// baseline object, so no ISA object emits (and shares) its allocator code.
-float* gemm_rebuild_buffer();
-
 }  // namespace eb::ops

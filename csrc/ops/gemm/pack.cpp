@@ -132,11 +132,6 @@ bool pack_compact(PackedMatrix& pm, const Rows& rows, int format) {
 
 }  // namespace
 
-float* gemm_rebuild_buffer() {
-  thread_local AlignedVector<float> buf(static_cast<size_t>(kGemmKC * kGemmNR));
-  return buf.data();
-}
-
 PackedMatrix pack_matrices(const std::vector<const float*>& parts, const std::vector<int64_t>& rows,
                            int64_t k_in, const std::vector<const float*>& biases,
                            bool allow_compact) {
