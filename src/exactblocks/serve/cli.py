@@ -146,5 +146,9 @@ def run_serve(args) -> int:
         prefix_cache_mb=args.prefix_cache_mb,
     )
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the signal after its graceful shutdown
+        pass
+    print("server stopped", file=sys.stderr)
     return 0
