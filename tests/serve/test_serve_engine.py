@@ -5,6 +5,8 @@ stays within its budget; a cancelled request frees its row."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from serve_helpers import tiny_model
@@ -131,3 +133,22 @@ def test_stop_strings_and_tokens(models):
         cut = _run(model, [prompt], [_params(0, max_tokens=12, temperature=0.0,
                                              stop=(needle,))])[0][0]  # fmt: skip
         assert cut[1].text == text[: text.find(needle)] and cut[1].finish_reason == "stop"
+
+
+def test_long_prompt_prefills_in_chunks_beside_decodes(models):
+    """A long prompt is prefilled 8 tokens a step while a running request decodes each step."""
+    model = models("mamba2")  # no position limit: a 120-token prompt
+    order = []
+    with Engine(model, max_batch=2, prefill_chunk=8, prefill_budget=8) as eng:
+        short = eng.submit([5, 6, 7], _params(0, max_tokens=40), sink=lambda ev: order.append(
+            ("short", ev)))  # fmt: skip
+        while not order:
+            time.sleep(0.001)
+        eng.submit(list(range(1, 121)), _params(1, max_tokens=2),
+                   sink=lambda ev: order.append(("long", ev)))  # fmt: skip
+        while short.finished is None or len([o for o in order if o[0] == "long"]) < 3:
+            time.sleep(0.001)
+    first_long = next(i for i, (who, _) in enumerate(order) if who == "long")
+    # 120 tokens / 8 per step = 15 steps before the long prompt's first token; the short
+    # request got a token in (nearly) every one of them
+    assert sum(1 for who, _ in order[:first_long] if who == "short") >= 14

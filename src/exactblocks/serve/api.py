@@ -138,6 +138,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
     # -- plain routes -----------------------------------------------------------------------
     @app.get("/health")
     async def health():
+        if not engine.alive:
+            return JSONResponse({"status": "engine stopped"}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/v1/models")

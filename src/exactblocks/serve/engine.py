@@ -300,6 +300,7 @@ class Engine:
         self._cancelled: set[RequestHandle] = set()
         self._waiting: collections.deque[_Seq] = collections.deque()
         self._rows: list[_Seq | None] = [None] * self.max_batch
+        self._turn = 0
         self._stop = False
         self._thread: threading.Thread | None = None
         self.counters = collections.Counter()
@@ -420,6 +421,11 @@ class Engine:
                 self._cond.notify_all()
 
     # -- introspection ----------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        """True while the loop thread runs (False before ``start`` and after a failure)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stats(self) -> dict:
         """A snapshot of gauges and counters (for /metrics)."""
         with self._cond:
@@ -509,7 +515,9 @@ class Engine:
         B, chunk = self.max_batch, self.prefill_chunk
         lens = np.zeros(B, np.int64)
         budget = self.prefill_budget
-        for row, seq in enumerate(self._rows):
+        self._turn = (self._turn + 1) % B  # prefill budget shared round-robin over the rows
+        for row in [(self._turn + i) % B for i in range(B)]:
+            seq = self._rows[row]
             if seq is None or seq.logits is not None:
                 continue
             if seq.next_token is not None:
