@@ -91,6 +91,13 @@ def test_chat_and_completions_streamed_and_not(srv, smol):
     ref = smol.generate(ids, max_new_tokens=8, temperature=0.8, top_p=0.95, seed=1)
     assert text == ref.text
 
+    r = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Write a word in Greek."}],
+        max_tokens=8, seed=2, logprobs=True,
+    )  # fmt: skip
+    raw = b"".join(bytes(t.bytes) for t in r.choices[0].logprobs.content)
+    assert raw.decode("utf-8", "replace") == r.choices[0].message.content  # the tokens' bytes
+
     r = client.completions.create(model="smollm2", prompt="The capital of France is",
                                   max_tokens=6, temperature=0.0, logprobs=2)  # fmt: skip
     c = r.choices[0]

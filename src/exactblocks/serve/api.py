@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..tokenizer import bytes_to_unicode
 from .engine import (
     Engine,
     EngineClosed,
@@ -256,10 +257,20 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
     def token_str(i: int) -> str:
         return tok.decode([i]) if tok is not None else str(i)
 
+    spelled = getattr(tok, "id_to_token", None)  # byte-level BPE: the token's own bytes
+    byte_of = {c: b for b, c in bytes_to_unicode().items()} if spelled else {}
+
+    def token_bytes(i: int, text: str) -> list[int]:
+        if spelled is not None:
+            s = spelled(i)
+            if all(c in byte_of for c in s):
+                return [byte_of[c] for c in s]
+        return list(text.encode("utf-8"))
+
     def chat_lp(ev: TokenEvent) -> dict:
         def one(i, lp):
             s = token_str(i)
-            return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+            return {"token": s, "logprob": lp, "bytes": token_bytes(i, s)}
 
         top = [one(i, lp) for i, lp in (ev.top_logprobs or [])]
         return {**one(ev.token, ev.logprob), "top_logprobs": top}
