@@ -160,9 +160,17 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
 
     # -- generation -------------------------------------------------------------------------
     async def parse(request: Request, cls):
-        raw = await request.body()
-        if len(raw) > MAX_BODY_BYTES:
-            raise APIError(413, f"the body exceeds {MAX_BODY_BYTES} bytes", code="body_too_large")
+        too_big = APIError(413, f"the body exceeds {MAX_BODY_BYTES} bytes", code="body_too_large")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            raise too_big  # refused before reading it
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > MAX_BODY_BYTES:
+                raise too_big
+            parts.append(part)
+        raw = b"".join(parts)
         try:
             body = cls.model_validate_json(raw)
         except ValidationError as exc:
@@ -181,7 +189,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
                 raise APIError(400, f"{name} is not supported", param=name, code="unsupported")
         return body
 
-    def params_of(body, n_prompt: int, max_tokens, logprobs: bool, top: int) -> SamplingParams:
+    def params_of(body, n_prompt, max_tokens, logprobs, top, prompt_param) -> SamplingParams:
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
             raise APIError(400, "stop: at most 4 non-empty strings", param="stop")
@@ -189,7 +197,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
             n_new = engine.check(n_prompt, max_tokens)
         except PromptTooLong as exc:
             raise APIError(
-                413, str(exc), param="messages", code="context_length_exceeded"
+                413, str(exc), param=prompt_param, code="context_length_exceeded"
             ) from None
         except ValueError as exc:
             raise APIError(400, str(exc), param="max_tokens", code="invalid_value") from None
@@ -332,7 +340,9 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
                 400, f"the chat template refused the messages: {exc}", param="messages"
             ) from None
         max_tokens = body.max_tokens or body.max_completion_tokens
-        params = params_of(body, len(ids), max_tokens, body.logprobs, body.top_logprobs or 0)
+        params = params_of(
+            body, len(ids), max_tokens, body.logprobs, body.top_logprobs or 0, "messages"
+        )
         handle, events = await submit(ids, params)
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         now = int(time.time())
@@ -396,7 +406,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
         if any(i < 0 or i >= model.vocab_size for i in ids):
             raise APIError(400, f"a token id is outside [0, {model.vocab_size})", param="prompt")
         k = body.logprobs
-        params = params_of(body, len(ids), body.max_tokens, k is not None, k or 0)
+        params = params_of(body, len(ids), body.max_tokens, k is not None, k or 0, "prompt")
         handle, events = await submit(ids, params)
         rid = f"cmpl-{uuid.uuid4().hex[:24]}"
         base = {

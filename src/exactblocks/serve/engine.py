@@ -540,7 +540,7 @@ class Engine:
             try:
                 logits = self.model.forward(ids, self.state, lengths=lens)
             except Exception as exc:  # non-finite activations: fail the rows of this call
-                self.state.reset()
+                self.state.reset([int(r) for r in np.flatnonzero(lens)])  # others untouched
                 for row in np.flatnonzero(lens):
                     self._finish(self._rows[row], "error", error=f"{type(exc).__name__}: {exc}")
                 return
