@@ -4,6 +4,9 @@ hits (the whole SSM state restored at a boundary) equal cold answers."""
 
 from __future__ import annotations
 
+import http.client
+import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -34,3 +37,21 @@ def test_mamba2_server_batch_invariant_and_prefix_exact(tmp_path):
             assert got[i][0] == cold[i], i
         assert all(d.cached_tokens >= 32 for _, d in got[1:])
         assert got[0][1].cached_tokens == len(prompts[0])  # the whole prompt was saved
+
+
+def test_non_streaming_client_that_leaves_frees_its_row(tmp_path):
+    model = tiny_model("mamba2", tmp_path)
+    with live_server(model, model_name="m", max_batch=1) as srv:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        body = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4000}
+        conn.request("POST", "/v1/completions", body=json.dumps(body),
+                     headers={"Content-Type": "application/json"})  # fmt: skip
+        deadline = time.monotonic() + 30
+        while srv.engine.stats().get("generation_tokens_total", 0) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        conn.sock.close()  # gone before the answer (4000 tokens) is ready
+        conn.close()
+        srv.wait_idle(timeout=20)
+        stats = srv.engine.stats()
+        assert stats["requests_abort"] == 1 and stats["generation_tokens_total"] < 4000

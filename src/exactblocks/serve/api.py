@@ -70,6 +70,47 @@ def _error_response(exc: APIError) -> JSONResponse:
     )
 
 
+class _AuthAndCount:
+    """Pure ASGI middleware: the API key check (all routes but /health) and status counts.
+
+    Not ``BaseHTTPMiddleware``: that wraps ``receive``, and a waiting request could then no
+    longer see its client disconnect.
+    """
+
+    def __init__(self, app, api_key: str | None, counts: Counter):
+        self.app = app
+        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self.counts = counts
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        route = path if path.startswith("/v1/") or path in ("/health", "/metrics") else "other"
+        if route.startswith("/v1/") and route not in _ROUTES:
+            route = "other"  # bounded label values, whatever paths clients send
+        if self.expected is not None and path != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                self.counts[(route, 401)] += 1
+                err = APIError(401, "invalid or missing API key", code="invalid_api_key")
+                return await _error_response(err)(scope, receive, send)
+        status = [500]
+
+        async def send_and_note(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            self.counts[(route, status[0])] += 1
+
+
+_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+
+
 def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -> FastAPI:
     """Build the FastAPI app serving ``engine`` under the model id ``model_name``.
 
@@ -105,21 +146,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
     created = int(time.time())
     http_counts: Counter = Counter()
 
-    @app.middleware("http")
-    async def auth_and_count(request: Request, call_next):
-        path = request.url.path
-        if api_key is not None and path != "/health":
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                response = _error_response(
-                    APIError(401, "invalid or missing API key", code="invalid_api_key")
-                )
-                http_counts[(path, 401)] += 1
-                return response
-        response = await call_next(request)
-        route = path if path.startswith("/v1/") or path in ("/health", "/metrics") else "other"
-        http_counts[(route, response.status_code)] += 1
-        return response
+    app.add_middleware(_AuthAndCount, api_key=api_key, counts=http_counts)
 
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, exc: APIError):
@@ -236,14 +263,19 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
 
     async def collect(request: Request, handle, events):
         toks: list[TokenEvent] = []
+        checked = time.monotonic()
         try:
             while True:
                 try:
                     ev = await asyncio.wait_for(events.get(), timeout=0.5)
                 except asyncio.TimeoutError:
+                    ev = None
+                if time.monotonic() - checked >= 0.5:  # the client may have gone away
+                    checked = time.monotonic()
                     if await request.is_disconnected():
                         handle.cancel()
-                        raise APIError(499, "client disconnected") from None
+                        raise APIError(499, "client disconnected")
+                if ev is None:
                     continue
                 if isinstance(ev, FinishEvent):
                     if ev.finish_reason in ("error", "abort"):
