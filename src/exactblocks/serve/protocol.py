@@ -1,0 +1,125 @@
+"""Request models of the OpenAI-compatible API, and the OpenAI error body.
+
+What lives here: the typed (pydantic, strict, unknown fields refused) bodies of
+``/v1/completions`` and ``/v1/chat/completions``, :class:`APIError` and
+:func:`error_body`. Responses are plain dicts built by ``exactblocks.serve.api`` in the shapes
+the ``openai`` client parses. What does not: the engine, HTTP routing.
+
+Strictness: a JSON string is not a number, ``true`` is not an int and ``3.0`` is not an int;
+every field the server does not know is an error (the ``openai`` client only sends the fields
+its caller set), and accepted-but-unsupported features (``n > 1``, penalties, ``echo``,
+tools) are refused with a message instead of being ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "APIError",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CompletionRequest",
+    "StreamOptions",
+    "error_body",
+]
+
+
+class APIError(Exception):
+    """An error answered with an OpenAI error body.
+
+    Parameters
+    ----------
+    status : int
+        HTTP status (400, 401, 404, 413, 429, 500, 503).
+    message : str
+    type : str, default="invalid_request_error"
+    param : str or None, default=None
+        The offending request field.
+    code : str or None, default=None
+    headers : dict or None, default=None
+        Extra response headers (``Retry-After``).
+    """
+
+    def __init__(self, status, message, type="invalid_request_error", param=None, code=None,
+                 headers=None):  # fmt: skip
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None):
+    """The OpenAI error body ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    """``stream_options``: ``include_usage`` adds a last chunk with the usage."""
+
+    include_usage: bool = False
+
+
+class TextPart(_Strict):
+    """A text part of a message's content list."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    """One message of a conversation."""
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        """The content as one string (text parts joined)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class _Common(_Strict):
+    """Fields both endpoints share."""
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    user: str | None = None
+
+
+class CompletionRequest(_Common):
+    """Body of ``POST /v1/completions``: a prompt as text or token ids."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    suffix: str | None = None
+
+
+class ChatCompletionRequest(_Common):
+    """Body of ``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
