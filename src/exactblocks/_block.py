@@ -65,9 +65,9 @@ def make_impl(
               if n in weights}  # fmt: skip
     resident = ResidentWeights({n: a for n, a in f32.items() if n not in packed}, packed, impl.core)
     impl.weights = resident
-    # float32 arrays in hand are hashed as they are; GGUF matrices as the core rebuilds them
-    # (the same bytes gguf's dequantisation gives)
-    hashed = _HashView(f32, resident, list(weights))
+    # float32 arrays in hand are hashed as they are; GGUF matrices as dequantised from their
+    # blocks, one at a time (the values the core packed, bit for bit: tests/unit/test_compact.py)
+    hashed = _HashView(f32, weights, list(weights))
     impl.fingerprint = fingerprint(
         class_name, str(core_mod.arithmetic_version()), options_repr(table, opts), hashed
     )
@@ -77,12 +77,12 @@ def make_impl(
 class _HashView(Mapping):
     """The weights as the fingerprint reads them: one tensor at a time."""
 
-    def __init__(self, f32: dict, resident: ResidentWeights, names: list):
-        self._f32, self._resident, self._names = f32, resident, names
+    def __init__(self, f32: dict, weights, names: list):
+        self._f32, self._weights, self._names = f32, weights, names
 
     def __getitem__(self, name):
         a = self._f32.get(name)
-        return a if a is not None else self._resident[name]
+        return a if a is not None else self._weights[name].dequantize()
 
     def __iter__(self):
         return iter(self._names)
