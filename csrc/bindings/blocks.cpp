@@ -31,14 +31,39 @@ using blocks::TransformerCall;
 using blocks::TransformerConfig;
 using blocks::TransformerModel;
 
-std::unordered_map<std::string, const float*> weight_ptrs(const nb::dict& weights,
-                                                          std::vector<CArr>& keep) {
-  std::unordered_map<std::string, const float*> out;
+using U8Arr = nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>;
+
+// weights: name -> float32 array; blocks: name -> (ggml type, uint8 array of GGUF blocks) for
+// projection matrices read straight from a GGUF file (their sizes were checked by Python).
+WeightMap weight_map(const nb::dict& weights, const nb::dict& blocks, std::vector<CArr>& keep,
+                     std::vector<nb::object>& keep_blocks) {
+  WeightMap out;
   for (auto [k, v] : weights) {
     keep.push_back(nb::cast<CArr>(v, false));
-    out[nb::cast<std::string>(k)] = keep.back().data();
+    out.f32[nb::cast<std::string>(k)] = keep.back().data();
   }
+  for (auto [k, v] : blocks) out.blocks[nb::cast<std::string>(k)] = matrix_source(v, keep_blocks);
   return out;
+}
+
+// The packed matrix a core stores under `name` (the names of weight_storage).
+template <class Model>
+const ops::PackedMatrix& packed_by_name(const Model& t, const std::string& name);
+
+template <>
+const ops::PackedMatrix& packed_by_name(const TransformerModel& t, const std::string& name) {
+  if (name == "qkv_proj") return t.w_qkv;
+  if (name == "o_proj") return t.w_o;
+  if (name == "gate_up_proj" || name == "up_proj") return t.w_gu;
+  if (name == "down_proj") return t.w_down;
+  throw nb::value_error(("no packed matrix " + name).c_str());
+}
+
+template <>
+const ops::PackedMatrix& packed_by_name(const Mamba2Model& t, const std::string& name) {
+  if (name == "in_proj") return t.w_in;
+  if (name == "out_proj") return t.w_out;
+  throw nb::value_error(("no packed matrix " + name).c_str());
 }
 
 void check_rows(const IArr& a, int64_t batch, const char* name) {
@@ -148,9 +173,51 @@ void bind_configs(nb::module_& m) {
 
 }  // namespace
 
+OutArr unpack_array(const ops::PackedMatrix& w, int64_t r0, int64_t r1) {
+  EB_CHECK(0 <= r0 && r0 <= r1 && r1 <= w.n_out, "unpack: rows out of range");
+  OutArr y = new_array({static_cast<size_t>(r1 - r0), static_cast<size_t>(w.k_in)});
+  nb::gil_scoped_release release;
+  ops::unpack_rows(w, r0, r1, y.data());
+  return y;
+}
+
+ops::MatrixSource matrix_source(const nb::handle& value, std::vector<nb::object>& keep) {
+  ops::MatrixSource s;
+  if (nb::isinstance<nb::tuple>(value)) {
+    nb::tuple t = nb::cast<nb::tuple>(value);
+    EB_CHECK(t.size() == 2, "GGUF blocks must be given as (ggml type, uint8 array)");
+    s.type = nb::cast<int>(t[0]);
+    EB_CHECK(ops::ggml_block_size(s.type) > 0, "unsupported GGUF block type");
+    keep.push_back(nb::borrow(t[1]));
+    s.blocks = nb::cast<U8Arr>(t[1], false).data();
+  } else {
+    keep.push_back(nb::borrow(value));
+    s.f32 = nb::cast<CArr>(value, false).data();
+  }
+  return s;
+}
+
 void bind_blocks(nb::module_& m) {
   bind_kinds(m);
   bind_configs(m);
+  // GGUF blocks -> float32 with gguf.quants' operations (the values the packer stores)
+  m.def(
+      "dequantize_gguf",
+      [](int type, U8Arr blocks) {
+        const int64_t bs = ops::ggml_block_size(type), ts = ops::ggml_type_size(type);
+        EB_CHECK(bs > 0 && static_cast<int64_t>(blocks.size()) % ts == 0,
+                 "dequantize_gguf: unsupported type, or a partial block");
+        const int64_t n = static_cast<int64_t>(blocks.size()) / ts * bs;
+        OutArr y = new_array({static_cast<size_t>(n)});
+        nb::gil_scoped_release release;
+        ops::dequantize_gguf(blocks.data(), type, n, y.data());
+        return y;
+      },
+      nb::arg("type"), nb::arg("blocks"));
+  // (weights per block, bytes per block) of a GGUF type the packer reads directly, or (0, 0)
+  m.def("gguf_block_layout", [](int type) {
+    return nb::make_tuple(ops::ggml_block_size(type), ops::ggml_type_size(type));
+  });
   nb::class_<TransformerModel>(m, "TransformerCore")
       // [(matrix, format, bytes)] of the packed projections (ops/gemm/format.hpp PanelFormat)
       // [(matrix, format, bytes)] of the packed projections (ops/gemm/format.hpp PanelFormat);
@@ -185,13 +252,23 @@ void bind_blocks(nb::module_& m) {
       // under the FP-environment guard.
       .def(
           "__init__",
-          [](TransformerModel* self, const TransformerConfig& cfg, nb::dict weights) {
+          [](TransformerModel* self, const TransformerConfig& cfg, nb::dict weights,
+             nb::dict blocks) {
             std::vector<CArr> keep;
-            auto ptrs = weight_ptrs(weights, keep);
+            std::vector<nb::object> keep_blocks;
+            const WeightMap w = weight_map(weights, blocks, keep, keep_blocks);
             nb::gil_scoped_release release;
-            new (self) TransformerModel(cfg, ptrs);
+            new (self) TransformerModel(cfg, w);
           },
-          nb::arg("cfg"), nb::arg("weights"))
+          nb::arg("cfg"), nb::arg("weights"), nb::arg("blocks") = nb::dict())
+      // rows [r0, r1) of a packed matrix (a weight_storage name) as float32, rebuilt with the
+      // kernels' own operations: the weights it was built from, bit for bit
+      .def(
+          "unpack",
+          [](const TransformerModel& t, const std::string& name, int64_t r0, int64_t r1) {
+            return unpack_array(packed_by_name(t, name), r0, r1);
+          },
+          nb::arg("matrix"), nb::arg("r0"), nb::arg("r1"))
       .def_prop_ro("cfg", [](const TransformerModel& t) { return t.cfg; })
       // check_cache: check the slots each row reads (SPEC 5) while reading them; returns None,
       // with the cache untouched, when one is not finite (Python then names the element).
@@ -268,13 +345,22 @@ void bind_blocks(nb::module_& m) {
       // under the FP-environment guard.
       .def(
           "__init__",
-          [](Mamba2Model* self, const Mamba2Config& cfg, nb::dict weights) {
+          [](Mamba2Model* self, const Mamba2Config& cfg, nb::dict weights, nb::dict blocks) {
             std::vector<CArr> keep;
-            auto ptrs = weight_ptrs(weights, keep);
+            std::vector<nb::object> keep_blocks;
+            const WeightMap w = weight_map(weights, blocks, keep, keep_blocks);
             nb::gil_scoped_release release;
-            new (self) Mamba2Model(cfg, ptrs);
+            new (self) Mamba2Model(cfg, w);
           },
-          nb::arg("cfg"), nb::arg("weights"))
+          nb::arg("cfg"), nb::arg("weights"), nb::arg("blocks") = nb::dict())
+      // rows [r0, r1) of a packed matrix (a weight_storage name) as float32, rebuilt with the
+      // kernels' own operations: the weights it was built from, bit for bit
+      .def(
+          "unpack",
+          [](const Mamba2Model& t, const std::string& name, int64_t r0, int64_t r1) {
+            return unpack_array(packed_by_name(t, name), r0, r1);
+          },
+          nb::arg("matrix"), nb::arg("r0"), nb::arg("r1"))
       .def_prop_ro("cfg", [](const Mamba2Model& t) { return t.cfg; })
       // check_state: check what the call reads of each advancing row (SPEC 8) before writing;
       // returns None, with the state untouched, when a value is not finite.

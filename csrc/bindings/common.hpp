@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <initializer_list>
+#include <vector>
+
+#include "ops/gemm/format.hpp"
 
 namespace eb::bindings {
 
@@ -28,6 +31,14 @@ inline OutArr new_array(std::initializer_list<size_t> shape) {
   nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
   return OutArr(data, shape, owner);
 }
+
+// A packed matrix's rows [r0, r1) as a fresh float32 (r1 - r0, k_in) array, rebuilt with the
+// kernels' own operations (ops/gemm/pack.cpp unpack_rows); defined in bindings/blocks.cpp.
+OutArr unpack_array(const ops::PackedMatrix& w, int64_t r0, int64_t r1);
+
+// A matrix given as float32 (a C-contiguous 2-D array) or as GGUF blocks (a tuple (ggml type,
+// uint8 array of the blocks)); `keep` holds the arrays while the pointers are used.
+ops::MatrixSource matrix_source(const nb::handle& value, std::vector<nb::object>& keep);
 
 void bind_runtime(nb::module_& m);
 void bind_blocks(nb::module_& m);

@@ -13,6 +13,7 @@
 #include "bindings/common.hpp"
 #include "blocks/head/model.hpp"
 #include "dispatch/kernel_table.hpp"
+#include "ops/gemm/format.hpp"
 
 namespace eb::bindings {
 
@@ -34,12 +35,26 @@ void bind_head(nb::module_& m) {
       .def(
           "__init__",
           [](HeadModel* self, const HeadConfig& cfg, CArr1 norm_weight, nb::object norm_bias,
-             CArr2 head_weight) {
+             nb::object head_weight) {
             EB_CHECK(static_cast<int64_t>(norm_weight.shape(0)) == cfg.d_model,
                      "OutputHead: norm_weight length != d_model");
-            EB_CHECK(static_cast<int64_t>(head_weight.shape(0)) == cfg.vocab_size &&
-                         static_cast<int64_t>(head_weight.shape(1)) == cfg.d_model,
-                     "OutputHead: head_weight shape != (vocab_size, d_model)");
+            std::vector<nb::object> keep;
+            ops::MatrixSource head = matrix_source(head_weight, keep);
+            if (head.f32 != nullptr) {
+              CArr2 hw = nb::cast<CArr2>(head_weight, false);
+              EB_CHECK(static_cast<int64_t>(hw.shape(0)) == cfg.vocab_size &&
+                           static_cast<int64_t>(hw.shape(1)) == cfg.d_model,
+                       "OutputHead: head_weight shape != (vocab_size, d_model)");
+            } else {
+              const int64_t bs = ops::ggml_block_size(head.type);
+              const nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu> raw =
+                  nb::cast<nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>>(
+                      nb::cast<nb::tuple>(head_weight)[1], false);
+              EB_CHECK(bs > 0 && cfg.d_model % bs == 0 &&
+                           static_cast<int64_t>(raw.size()) ==
+                               cfg.vocab_size * (cfg.d_model / bs) * ops::ggml_type_size(head.type),
+                       "OutputHead: head_weight blocks do not fit (vocab_size, d_model)");
+            }
             CArr1 bias;
             const float* b = nullptr;
             if (!norm_bias.is_none()) {
@@ -49,7 +64,7 @@ void bind_head(nb::module_& m) {
               b = bias.data();
             }
             nb::gil_scoped_release release;
-            new (self) HeadModel(cfg, norm_weight.data(), b, head_weight.data());
+            new (self) HeadModel(cfg, norm_weight.data(), b, head);
           },
           nb::arg("cfg"), nb::arg("norm_weight"), nb::arg("norm_bias").none(),
           nb::arg("head_weight"))
@@ -59,6 +74,30 @@ void bind_head(nb::module_& m) {
                    [](const HeadModel& h) {
                      return nb::make_tuple(std::string(h.w_head.format_name()), h.w_head.bytes());
                    })
+      // rows [r0, r1) of the packed projection as float32, bit for bit the weights it holds
+      .def(
+          "unpack",
+          [](const HeadModel& h, int64_t r0, int64_t r1) { return unpack_array(h.w_head, r0, r1); },
+          nb::arg("r0"), nb::arg("r1"))
+      // ids (n,) int64 -> (n, d_model) float32: rows of the packed projection (a tied
+      // embedding's lookup), each rebuilt exactly; ids are checked in [0, vocab_size)
+      .def(
+          "rows",
+          [](const HeadModel& h,
+             nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> ids) {
+            const int64_t n = static_cast<int64_t>(ids.shape(0)), d = h.cfg.d_model;
+            for (int64_t i = 0; i < n; ++i)
+              EB_CHECK(ids.data()[i] >= 0 && ids.data()[i] < h.cfg.vocab_size,
+                       "OutputHead.rows: id out of range");
+            OutArr y = new_array({static_cast<size_t>(n), static_cast<size_t>(d)});
+            {
+              nb::gil_scoped_release release;
+              for (int64_t i = 0; i < n; ++i)
+                ops::unpack_rows(h.w_head, ids.data()[i], ids.data()[i] + 1, y.data() + i * d);
+            }
+            return y;
+          },
+          nb::arg("ids"))
       // x (n_rows, d_model) -> logits (n_rows, vocab_size): row m is N(x[m]) W^T, the final
       // norm in L16 order then one SEQ FMA chain per logit; rows never interact.
       .def(

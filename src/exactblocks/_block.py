@@ -19,7 +19,7 @@ import numpy as np
 from . import _ext
 from ._options import options_repr, public_values
 from ._validation import check_finite, check_lengths, check_tokens, format_shape
-from ._weights import fingerprint
+from ._weights import QuantizedMatrix, ResidentWeights, fingerprint
 
 __all__ = ["BlockCommon", "Impl", "make_impl"]
 
@@ -28,26 +28,67 @@ class Impl:
     """Everything one configuration needs; swapped as a whole by ``set_params``.
 
     ``raw``: the options as given (mappings copied); ``opts``: the options in force; ``sizes``:
-    what the weights gave; ``weights``: canonical read-only copies (short names); ``core``: the
-    compiled block.
+    what the weights gave; ``weights``: the canonical weights (short names) as a
+    :class:`~exactblocks._weights.ResidentWeights` (small tensors as read-only float32, projection
+    matrices rebuilt from the core's packed form on access: no float32 copy is kept);
+    ``core``: the compiled block.
     """
 
     __slots__ = ("raw", "opts", "sizes", "weights", "fingerprint", "core")
 
 
-def make_impl(class_name: str, table, raw, opts, sizes, weights, core_mod, cfg, core_type) -> Impl:
-    """The last step of a block's ``_build``: fingerprint (class, arithmetic, options in force,
-    weight bytes) and core (``core_type(cfg, weights)``) of a checked configuration."""
+def make_impl(
+    class_name: str, table, raw, opts, sizes, weights, core_mod, cfg, core_type, layout
+) -> Impl:
+    """The last step of a block's ``_build``: core (``core_type(cfg, weights, blocks)``) and
+    fingerprint (class, arithmetic, options in force, weight bytes) of a checked configuration.
+
+    ``weights`` maps short names to checked float32 arrays or
+    :class:`~exactblocks._weights.QuantizedMatrix` (projection matrices); ``layout`` maps each
+    projection matrix's name to ``(packed matrix, first row, end row)`` in the core. The block
+    keeps the small tensors and the core; the fingerprint hashes the float32 bytes of every
+    weight, a GGUF matrix's rebuilt from the core one tensor at a time.
+    """
     impl = Impl()
     impl.raw = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in raw.items()}
     impl.opts = opts
     impl.sizes = sizes
-    impl.weights = weights
+    f32, blocks = {}, {}
+    for n in weights:
+        a = weights[n]
+        if isinstance(a, QuantizedMatrix):
+            blocks[n] = a.core_arg()
+        else:
+            f32[n] = a
+    impl.core = core_type(cfg, f32, blocks)
+    packed = {n: (m, r0, r1, tuple(weights[n].shape)) for n, (m, r0, r1) in layout.items()
+              if n in weights}  # fmt: skip
+    resident = ResidentWeights({n: a for n, a in f32.items() if n not in packed}, packed, impl.core)
+    impl.weights = resident
+    # float32 arrays in hand are hashed as they are; GGUF matrices as dequantised from their
+    # blocks, one at a time (the values the core packed, bit for bit: tests/unit/test_compact.py)
+    hashed = _HashView(f32, weights, list(weights))
     impl.fingerprint = fingerprint(
-        class_name, str(core_mod.arithmetic_version()), options_repr(table, opts), weights
+        class_name, str(core_mod.arithmetic_version()), options_repr(table, opts), hashed
     )
-    impl.core = core_type(cfg, weights)
     return impl
+
+
+class _HashView(Mapping):
+    """The weights as the fingerprint reads them: one tensor at a time."""
+
+    def __init__(self, f32: dict, weights, names: list):
+        self._f32, self._weights, self._names = f32, weights, names
+
+    def __getitem__(self, name):
+        a = self._f32.get(name)
+        return a if a is not None else self._weights[name].dequantize()
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self):
+        return len(self._names)
 
 
 class BlockCommon:
@@ -226,7 +267,8 @@ class BlockCommon:
         new = type(impl)()
         for name in type(impl).__slots__:
             object.__setattr__(new, name, getattr(impl, name))
-        new.core = type(impl.core)(cfg, impl.weights)
+        new.core = type(impl.core)(cfg, dict(impl.weights))
+        new.weights = ResidentWeights(dict(impl.weights._small), impl.weights._layout, new.core)
         object.__setattr__(clone, "_impl", new)
         return clone
 

@@ -3,9 +3,11 @@
 What lives here: the :class:`Tensor` / :class:`Presence` records a block's weight table is made
 of, the generic checks of a user's weight dict (its type, short or HF spelling, unknown, mixed,
 missing or unexpected names), the canonical float32 copy of each tensor with its finiteness
-check, and the block fingerprint (XXH3-128). What does not: a particular block's table and shape
-checks (``transformer/weights.py``, ``mamba2/weights.py``), option checks, and any arithmetic
-(the C++ core packs the weights).
+check, :class:`QuantizedMatrix` (a projection matrix handed over as GGUF blocks),
+:class:`ResidentWeights` (what a built block keeps: small tensors as float32, projection matrices
+only in the core's packed form, rebuilt on demand) and the block fingerprint (XXH3-128). What
+does not: a particular block's table and shape checks (``transformer/weights.py``,
+``mamba2/weights.py``), option checks, and any arithmetic (the C++ core packs the weights).
 """
 
 from __future__ import annotations
@@ -21,11 +23,15 @@ from ._validation import check_array, check_finite, describe_type
 
 __all__ = [
     "Presence",
+    "QuantizedMatrix",
+    "ResidentWeights",
     "Tensor",
     "canonical_copy",
     "check_key_set",
+    "check_weight",
     "expected_names",
     "fingerprint",
+    "packed_layout",
     "resolve_names",
     "used_with",
 ]
@@ -219,6 +225,183 @@ def check_key_set(
         )
 
 
+class QuantizedMatrix:
+    """A 2-D weight matrix as GGUF blocks, handed to a block or the output head unconverted.
+
+    The core packs the blocks straight into its compact format (``ops/gemm/pack.cpp``
+    ``pack_sources``) and keeps no reference to them; the float32 values it computes from are,
+    bit for bit, those of ``gguf.quants.dequantize`` (:meth:`dequantize`). Accepted for the
+    projection matrices of a block (``*proj.weight``) and the output head; anywhere else a
+    float32 array is needed.
+
+    Parameters
+    ----------
+    ggml_type : int
+        ``gguf.GGMLQuantizationType`` value: Q4_0 (2), Q4_1 (3), Q5_0 (6), Q8_0 (8) or Q4_K (12).
+    blocks : ndarray of uint8, shape (rows, row_bytes)
+        The tensor's bytes as the file stores them (a read-only memory-map view is fine: it is
+        read while the core packs and not kept).
+    shape : tuple of int
+        ``(rows, cols)`` in torch's [out, in] layout; cols a multiple of the type's block size.
+
+    Raises
+    ------
+    ValueError
+        An unsupported type, or blocks of the wrong size for the shape.
+    """
+
+    __slots__ = ("ggml_type", "blocks", "shape")
+
+    def __init__(self, ggml_type: int, blocks: np.ndarray, shape: tuple):
+        from . import _ext
+
+        core = _ext.core()
+        bs, ts = core.gguf_block_layout(int(ggml_type))
+        rows, cols = (int(s) for s in shape)
+        if bs == 0:
+            raise ValueError(f"QuantizedMatrix: GGUF type {ggml_type} is not read directly")
+        blocks = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(rows, -1)
+        if cols % bs or blocks.shape[1] != cols // bs * ts:
+            raise ValueError(
+                f"QuantizedMatrix: {blocks.shape[1]} bytes per row do not hold {cols} weights of "
+                f"GGUF type {ggml_type} ({bs} weights in {ts} bytes per block)"
+            )
+        self.ggml_type = int(ggml_type)
+        self.blocks = blocks
+        self.shape = (rows, cols)
+
+    ndim = property(lambda self: 2, doc="int: 2.")
+    dtype = property(lambda self: np.dtype(np.float32), doc="numpy.dtype: float32 (the values).")
+
+    @property
+    def nbytes(self) -> int:
+        """int: Bytes of the float32 values (as an ndarray's ``nbytes``)."""
+        return self.shape[0] * self.shape[1] * 4
+
+    def core_arg(self) -> tuple:
+        """``(ggml_type, blocks)``: the form the core's constructors take."""
+        return (self.ggml_type, self.blocks)
+
+    def dequantize(self, r0: int = 0, r1: int | None = None) -> np.ndarray:
+        """Rows ``r0:r1`` as float32, ``gguf.quants.dequantize``'s values bit for bit.
+
+        Parameters
+        ----------
+        r0, r1 : int
+            Row range; ``r1=None`` means all rows.
+
+        Returns
+        -------
+        ndarray of shape (r1 - r0, cols), float32, fresh
+        """
+        from . import _ext
+
+        r1 = self.shape[0] if r1 is None else r1
+        out = _ext.core().dequantize_gguf(self.ggml_type, self.blocks[r0:r1])
+        return out.reshape(r1 - r0, self.shape[1])
+
+    def check_finite(self, name: str, where: str) -> None:
+        """Raise ValueError, as :func:`canonical_copy` does, if a value is NaN or infinite.
+
+        Every value is finite iff every binary16 scale of the blocks is (a finite scale times
+        a code, plus a finite offset, stays far inside float32's range); only a bad tensor is
+        dequantised, to name the first bad element.
+        """
+        _, ts = _ext_layout(self.ggml_type)
+        raw = self.blocks.reshape(-1, ts)
+        n_scales = 2 if self.ggml_type in (3, 12) else 1  # Q4_1 and Q4_K: d and m / dmin
+        scales = np.ascontiguousarray(raw[:, : 2 * n_scales]).view(np.float16)
+        if np.isfinite(scales).all():
+            return
+        check_finite(self.dequantize(), name, where, flat=True)
+
+
+def _ext_layout(ggml_type: int) -> tuple:
+    from . import _ext
+
+    return tuple(_ext.core().gguf_block_layout(int(ggml_type)))
+
+
+class ResidentWeights(Mapping):
+    """What a built block keeps of its weights: the mapping ``impl.weights``.
+
+    Small tensors (norms, biases, conv and SSM parameters) are kept as read-only float32
+    arrays; each projection matrix lives only in the core's packed form and is rebuilt on
+    access with the kernels' own operations (``core.unpack``), so a lookup returns the weights
+    the block was built from, bit for bit, without the block holding a float32 copy.
+
+    Parameters
+    ----------
+    small : dict of str to ndarray
+        The tensors kept as they are.
+    layout : dict of str to (str, int, int, tuple)
+        Packed tensors: name -> (packed matrix, first row, end row, shape).
+    core : object
+        The compiled block (``unpack(matrix, r0, r1)``).
+    """
+
+    __slots__ = ("_small", "_layout", "_core")
+
+    def __init__(self, small: dict, layout: dict, core):
+        self._small = small
+        self._layout = layout
+        self._core = core
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        arr = self._small.get(name)
+        if arr is not None:
+            return arr
+        matrix, r0, r1, shape = self._layout[name]
+        out = self._core.unpack(matrix, r0, r1).reshape(shape)
+        out.flags.writeable = False
+        return out
+
+    def __iter__(self):
+        yield from self._small
+        yield from self._layout
+
+    def __len__(self) -> int:
+        return len(self._small) + len(self._layout)
+
+    def __contains__(self, name) -> bool:
+        return name in self._small or name in self._layout
+
+
+def packed_layout(groups, arrs: Mapping) -> dict:
+    """Where each projection matrix lives in the core: name -> (packed matrix, r0, r1).
+
+    Parameters
+    ----------
+    groups : sequence of (str, sequence of str)
+        Each packed matrix (its ``weight_storage`` name) and the tensors stacked into it, in
+        order; tensors absent from ``arrs`` are skipped (an ungated MLP has no gate).
+    arrs : Mapping of str to array-like
+        The block's weights (their ``shape[0]`` is the rows each takes).
+
+    Returns
+    -------
+    dict
+    """
+    out = {}
+    for matrix, names in groups:
+        r = 0
+        for n in names:
+            if n in arrs:
+                rows = int(arrs[n].shape[0])
+                out[n] = (matrix, r, r + rows)
+                r += rows
+    return out
+
+
+def check_weight(value: object, name: str, where: str):
+    """:func:`exactblocks._validation.check_array`, passing a :class:`QuantizedMatrix` through
+    (its type and sizes were checked when it was made; the name is checked by
+    :func:`canonical_copy`)."""
+    if isinstance(value, QuantizedMatrix):
+        return value
+    return check_array(value, name, where)
+
+
 def canonical_copy(value: object, name: str, where: str) -> np.ndarray:
     """Check one weight and return a private, read-only, C-contiguous float32 copy.
 
@@ -233,8 +416,9 @@ def canonical_copy(value: object, name: str, where: str) -> np.ndarray:
 
     Returns
     -------
-    numpy.ndarray
-        A copy (editing the caller's array later has no effect), flagged read-only.
+    numpy.ndarray or QuantizedMatrix
+        A copy (editing the caller's array later has no effect), flagged read-only; a
+        :class:`QuantizedMatrix` (a projection matrix only) is checked and returned as it is.
 
     Raises
     ------
@@ -243,6 +427,14 @@ def canonical_copy(value: object, name: str, where: str) -> np.ndarray:
     ValueError
         A NaN or infinite element (the message gives the flat index and the value).
     """
+    if isinstance(value, QuantizedMatrix):  # immutable blocks, packed by the core, not kept
+        if not name.endswith("proj.weight']"):
+            raise TypeError(
+                f"{where}: {name} is GGUF blocks (QuantizedMatrix); only projection matrices "
+                "may be given so, this tensor must be a float32 array"
+            )
+        value.check_finite(name, where)
+        return value
     arr = check_array(value, name, where)
     arr = np.array(arr, dtype=np.float32, order="C", copy=True)
     check_finite(arr, name, where, flat=True)

@@ -75,3 +75,36 @@ def test_smollm2_gguf_greedy_text_equals_hf(smollm2_path):
             assert np.array_equal(np.concatenate(parts, 1).view(np.uint32), full.view(np.uint32))
     finally:
         torch.set_num_threads(before)
+
+
+def test_smollm2_direct_packing_equals_dequantise_then_pack(smollm2_path):
+    """GGUF blocks packed directly (load_model's path) == gguf's float32 values packed by the
+    detecting packer (the old path), on a few layers and the head: the same storage formats,
+    fingerprints, weights and output bits."""
+    from exactblocks._weights import QuantizedMatrix
+    from exactblocks.loaders.gguf import load_gguf_model
+
+    _, direct, _ = load_gguf_model(smollm2_path, direct=True)
+    cfg, plain, _ = load_gguf_model(smollm2_path)
+    assert isinstance(direct["model.layers.0.self_attn.q_proj.weight"], QuantizedMatrix)
+    assert isinstance(direct["model.embed_tokens.weight"], QuantizedMatrix)  # Q8_0
+    model = exactblocks.load_model(smollm2_path)
+    spec, mp = model.spec, model.max_positions
+    x = np.random.default_rng(0).standard_normal((2, 6, spec.d_model)).astype(np.float32)
+    for layer in (0, 13, 29):
+        p = spec.layer_prefix.format(layer)
+        a = spec.build_layer(layer, {k: v for k, v in direct.items() if k.startswith(p)}, mp)
+        b = spec.build_layer(layer, {k: v for k, v in plain.items() if k.startswith(p)}, mp)
+        assert [f for _, f, _ in a.weight_storage()] == ["q4_1"] * 4
+        assert a.weight_storage() == b.weight_storage()
+        assert a.fingerprint == b.fingerprint == model.blocks[layer].fingerprint
+        for n, v in b._impl.weights.items():
+            assert np.array_equal(a._impl.weights[n].view(np.uint32), v.view(np.uint32)), n
+        ya, yb = a.forward(x, lengths=[6, 3]), b.forward(x, lengths=[6, 3])
+        assert np.array_equal(ya.view(np.uint32), yb.view(np.uint32)), layer
+    # the head and the tied embedding: rows of the packed Q8_0 head == gguf's values
+    embed = plain["model.embed_tokens.weight"]
+    assert model.weight_storage()["q8_0"] > 0
+    ids = np.array([[0, 1, 2, 49151], [77, 5000, 12345, 3]])
+    rows = model._embed[ids]
+    assert np.array_equal(rows.view(np.uint32), embed[ids].view(np.uint32))

@@ -245,3 +245,165 @@ def test_transformer_block_bf16_equals_float32():
             outs.append((y, *ys, st.k_cache, st.v_cache))
         for got, want in zip(*outs):
             assert np.array_equal(u32(got), u32(want)), (isa, nt)
+
+
+# ---- GGUF blocks packed directly (ops/gemm/pack.cpp pack_sources) ---------------------------
+
+# GGUF type -> the format its blocks are packed into, straight from the file's bytes
+DIRECT = {"Q4_0": "q8_0", "Q4_1": "q4_1", "Q5_0": "q8_0", "Q8_0": "q8_0", "Q4_K": "q4_1"}
+
+
+def random_blocks(kind: str, n_blocks: int, seed: int) -> np.ndarray:
+    """Random GGUF blocks of ``kind`` (uint8, (n_blocks, type_size)) with finite binary16 scales,
+    some of them subnormal, -0.0 or negative: every code and scale bit pattern is exercised."""
+    rng = np.random.default_rng(seed)
+    _, ts = gguf.GGML_QUANT_SIZES[getattr(T, kind)]
+    raw = rng.integers(0, 256, (n_blocks, ts), dtype=np.uint8)
+    n_scales = 2 if kind in ("Q4_1", "Q4_K") else 1
+    for j in range(n_scales):
+        h = (0.05 * rng.standard_normal(n_blocks)).astype(np.float16)
+        h[::7] = (1e-6 * rng.standard_normal(n_blocks)[::7]).astype(np.float16)  # subnormal
+        h[::11] = -0.0
+        raw[:, 2 * j : 2 * j + 2] = h.view(np.uint8).reshape(n_blocks, 2)
+    return raw
+
+
+def quantized(kind: str, rows: int, cols: int, seed: int):
+    """(QuantizedMatrix, gguf's float32 values of it) for random blocks."""
+    from exactblocks._weights import QuantizedMatrix
+
+    t = getattr(T, kind)
+    bs, ts = gguf.GGML_QUANT_SIZES[t]
+    raw = random_blocks(kind, rows * cols // bs, seed).reshape(rows, cols // bs * ts)
+    values = dequantize(raw, t).reshape(rows, cols).astype(np.float32)
+    return QuantizedMatrix(int(t), raw, (rows, cols)), values
+
+
+@pytest.mark.parametrize("kind", sorted(DIRECT))
+def test_dequantize_gguf_equals_gguf_quants(core, kind):
+    """The core's reading of GGUF blocks gives gguf.quants.dequantize's float32 bits."""
+    t = getattr(T, kind)
+    raw = random_blocks(kind, 3000, 21)
+    want = dequantize(raw.reshape(-1), t).reshape(-1).astype(np.float32)
+    got = core.dequantize_gguf(int(t), raw)
+    assert np.array_equal(u32(got), u32(want)), kind
+
+
+@pytest.mark.parametrize("kind", sorted(DIRECT))
+def test_direct_packed_block_equals_dequantised_block(kind):
+    """A block built from GGUF blocks == the block built from gguf's float32 values: the same
+    fingerprint, weights and output bits, on every ISA and thread count. Its storage is the
+    type's compact format; the float32 packer's search finds that format or, on random blocks
+    (subnormal and -0.0 scales), sometimes none, and then keeps float32 panels."""
+    rng = np.random.default_rng(31)
+    d, it, hd = 256, 512, 32
+    opts = dict(n_heads=8, n_kv_heads=2, head_dim=hd)  # every input size a multiple of 256
+    w = make_transformer_weights(rng, d_model=d, intermediate=it, **opts)
+    direct, values = dict(w), dict(w)
+    for i, n in enumerate(sorted(w)):
+        if w[n].ndim == 2:
+            direct[n], values[n] = quantized(kind, *w[n].shape, seed=100 + i)
+    a = eb.TransformerBlockInference(direct, **opts, max_positions=64)
+    b = eb.TransformerBlockInference(values, **opts, max_positions=64)
+    fa = [f for _, f, _ in a.weight_storage()]
+    assert fa == [DIRECT[kind]] * 4, fa
+    assert all(f in (DIRECT[kind], "float32") for _, f, _ in b.weight_storage())
+    assert a.fingerprint == b.fingerprint
+    for n in values:
+        assert np.array_equal(u32(a._impl.weights[n]), u32(values[n])), n
+    x = rng.standard_normal((2, 9, d)).astype(np.float32)
+    for isa, nt in each_isa_and_threads(_ext.core()):
+        ya, yb = a.forward(x, lengths=[9, 4]), b.forward(x, lengths=[9, 4])
+        assert np.array_equal(u32(ya), u32(yb)), (kind, isa, nt)
+        sa, sb = a.allocate_state(2, 16), b.allocate_state(2, 16)
+        a.forward(x[:, :5], sa)
+        b.forward(x[:, :5], sb)
+        assert np.array_equal(u32(a.step(x[:, 5], sa)), u32(b.step(x[:, 5], sb))), (isa, nt)
+
+
+def test_direct_mixed_parts_fall_back_to_float32_packing():
+    """q/k/v of different GGUF types cannot share one compact format: they are dequantised in
+    the core and packed as the float32 packer decides, with the same values."""
+    rng = np.random.default_rng(32)
+    opts = dict(n_heads=2, n_kv_heads=1, head_dim=32)
+    w = make_transformer_weights(rng, d_model=64, intermediate=96, **opts)
+    direct, values = dict(w), dict(w)
+    for i, n in enumerate(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+        direct[n], values[n] = quantized(("Q4_1", "Q8_0", "Q4_1")[i], *w[n].shape, seed=i)
+    a = eb.TransformerBlockInference(direct, **opts)
+    b = eb.TransformerBlockInference(values, **opts)
+    assert a.weight_storage() == b.weight_storage()
+    assert a.fingerprint == b.fingerprint
+    x = rng.standard_normal((1, 5, 64)).astype(np.float32)
+    assert np.array_equal(u32(a.forward(x)), u32(b.forward(x)))
+
+
+def test_direct_blocks_with_a_non_finite_scale_are_refused():
+    rng = np.random.default_rng(33)
+    opts = dict(n_heads=2, n_kv_heads=1, head_dim=32)
+    w = make_transformer_weights(rng, d_model=64, intermediate=96, **opts)
+    q, _ = quantized("Q8_0", 96, 64, seed=1)
+    q.blocks[1, 0:2] = np.array([np.inf], np.float16).view(np.uint8)  # row 1, block 0's d
+    w["up_proj.weight"] = q
+    with pytest.raises(ValueError, match=r"weights\['up_proj.weight'\].*index 64"):
+        eb.TransformerBlockInference(w, **opts)
+    w["up_proj.weight"] = quantized("Q8_0", 96, 64, seed=1)[1]
+    w["input_layernorm.weight"] = quantized("Q8_0", 1, 64, seed=2)[0]
+    with pytest.raises((TypeError, ValueError)):
+        eb.TransformerBlockInference(w, **opts)
+
+
+# ---- compact residency: blocks keep packed weights only --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def q4_block():
+    rng = np.random.default_rng(41)
+    opts = dict(n_heads=4, n_kv_heads=2, head_dim=16)
+    w = make_transformer_weights(rng, d_model=64, intermediate=96, **opts)
+    w = {n: gguf_values(v, "Q4_1") if v.ndim == 2 else v for n, v in w.items()}
+    return eb.TransformerBlockInference(w, **opts, max_positions=64), w
+
+
+def test_resident_block_keeps_no_float32_matrices(q4_block):
+    blk, w = q4_block
+    res = blk._impl.weights
+    assert sorted(res) == sorted(w)
+    assert not any(n.endswith("proj.weight") for n in res._small)  # only in the core
+    for n, v in w.items():  # rebuilt from the packed form, bit for bit
+        got = res[n]
+        assert not got.flags.writeable
+        assert np.array_equal(u32(got), u32(v)), n
+
+
+def test_resident_block_pickle_and_deepcopy_round_trip(q4_block):
+    import copy
+    import pickle
+
+    blk, w = q4_block
+    fresh = eb.TransformerBlockInference(w, **blk.get_params())
+    x = np.random.default_rng(42).standard_normal((2, 7, 64)).astype(np.float32)
+    y = blk.forward(x)
+    for back in (pickle.loads(pickle.dumps(blk)), copy.deepcopy(blk)):
+        assert back.fingerprint == blk.fingerprint == fresh.fingerprint
+        assert back.weight_storage() == blk.weight_storage()
+        assert np.array_equal(u32(back.forward(x)), u32(y))
+    state = blk.__getstate__()
+    for n, v in w.items():
+        assert np.array_equal(u32(state["weights"][n]), u32(v)), n
+
+
+def test_resident_block_set_params_rebuilds_from_packed_form(q4_block):
+    import copy
+
+    blk, w = q4_block
+    b2 = copy.deepcopy(blk)
+    x = np.random.default_rng(43).standard_normal((1, 5, 64)).astype(np.float32)
+    y = blk.forward(x)
+    b2.set_params(max_positions=32)
+    assert b2.weight_storage() == blk.weight_storage()
+    assert b2.fingerprint == eb.TransformerBlockInference(w, **b2.get_params()).fingerprint
+    assert b2.fingerprint != blk.fingerprint  # options changed
+    assert np.array_equal(u32(b2.forward(x)), u32(y))
+    b2.set_params(max_positions=64)
+    assert b2.fingerprint == blk.fingerprint

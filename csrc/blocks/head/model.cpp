@@ -9,20 +9,21 @@
 namespace eb::blocks {
 
 HeadModel::HeadModel(const HeadConfig& c, const float* norm_weight, const float* norm_bias,
-                     const float* head_weight)
+                     ops::MatrixSource head_weight)
     : cfg(c) {
   // eps, (1 + w) and the packer's checks: the caller's FP mode must not move them (SPEC 3.2)
   FpEnvGuard guard;
   EB_CHECK(c.d_model > 0 && c.vocab_size > 0, "head sizes must be positive");
-  EB_CHECK(norm_weight != nullptr && head_weight != nullptr, "head weights missing");
+  EB_CHECK(norm_weight != nullptr && (head_weight.f32 != nullptr || head_weight.blocks != nullptr),
+           "head weights missing");
   EB_CHECK(c.norm_bias == (norm_bias != nullptr), "norm_bias flag and bias array disagree");
   norm_eps = static_cast<float>(c.norm_eps);
   norm_w.assign(norm_weight, norm_weight + c.d_model);
   if (c.norm == ops::kRmsNormOffset)
     for (float& v : norm_w) v = 1.0f + v;  // GemmaRMSNorm scales by (1 + w): rounded once, here
   if (norm_bias) norm_b.assign(norm_bias, norm_bias + c.d_model);
-  w_head =
-      ops::pack_matrices({head_weight}, {c.vocab_size}, c.d_model, {nullptr}, c.compact_weights);
+  head_weight.rows = c.vocab_size;
+  w_head = ops::pack_sources({head_weight}, c.d_model, {nullptr}, c.compact_weights);
 }
 
 }  // namespace eb::blocks

@@ -19,9 +19,10 @@ struct HeadModel {
   ops::PackedMatrix w_head;   // lm_head (vocab_size, d_model), or the tied embedding
 
   // norm_weight (d_model,), norm_bias (d_model,) or nullptr, head_weight (vocab_size, d_model)
-  // row-major; shapes checked by Python. The arrays are copied and packed; none is kept.
+  // row-major float32 or GGUF blocks (rows set here); shapes checked by Python. The arrays are
+  // copied and packed; none is kept.
   HeadModel(const HeadConfig& c, const float* norm_weight, const float* norm_bias,
-            const float* head_weight);
+            ops::MatrixSource head_weight);
 };
 
 }  // namespace eb::blocks

@@ -14,9 +14,7 @@ std::vector<float> copy(const float* p, int64_t n) { return std::vector<float>(p
 
 }  // namespace
 
-Mamba2Model::Mamba2Model(const Mamba2Config& c,
-                         const std::unordered_map<std::string, const float*>& w)
-    : cfg(c) {
+Mamba2Model::Mamba2Model(const Mamba2Config& c, const WeightMap& w) : cfg(c) {
   FpEnvGuard guard;  // A = -exp(A_log) and the packer's checks ignore the caller's FP mode
   EB_CHECK(c.n_groups > 0 && c.n_heads % c.n_groups == 0 && c.d_inner % c.n_groups == 0,
            "bad n_groups");
@@ -26,8 +24,8 @@ Mamba2Model::Mamba2Model(const Mamba2Config& c,
   dt_max = static_cast<float>(c.dt_max);
   const int64_t n_in = c.d_inner + c.conv_dim + c.n_heads;
   block_norm_w = copy(need_weight(w, "block_norm.weight"), c.d_model);
-  w_in = ops::pack_matrices({need_weight(w, "in_proj.weight")}, {n_in}, c.d_model,
-                            {maybe_weight(w, "in_proj.bias")}, c.compact_weights);
+  w_in = ops::pack_sources({need_matrix(w, "in_proj.weight", n_in)}, c.d_model,
+                           {maybe_weight(w, "in_proj.bias")}, c.compact_weights);
   conv_w = copy(need_weight(w, "conv1d.weight"), c.conv_dim * c.conv_kernel);
   conv_w_t.resize(conv_w.size());
   for (int64_t ch = 0; ch < c.conv_dim; ++ch)
@@ -40,8 +38,8 @@ Mamba2Model::Mamba2Model(const Mamba2Config& c,
   a.resize(static_cast<size_t>(c.n_heads));
   for (int64_t i = 0; i < c.n_heads; ++i) a[i] = -math::exp_f32(a_log[i]);
   gated_norm_w = copy(need_weight(w, "norm.weight"), c.d_inner);
-  w_out = ops::pack_matrices({need_weight(w, "out_proj.weight")}, {c.d_model}, c.d_inner,
-                             {maybe_weight(w, "out_proj.bias")}, c.compact_weights);
+  w_out = ops::pack_sources({need_matrix(w, "out_proj.weight", c.d_model)}, c.d_inner,
+                            {maybe_weight(w, "out_proj.bias")}, c.compact_weights);
 }
 
 }  // namespace eb::blocks

@@ -8,6 +8,7 @@
 
 #include "base/workspace.hpp"
 #include "blocks/mamba2/config.hpp"
+#include "blocks/weight_map.hpp"
 #include "ops/gemm/format.hpp"
 
 namespace eb::blocks {
@@ -23,7 +24,7 @@ struct Mamba2Model {
   std::vector<float> gated_norm_w;    // (d_inner,)
   ops::PackedMatrix w_out;            // out_proj (d_model, d_inner)
 
-  Mamba2Model(const Mamba2Config& c, const std::unordered_map<std::string, const float*>& weights);
+  Mamba2Model(const Mamba2Config& c, const WeightMap& weights);
 };
 
 struct Mamba2Call {

@@ -64,9 +64,7 @@ void build_rope(TransformerModel& m, const TransformerConfig& c) {
 
 }  // namespace
 
-TransformerModel::TransformerModel(const TransformerConfig& c,
-                                   const std::unordered_map<std::string, const float*>& w)
-    : cfg(c) {
+TransformerModel::TransformerModel(const TransformerConfig& c, const WeightMap& w) : cfg(c) {
   FpEnvGuard guard;  // the RoPE table, (1 + w) and the packer's checks: the caller's FTZ/rounding
                      // mode must not change them (SPEC 3.2)
   const bool attn = has_attention(c), mlp = has_mlp(c);
@@ -93,14 +91,15 @@ TransformerModel::TransformerModel(const TransformerConfig& c,
       q_norm_w = norm_weight(need_weight(w, "q_norm.weight"), nq, c.norm);
       k_norm_w = norm_weight(need_weight(w, "k_norm.weight"), nk, c.norm);
     }
-    w_qkv = ops::pack_matrices({need_weight(w, "q_proj.weight"), need_weight(w, "k_proj.weight"),
-                                need_weight(w, "v_proj.weight")},
-                               {qw, kw, kw}, d,
-                               {maybe_weight(w, "q_proj.bias"), maybe_weight(w, "k_proj.bias"),
-                                maybe_weight(w, "v_proj.bias")},
-                               c.compact_weights);
-    w_o = ops::pack_matrices({need_weight(w, "o_proj.weight")}, {d}, qw,
-                             {maybe_weight(w, "o_proj.bias")}, c.compact_weights);
+    w_qkv =
+        ops::pack_sources({need_matrix(w, "q_proj.weight", qw), need_matrix(w, "k_proj.weight", kw),
+                           need_matrix(w, "v_proj.weight", kw)},
+                          d,
+                          {maybe_weight(w, "q_proj.bias"), maybe_weight(w, "k_proj.bias"),
+                           maybe_weight(w, "v_proj.bias")},
+                          c.compact_weights);
+    w_o = ops::pack_sources({need_matrix(w, "o_proj.weight", d)}, qw,
+                            {maybe_weight(w, "o_proj.bias")}, c.compact_weights);
   }
   if (mlp) {
     const int64_t it = c.intermediate;
@@ -111,15 +110,15 @@ TransformerModel::TransformerModel(const TransformerConfig& c,
     if (np == kNormSandwich || np == kNormPost)
       n_mlp_out = block_norm(w, "post_feedforward_layernorm", c);
     if (ops::mlp_is_gated(c.mlp)) {
-      w_gu = ops::pack_matrices(
-          {need_weight(w, "gate_proj.weight"), need_weight(w, "up_proj.weight")}, {it, it}, d,
+      w_gu = ops::pack_sources(
+          {need_matrix(w, "gate_proj.weight", it), need_matrix(w, "up_proj.weight", it)}, d,
           {maybe_weight(w, "gate_proj.bias"), maybe_weight(w, "up_proj.bias")}, c.compact_weights);
     } else {
-      w_gu = ops::pack_matrices({need_weight(w, "up_proj.weight")}, {it}, d,
-                                {maybe_weight(w, "up_proj.bias")}, c.compact_weights);
+      w_gu = ops::pack_sources({need_matrix(w, "up_proj.weight", it)}, d,
+                               {maybe_weight(w, "up_proj.bias")}, c.compact_weights);
     }
-    w_down = ops::pack_matrices({need_weight(w, "down_proj.weight")}, {d}, it,
-                                {maybe_weight(w, "down_proj.bias")}, c.compact_weights);
+    w_down = ops::pack_sources({need_matrix(w, "down_proj.weight", d)}, it,
+                               {maybe_weight(w, "down_proj.bias")}, c.compact_weights);
   }
 }
 

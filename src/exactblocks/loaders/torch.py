@@ -111,14 +111,24 @@ class ArraySource(Mapping):
 
     Parameters
     ----------
-    arrays : Mapping of str to ndarray (float32)
+    arrays : Mapping of str to ndarray (float32) or QuantizedMatrix
+        float32 arrays, or GGUF blocks for matrices the core packs directly.
     origin : str
         Where they come from, for messages (e.g. the GGUF path).
+    release : callable or None, default=None
+        Called by the model builder after each layer is packed (a memory-mapped file drops the
+        pages already copied from its resident set; see :meth:`release`).
     """
 
-    def __init__(self, arrays, origin: str):
+    def __init__(self, arrays, origin: str, release=None):
         self._a = dict(arrays)
         self.origin = origin
+        self._release = release
+
+    def release(self) -> None:
+        """Let the source drop what the built layers no longer need (a no-op by default)."""
+        if self._release is not None:
+            self._release()
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self._a[name]

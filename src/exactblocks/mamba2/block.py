@@ -19,8 +19,8 @@ from .. import _ext
 from .._block import BlockCommon, make_impl
 from .._options import install
 from .._state import _PRIVATE
-from .._validation import check_array, check_int, format_shape
-from .._weights import canonical_copy, resolve_names
+from .._validation import check_int, format_shape
+from .._weights import canonical_copy, check_weight, packed_layout, resolve_names
 from .config import OPTIONS, check_options, core_config
 from .state import Mamba2State, _check_counters, _check_finite, _state_type_error
 from .weights import HF_PREFIXES, SHORT_TO_HF, check_a, check_names, check_shapes
@@ -29,6 +29,8 @@ __all__ = ["Mamba2BlockInference"]
 
 _CLS = "Mamba2BlockInference"
 _MAX_BATCH = 1 << 62  # allocate_state's batch_size; memory is the real limit
+# The core's packed matrices (weight_storage names) and the tensor in each.
+_PACKED = (("in_proj", ("in_proj.weight",)), ("out_proj", ("out_proj.weight",)))
 
 
 def _build(raw: dict, where: str, weights=None, canonical=None):
@@ -47,7 +49,7 @@ def _build(raw: dict, where: str, weights=None, canonical=None):
         return user_key.get(n, SHORT_TO_HF[n] if hf_form else n)
 
     check_names(by_short, o, spell, where)
-    arrs = {n: check_array(v, f"weights[{spell(n)!r}]", where) for n, v in by_short.items()}
+    arrs = {n: check_weight(v, f"weights[{spell(n)!r}]", where) for n, v in by_short.items()}
     sizes = check_shapes(arrs, o, spell, where)
     core_mod = _ext.core()
     if canonical is None:
@@ -58,7 +60,7 @@ def _build(raw: dict, where: str, weights=None, canonical=None):
                 c = c.reshape(sizes["conv_dim"], sizes["conv_kernel"])  # a read-only view
             weights_c[n] = c
     else:
-        weights_c = canonical  # already private, read-only, 2-D conv, checked finite
+        weights_c = arrs  # the canonical ones: private, read-only, 2-D conv, checked finite
     check_a(core_mod, weights_c["A_log"], spell, where)
     return make_impl(
         _CLS,
@@ -70,6 +72,7 @@ def _build(raw: dict, where: str, weights=None, canonical=None):
         core_mod,
         core_config(core_mod, o, sizes),
         core_mod.Mamba2Core,
+        packed_layout(_PACKED, arrs),
     )
 
 

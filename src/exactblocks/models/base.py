@@ -306,6 +306,37 @@ class _Detokenizer:
 # -- the model ----------------------------------------------------------------------------------
 
 
+class _HeadRows:
+    """The rows of the output head's packed matrix, as float32 on demand.
+
+    A tied embedding without a float32 copy: ``rows[ids]`` gives ``(*ids.shape, d_model)``,
+    each row rebuilt by the core with the kernels' own operations, so it equals the embedding
+    row the head was packed from, bit for bit (``_core.OutputHead.rows``).
+    """
+
+    __slots__ = ("_head", "vocab_size", "d_model")
+
+    def __init__(self, head, vocab_size: int, d_model: int):
+        self._head = head
+        self.vocab_size = int(vocab_size)
+        self.d_model = int(d_model)
+
+    @property
+    def nbytes(self) -> int:
+        """int: Bytes of the float32 matrix."""
+        return self.vocab_size * self.d_model * 4
+
+    def __getitem__(self, ids) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        flat = np.ascontiguousarray(ids.reshape(-1))
+        return self._head.rows(flat).reshape(*ids.shape, self.d_model)
+
+    def chunks(self, rows: int = 2048):
+        """Yield the float32 matrix a slice of ``rows`` rows at a time, in order."""
+        for r0 in range(0, self.vocab_size, rows):
+            yield self._head.unpack(r0, min(self.vocab_size, r0 + rows))
+
+
 class Model:
     """A causal language model: token ids in, float32 logits out, bit-exact on the CPU.
 
@@ -367,7 +398,11 @@ class Model:
             h.update(blk.fingerprint.encode())
         for arr in head_bytes:
             h.update(arr.nbytes.to_bytes(8, "little"))
-            h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
+            if isinstance(arr, _HeadRows):  # the packed head's float32 rows, a slice at a time
+                for chunk in arr.chunks():
+                    h.update(memoryview(chunk).cast("B"))
+            else:
+                h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
         self.fingerprint = h.hexdigest()
 
     config = property(lambda self: self._config, doc="Mapping: the HF-style config (read-only).")

@@ -25,9 +25,11 @@ def _load(path: str, threads: int | None, err):
     err.write(f"loading {path} ...\n")
     err.flush()
     model = exactblocks.load_model(path)
+    packed = sum(model.weight_storage().values())
     err.write(
         f"loaded {model.family} model ({len(model.blocks)} blocks, d_model {model.d_model}, "
-        f"vocab {model.vocab_size}) in {time.perf_counter() - t0:.1f} s\n"
+        f"vocab {model.vocab_size}, {packed / 2**20:.0f} MB packed weights) in "
+        f"{time.perf_counter() - t0:.2f} s\n"
     )
     err.flush()
     return model

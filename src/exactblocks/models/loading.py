@@ -17,7 +17,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .base import _PRIVATE, Model, _eos_from
+from .._weights import QuantizedMatrix
+from .base import _PRIVATE, Model, _eos_from, _HeadRows
 from .registry import family_for_config
 
 __all__ = ["build_model", "load_model"]
@@ -25,6 +26,35 @@ __all__ = ["build_model", "load_model"]
 # Tensors HF itself skips when loading these classes: RoPE tables that old checkpoints
 # stored as buffers (LlamaPreTrainedModel._keys_to_ignore_on_load_unexpected in 4.x).
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+
+
+def _matrix(value):
+    """A vocabulary matrix as the head takes it: GGUF blocks as they are, else float32 C order."""
+    if isinstance(value, QuantizedMatrix):
+        return value
+    return np.ascontiguousarray(value, dtype=np.float32)
+
+
+def _float32(value) -> np.ndarray:
+    return value.dequantize() if isinstance(value, QuantizedMatrix) else np.asarray(value)
+
+
+def _core_arg(value):
+    return value.core_arg() if isinstance(value, QuantizedMatrix) else value
+
+
+def _check_finite(name: str, arr) -> None:
+    """Every value finite (GGUF blocks: every binary16 scale finite, else the values are read)."""
+    if isinstance(arr, QuantizedMatrix):
+        try:
+            arr.check_finite(name, "load_model")
+            return
+        except ValueError:
+            arr = arr.dequantize()
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"load_model: tensor {name!r} holds {float(arr[idx])!r} at index {idx}")
 
 
 def _read_json(path: str, what: str) -> dict:
@@ -171,7 +201,7 @@ def _load_gguf(path: str, max_positions) -> Model:
     from exactblocks.tokenizer import GGUFTokenizer
 
     try:
-        cfg, arrays, reader = load_gguf_model(path)
+        cfg, arrays, reader = load_gguf_model(path, direct=True)
     except (FileNotFoundError, ImportError):
         raise
     except Exception as exc:
@@ -181,7 +211,9 @@ def _load_gguf(path: str, max_positions) -> Model:
     except ValueError as exc:  # a tokenizer kind GGUFTokenizer does not implement
         warnings.warn(f"load_model: {path!r}: no tokenizer ({exc})", stacklevel=3)
         tokenizer = None
-    return build_model(cfg, ArraySource(arrays, path), tokenizer=tokenizer,
+    release = getattr(reader, "release", None)
+    del reader
+    return build_model(cfg, ArraySource(arrays, path, release), tokenizer=tokenizer,
                        max_positions=max_positions, origin=path)  # fmt: skip
 
 
@@ -260,30 +292,43 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
         and tensors.same_storage(spec.embed_name, spec.head_name)
     )
     if spec.tie_embeddings and head_stored and not tied_same:
-        a, b = tensors[spec.embed_name], tensors[spec.head_name]
+        a, b = _float32(tensors[spec.embed_name]), _float32(tensors[spec.head_name])
         if not np.array_equal(a.view(np.uint32), b.view(np.uint32)):
             raise ValueError(
                 f"load_model: tie_word_embeddings is true but {spec.head_name!r} differs from "
                 f"{spec.embed_name!r} in {origin}; refusing to pick one"
             )
+        del a, b
     if not spec.tie_embeddings and tied_same:
         raise ValueError(
             f"load_model: tie_word_embeddings is false but {spec.head_name!r} is the embedding "
             f"itself in {origin}"
         )
 
-    embed = np.ascontiguousarray(tensors[spec.embed_name], dtype=np.float32)
-    head_w = embed if spec.tie_embeddings else np.ascontiguousarray(tensors[spec.head_name])
+    # A tied head is packed from the embedding, and the embedding's rows are then read back
+    # from the packed head (no float32 copy of the vocabulary matrix is kept); GGUF blocks
+    # stay blocks until the core packs them.
+    embed = _matrix(tensors[spec.embed_name])
+    head_w = embed if spec.tie_embeddings else _matrix(tensors[spec.head_name])
     norm_w = np.ascontiguousarray(tensors[spec.norm_name], dtype=np.float32)
     for name, arr in ((spec.embed_name, embed), (spec.norm_name, norm_w), (spec.head_name, head_w)):
-        bad = ~np.isfinite(arr)
-        if bad.any():
-            idx = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise ValueError(
-                f"load_model: tensor {name!r} holds {float(arr[idx])!r} at index {idx}"
-            )
+        _check_finite(name, arr)
 
-    # 2. the blocks, one layer's tensors at a time
+    # 2. the head: final norm + vocabulary projection in the core (first: the peak RSS is
+    # then the packed head plus the file pages of the vocabulary matrix, released after)
+    core = _ext.core()
+    hc = core.HeadConfig()
+    hc.d_model, hc.vocab_size = spec.d_model, spec.vocab_size
+    fn = spec.final_norm()
+    hc.norm = getattr(core.NormKind, fn["norm"])
+    hc.norm_eps = fn["norm_eps"]
+    hc.norm_bias = fn["norm_bias"]
+    head = core.OutputHead(hc, norm_w, None, _core_arg(head_w))
+    del head_w
+    release = getattr(tensors, "release", None) or (lambda: None)
+    release()
+
+    # 3. the blocks, one layer's tensors at a time
     blocks = []
     for i, ts in enumerate(layer_specs):
         arrays = {t.name: tensors[t.name] for t in ts if t.name in names}
@@ -292,17 +337,14 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
         except (TypeError, ValueError) as exc:
             raise ValueError(f"load_model: layer {i} of {origin}: {exc}") from exc
         del arrays
+        release()  # a memory-mapped source drops the pages this layer was packed from
 
-    # 3. the head: final norm + vocabulary projection in the core
-    core = _ext.core()
-    hc = core.HeadConfig()
-    hc.d_model, hc.vocab_size = spec.d_model, spec.vocab_size
-    fn = spec.final_norm()
-    hc.norm = getattr(core.NormKind, fn["norm"])
-    hc.norm_eps = fn["norm_eps"]
-    hc.norm_bias = fn["norm_bias"]
-    head = core.OutputHead(hc, norm_w, None, head_w)
-    head_bytes = [norm_w] + ([] if spec.tie_embeddings else [head_w]) + [embed]
+    head_rows = _HeadRows(head, spec.vocab_size, spec.d_model)
+    if spec.tie_embeddings:
+        embed = head_rows
+    elif isinstance(embed, QuantizedMatrix):
+        embed = embed.dequantize()
+    head_bytes = [norm_w] + ([] if spec.tie_embeddings else [head_rows]) + [embed]
     return Model(
         _PRIVATE,
         spec=spec,

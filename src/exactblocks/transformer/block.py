@@ -19,8 +19,8 @@ from .. import _ext
 from .._block import BlockCommon, make_impl
 from .._options import install
 from .._state import _PRIVATE
-from .._validation import check_array, check_int, format_shape
-from .._weights import canonical_copy, resolve_names
+from .._validation import check_int, format_shape
+from .._weights import canonical_copy, check_weight, packed_layout, resolve_names
 from .config import MAX_POSITIONS_LIMIT, OPTIONS, check_options, core_config, resolve
 from .session import TransformerDecodeSession
 from .state import TransformerState, _check_counters, _check_readable, _state_type_error
@@ -30,6 +30,13 @@ __all__ = ["TransformerBlockInference"]
 
 _CLS = "TransformerBlockInference"
 _MAX_BATCH = 1 << 62  # allocate_state's batch_size; memory is the real limit (MemoryError)
+# The core's packed matrices (weight_storage names) and the tensors stacked into each, in order.
+_PACKED = (
+    ("qkv_proj", ("q_proj.weight", "k_proj.weight", "v_proj.weight")),
+    ("o_proj", ("o_proj.weight",)),
+    ("gate_up_proj", ("gate_proj.weight", "up_proj.weight")),
+    ("down_proj", ("down_proj.weight",)),
+)
 
 
 def _build(raw: dict, where: str, weights=None, canonical=None):
@@ -48,14 +55,14 @@ def _build(raw: dict, where: str, weights=None, canonical=None):
         return user_key.get(n, n)
 
     check_names(by_short, o, spell, where)
-    arrs = {n: check_array(v, f"weights[{spell(n)!r}]", where) for n, v in by_short.items()}
+    arrs = {n: check_weight(v, f"weights[{spell(n)!r}]", where) for n, v in by_short.items()}
     sizes = check_shapes(arrs, o, spell, where)
     core_mod = _ext.core()
     opts = resolve(o, sizes, core_mod, where)
     if canonical is None:
         weights_c = {n: canonical_copy(a, f"weights[{spell(n)!r}]", where) for n, a in arrs.items()}
     else:
-        weights_c = canonical  # already private, read-only and checked finite
+        weights_c = arrs  # the canonical ones: private, read-only and checked finite
     return make_impl(
         _CLS,
         OPTIONS,
@@ -66,6 +73,7 @@ def _build(raw: dict, where: str, weights=None, canonical=None):
         core_mod,
         core_config(core_mod, opts, sizes),
         core_mod.TransformerCore,
+        packed_layout(_PACKED, arrs),
     )
 
 
