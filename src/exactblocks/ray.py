@@ -274,6 +274,10 @@ def _rows(batch) -> tuple[dict[str, np.ndarray], list[dict]]:
             "exactblocks.ray: a batch must be a dict of arrays or a pandas DataFrame; got "
             f"{type(batch).__name__} (use batch_format='numpy' or 'pandas')"
         )
+    for k, v in cols.items():  # Arrow lists arrive as ndarrays inside object columns: make
+        if v.dtype == object and any(isinstance(e, np.ndarray) for e in v):  # them lists again,
+            cols[k] = _object_array([e.tolist() if isinstance(e, np.ndarray) else e for e in v])
+    # or Ray would store the kept column as pickled objects (unreadable by other tools)
     n = len(next(iter(cols.values()))) if cols else 0
     rows = [{k: (v[i].item() if isinstance(v[i], np.generic) else v[i]) for k, v in cols.items()}
             for i in range(n)]  # fmt: skip
