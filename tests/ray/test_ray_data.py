@@ -170,8 +170,11 @@ def _check_scores(out: dict, alone_score) -> None:
 def _by_row(ds) -> dict:
     rows = ds.take_all()
     assert sorted(r["row"] for r in rows) == list(range(len(ROWS)))
-    for r in rows:  # every input column is kept
+    for r in rows:  # every input column is kept, a chat as a list of dicts (not pickled)
         assert set(ROWS[0]) <= set(r)
+        msgs = ROWS[r["row"]]["messages"]
+        if msgs is not None:  # (a block of nulls only comes back from Ray as NaN: not checked)
+            assert list(r["messages"]) == msgs
     return {r["row"]: r for r in rows}
 
 
