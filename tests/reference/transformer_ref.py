@@ -235,11 +235,13 @@ def _norm(x, var_x, w, b, kind, eps):
 
 
 def _linear(a, var_a, w, b, rows_per_chunk=8, local=True):
-    """``a @ w.T + b`` with its error variance (``local=False`` leaves out the sums' own
-    rounding, the costly part, for large layers). Returns (y, var_y)."""
+    """``a @ w.T + b`` with its error variance (``local=False``: no variance, zeros, for
+    real-model sizes). Returns (y, var_y)."""
     y = a @ w.T
+    if not local:
+        return (y if b is None else y + b), np.zeros_like(y)
     var_y = var_a @ (w * w).T
-    for i in range(0, a.shape[0] if local else 0, rows_per_chunk):
+    for i in range(0, a.shape[0], rows_per_chunk):
         terms = a[i : i + rows_per_chunk, None, :] * w[None, :, :]
         var_y[i : i + rows_per_chunk] += _sum_var(terms)
     if b is not None:
@@ -376,8 +378,8 @@ def transformer_ref(
     max_positions, numeric_profile
         Ignored (accepted so the block's option dict can be passed as is).
     sigma : bool
-        False skips the matrix products' own rounding terms in ``sigma`` (the costly part of
-        the error model; ``sigma`` is then a lower estimate), for real-model sizes.
+        False skips the costly parts of the error model (the matrix products' and attention's
+        rounding terms), for real-model sizes; ``sigma`` is then not meaningful.
     past : dict or None
         A previous `RefResult.cache`: keys/values of earlier positions. A query at position p
         attends to every held or new key j with j <= p (and j > p - window if window > 0),
@@ -504,7 +506,20 @@ def transformer_ref(
         scale = float(np.float32(head_dim**-0.5))
     o = np.zeros((n_tok, n_heads, head_dim))
     var_o = np.zeros_like(o)
-    for t in range(n_tok):
+    if not sigma:  # the same values, all queries of a K/V head at once (real-model sizes)
+        allowed = pos_all[None, :] <= pos[:, None]
+        if window > 0:
+            allowed &= pos_all[None, :] > pos[:, None] - window
+        for g in range(n_kv_heads):
+            qs = q[:, g * n_rep : (g + 1) * n_rep]  # (L, n_rep, hd)
+            s = np.einsum("lrd,pd->lrp", qs, k_all[g]) * scale
+            if attn_softcap is not None:
+                s = np.tanh(s / attn_softcap) * attn_softcap
+            s = np.where(allowed[:, None, :], s, -np.inf)
+            e = np.exp(s - s.max(-1, keepdims=True))
+            p = e / e.sum(-1, keepdims=True)
+            o[:, g * n_rep : (g + 1) * n_rep] = np.einsum("lrp,pd->lrd", p, v_all[g])
+    for t in range(n_tok if sigma else 0):
         allowed = pos_all <= pos[t]
         if window > 0:
             allowed &= pos_all > pos[t] - window
@@ -514,15 +529,20 @@ def transformer_ref(
             kk, vkk, vv, vvv = k_all[g, idx], vk_all[g, idx], v_all[g, idx], vv_all[g, idx]
             qq, vqq = q[t, i], var_q[t, i]
             s = (kk @ qq) * scale
-            var_s = scale**2 * (vkk @ (qq * qq) + (kk * kk) @ vqq + _sum_var(kk * qq)) + _R * s * s
             if attn_softcap is not None:
                 th = np.tanh(s / attn_softcap)
-                s = th * attn_softcap
-                var_s = (1.0 - th * th) ** 2 * var_s + (_ULP2 + 2.0 * _R) * s * s
-            m = s.max()
-            e = np.exp(s - m)
+                s_capped = th * attn_softcap
+            else:
+                s_capped = s
+            m = s_capped.max()
+            e = np.exp(s_capped - m)
             z = e.sum()
             p = e / z
+            o[t, i] = p @ vv
+            var_s = scale**2 * (vkk @ (qq * qq) + (kk * kk) @ vqq + _sum_var(kk * qq)) + _R * s * s
+            if attn_softcap is not None:
+                s = s_capped
+                var_s = (1.0 - th * th) ** 2 * var_s + (_ULP2 + 2.0 * _R) * s * s
             # relative variances: exp argument (propagated + its rounding), exp, Z, divide
             rel_e = var_s + _R * (s - m) ** 2 + _ULP2
             rel_z = (p * p * rel_e).sum() + _sum_var(e) / (z * z)
@@ -531,7 +551,6 @@ def transformer_ref(
                 * p
                 * (rel_e * (1.0 - p) ** 2 + (p * p * rel_e).sum() - p * p * rel_e + rel_z + _R)
             )
-            o[t, i] = p @ vv
             var_o[t, i] = var_p @ (vv * vv) + (p * p) @ vvv + _sum_var(p[:, None] * vv, axis=0)
     o, var_o = o.reshape(n_tok, -1), var_o.reshape(n_tok, -1)
 
