@@ -216,9 +216,9 @@ class TransformerBlockInference(BlockCommon):
         'sandwich' (Gemma 2/3): ``x1 = x + N_pa(attn(N_in(x)))``,
         ``y = x1 + N_pf(mlp(N_ff(x1)))`` with N_ff = pre_feedforward_layernorm, N_pf =
         post_feedforward_layernorm. 'post' (OLMo 2): ``x1 = x + N_pa(attn(x))``,
-        ``y = x1 + N_pf(mlp(x1))``, no input norm. 'parallel' (StableLM 2 12B, GPT-NeoX
-        ``use_parallel_residual``; full blocks only): ``h = N_in(x)``,
-        ``y = (x + attn(h)) + mlp(h)``.
+        ``y = x1 + N_pf(mlp(x1))``, no input norm. 'parallel' (StableLM 2 12B
+        ``use_parallel_residual``, one norm; full blocks only; GPT-NeoX's two-norm form is
+        not covered): ``h = N_in(x)``, ``y = (x + attn(h)) + mlp(h)``.
     block_parts : {'full', 'attention', 'mlp'}, default='full'
         'full' = attention then MLP. 'attention' = the attention half only, with its norm(s)
         and residual (Nemotron-H attention blocks; Granite-4.0-H attention); no MLP weights,
