@@ -7,9 +7,14 @@
 #pragma once
 #include <cstdint>
 
+#include "math/abi.hpp"
 #include "math/sincos.hpp"
 
 namespace eb::ops {
+
+// Per-ISA copies (math/abi.hpp): rope_cos_sin is called from two places and can be left out of
+// line, and each ISA object must keep its own copy.
+EB_MATH_ABI_BEGIN
 
 inline void rope_cos_sin(const float* inv_freq, int64_t half, int64_t pos, float* cs, float* sn) {
   const float p = static_cast<float>(pos);  // exact: pos < 2^24
@@ -38,6 +43,8 @@ inline void rope_apply(float* v, int64_t half, const float* cs, const float* sn)
     v[i + half] = b * cs[i] + a * sn[i];
   }
 }
+
+EB_MATH_ABI_END
 
 // RoPE scaling kinds (SPEC 4.4; HF rope_type): none/'default', 'linear', 'llama3', 'yarn',
 // 'longrope'.
