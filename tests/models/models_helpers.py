@@ -97,10 +97,36 @@ def family_configs():
                 pad_token_id=None,
             ),
         ),
+        "starcoder2": (  # LayerNorm + biases, ungated tanh-GELU MLP, one window everywhere
+            "Starcoder2Config",
+            _common(sliding_window=6, num_hidden_layers=3),
+        ),
+        "stablelm": (  # LayerNorm + biases, partial RoPE (0.25 of head_dim), q/k/v biases
+            "StableLmConfig",
+            _common(use_qkv_bias=True, num_hidden_layers=3),
+        ),
     }
 
 
 FAMILIES = list(family_configs())
+
+#: test name -> the family ``load_model`` reports (default: the test name itself).
+FAMILY_OF = {"llama_variant": "llama"}
+
+#: Families whose HF init leaves norm weights and biases constant (ones/zeros): the test
+#: spreads them so that a swapped norm, a missing bias or a wrong (1 + w) shows.
+PERTURBED = {"starcoder2", "stablelm"}
+
+
+def perturb_constants(model):
+    """Spread every 1-D parameter HF initialised to a constant (norm weights, biases)."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and bool((p == p.flatten()[0]).all()):
+                width = 0.2 if name.endswith(".bias") else 0.5
+                p.add_(torch.empty_like(p).uniform_(-width, width))
 
 
 def make_hf_model(name: str, seed: int = 0):
@@ -112,6 +138,8 @@ def make_hf_model(name: str, seed: int = 0):
     torch.manual_seed(seed)
     extra = {} if name == "mamba2" else {"attn_implementation": "eager"}
     model = transformers.AutoModelForCausalLM.from_config(cfg, **extra).float().eval()
+    if name in PERTURBED:
+        perturb_constants(model)
     if name == "mamba2":  # HF's init leaves these at 1/0: spread them so the test sees them
         with torch.no_grad():
             for layer in model.backbone.layers:

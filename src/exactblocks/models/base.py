@@ -359,6 +359,8 @@ class Model:
         self.max_positions = max_positions
         self.source = source
         self._is_mamba = spec.family == "mamba2"
+        scale = getattr(spec, "embed_scale", None)
+        self._embed_scale = None if scale is None else np.float32(scale)
         h = xxhash.xxh3_128()
         for part in (b"exactblocks-model-1", repr(spec).encode()):
             h.update(len(part).to_bytes(8, "little"))
@@ -499,11 +501,19 @@ class Model:
 
     def _embed_rows(self, ids: np.ndarray, lens) -> np.ndarray:
         if lens is None:
-            return self._embed[ids]  # (B, L, d): exact row copies
+            return self._lookup(ids)  # (B, L, d)
         x = np.zeros((*ids.shape, self.d_model), np.float32)
         real = np.arange(ids.shape[1])[None, :] < lens[:, None]
-        x[real] = self._embed[ids[real]]
+        x[real] = self._lookup(ids[real])
         return x
+
+    def _lookup(self, ids: np.ndarray) -> np.ndarray:
+        """Embedding rows of ``ids``: exact row copies, times the family's float32 scale (one
+        correctly rounded multiply per value, as HF's ``embeds * scale`` in float32)."""
+        rows = self._embed[ids]
+        if self._embed_scale is not None:
+            rows *= self._embed_scale
+        return rows
 
     def _run_blocks(self, x: np.ndarray, state, lens, *, step: bool, sessions=None):
         """x through every block; with a state, under its lock, marking rows on a late failure."""
@@ -628,7 +638,7 @@ class Model:
         if state is None:
             raise TypeError(f"{where}: state is required (use forward() without a state)")
         arr, _ = self._prepare(arr, state, None, where)
-        x = self._embed[arr[:, 0]]  # (B, d)
+        x = self._lookup(arr[:, 0])  # (B, d)
         x = self._run_blocks(x, state, None, step=True)
         return self._head.forward(x.reshape(-1, self.d_model)).reshape(-1, 1, self.vocab_size)
 
@@ -780,7 +790,7 @@ class Model:
                     yield token
                 if len(res.ids) == n_new:
                     break
-                x = self._embed[np.asarray([token])]
+                x = self._lookup(np.asarray([token]))
                 x = self._run_blocks(x, state, None, step=True, sessions=sessions)
                 logits = self._head.forward(x.reshape(1, self.d_model))[0]
                 res.decode_steps += 1

@@ -275,7 +275,13 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
     embed = np.ascontiguousarray(tensors[spec.embed_name], dtype=np.float32)
     head_w = embed if spec.tie_embeddings else np.ascontiguousarray(tensors[spec.head_name])
     norm_w = np.ascontiguousarray(tensors[spec.norm_name], dtype=np.float32)
-    for name, arr in ((spec.embed_name, embed), (spec.norm_name, norm_w), (spec.head_name, head_w)):
+    fn = spec.final_norm()
+    norm_b = None
+    checked = [(spec.embed_name, embed), (spec.norm_name, norm_w), (spec.head_name, head_w)]
+    if fn["norm_bias"]:
+        norm_b = np.ascontiguousarray(tensors[spec.norm_bias_name], dtype=np.float32)
+        checked.append((spec.norm_bias_name, norm_b))
+    for name, arr in checked:
         bad = ~np.isfinite(arr)
         if bad.any():
             idx = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -297,12 +303,14 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
     core = _ext.core()
     hc = core.HeadConfig()
     hc.d_model, hc.vocab_size = spec.d_model, spec.vocab_size
-    fn = spec.final_norm()
     hc.norm = getattr(core.NormKind, fn["norm"])
     hc.norm_eps = fn["norm_eps"]
     hc.norm_bias = fn["norm_bias"]
-    head = core.OutputHead(hc, norm_w, None, head_w)
-    head_bytes = [norm_w] + ([] if spec.tie_embeddings else [head_w]) + [embed]
+    for key, value in spec.head_options().items():  # logits_scaling, logit_softcap
+        setattr(hc, key, value)
+    head = core.OutputHead(hc, norm_w, norm_b, head_w)
+    head_bytes = [norm_w] + ([] if norm_b is None else [norm_b])
+    head_bytes += ([] if spec.tie_embeddings else [head_w]) + [embed]
     return Model(
         _PRIVATE,
         spec=spec,
