@@ -403,7 +403,7 @@ def test_option_wrong_type(weights, opt, value):
         ("attn_softcap", float("inf"), "finite"),
         ("rope_dim", 3, "even"),
         ("rope_dim", 16, "[2, "),
-        ("rope_dim", 0, "even"),
+        ("rope_dim", -2, "even"),  # 0 is valid: no RoPE
         ("max_positions", 0, "[1, 16777216]"),
         ("max_positions", 2**24 + 1, "[1, 16777216]"),
     ],
@@ -463,18 +463,23 @@ def test_norm_bias_needs_layernorm(weights):
     assert build(weights, norm_bias=True, norm="layernorm").norm_bias is True
 
 
-def test_qk_norm_not_with_layernorm(weights):
+def test_qk_norm_with_layernorm(weights):
+    """q/k norms take the block norm's kind, LayerNorm included (StableLM qk_layernorm)."""
     weights["q_norm.weight"] = np.ones(8, np.float32)
     weights["k_norm.weight"] = np.ones(8, np.float32)
-    with raises(ValueError, "qk_norm", "layernorm"):
-        build(weights, qk_norm=True, norm="layernorm")
+    assert build(weights, qk_norm=True, norm="layernorm").norm == "layernorm"
     assert build(weights, qk_norm=True).qk_norm is True
 
 
 @pytest.mark.parametrize(
     "scaling,exc,fragments",
     [
-        ({"rope_type": "yarn", "factor": 2.0}, ValueError, ("'yarn'", "'llama3'", "'linear'")),
+        ({"rope_type": "su", "factor": 2.0}, ValueError, ("'su'", "'llama3'", "'longrope'")),
+        (
+            {"rope_type": "yarn", "factor": 2.0},
+            ValueError,
+            ("rope_scaling['original_max_position_embeddings']", "missing"),
+        ),
         ({"rope_type": "dynamic", "factor": 2.0}, ValueError, ("'dynamic'", "not supported yet")),
         ({"rope_type": "longrope"}, ValueError, ("'longrope'",)),
         ({"rope_type": "linear"}, ValueError, ("rope_scaling['factor']", "missing")),
@@ -692,7 +697,13 @@ def test_get_params(block):
         "mlp",
         "mlp_bias",
         "qk_norm",
+        "qk_norm_scope",
         "attn_softcap",
+        "query_pre_attn_scalar",
+        "attn_scale",
+        "residual_multiplier",
+        "norm_placement",
+        "block_parts",
         "numeric_profile",
     }
     assert (p["n_kv_heads"], p["head_dim"], p["rope_dim"]) == (2, 8, 8)

@@ -241,7 +241,10 @@ def _gemma2(layer_idx: int) -> Shape:
     )
     hf = _decoder_hf(layer, cfg, Gemma2RotaryEmbedding(cfg), window=sliding)
     return Shape(
-        f"gemma2_{'sliding' if sliding else 'global'}", hf, [(fields, _short(_state(layer)))]
+        f"gemma2_{'sliding' if sliding else 'global'}",
+        hf,
+        [(fields, _short(_state(layer)))],
+        extra=dict(layer=layer, config=cfg),
     )
 
 
@@ -283,7 +286,10 @@ def _gemma3(layer_idx: int) -> Shape:
         fields.update(rope_scaling="linear", rope_factor=8.0)
     hf = _decoder_hf(layer, cfg, Gemma3RotaryEmbedding(cfg), window=sliding, layer_type=kind)
     return Shape(
-        f"gemma3_{'sliding' if sliding else 'global'}", hf, [(fields, _short(_state(layer)))]
+        f"gemma3_{'sliding' if sliding else 'global'}",
+        hf,
+        [(fields, _short(_state(layer)))],
+        extra=dict(layer=layer, config=cfg),
     )
 
 
@@ -310,7 +316,9 @@ def _olmo2() -> Shape:
         norm_eps=1e-6,
     )
     hf = _decoder_hf(layer, cfg, Olmo2RotaryEmbedding(cfg))
-    return Shape("olmo2", hf, [(fields, _short(_state(layer)))])
+    return Shape(
+        "olmo2", hf, [(fields, _short(_state(layer)))], extra=dict(layer=layer, config=cfg)
+    )
 
 
 def _smollm3(layer_idx: int) -> Shape:
@@ -334,7 +342,12 @@ def _smollm3(layer_idx: int) -> Shape:
     assert layer.self_attn.use_rope == use_rope
     fields = _attn_sizes(rope_theta=2000000.0, rope_dim=HD if use_rope else 0, norm_eps=1e-6)
     hf = _decoder_hf(layer, cfg, SmolLM3RotaryEmbedding(cfg))
-    return Shape(f"smollm3_{'rope' if use_rope else 'nope'}", hf, [(fields, _short(_state(layer)))])
+    return Shape(
+        f"smollm3_{'rope' if use_rope else 'nope'}",
+        hf,
+        [(fields, _short(_state(layer)))],
+        extra=dict(layer=layer, config=cfg),
+    )
 
 
 def _granite() -> Shape:
@@ -356,7 +369,9 @@ def _granite() -> Shape:
     _perturb(layer, 600)
     fields = _attn_sizes(attn_scale=0.3, residual_multiplier=0.22, norm_eps=1e-6)
     hf = _decoder_hf(layer, cfg, GraniteRotaryEmbedding(cfg))
-    return Shape("granite", hf, [(fields, _short(_state(layer)))])
+    return Shape(
+        "granite", hf, [(fields, _short(_state(layer)))], extra=dict(layer=layer, config=cfg)
+    )
 
 
 PHI3_SHORT = [1.0, 1.1, 1.3, 1.7]
@@ -418,6 +433,7 @@ def _phi3(long: bool) -> Shape:
         [(fields, sd)],
         seq_len=seq,
         rope_set=int(long),
+        extra=dict(layer=layer, config=cfg, rope=rope),
     )
 
 
@@ -455,7 +471,13 @@ def _llama_yarn(variant: str) -> Shape:
     rotary = LlamaRotaryEmbedding(cfg)
     assert rotary.attention_scaling != 1.0
     hf = _decoder_hf(layer, cfg, rotary)
-    return Shape(f"llama_yarn_{variant}", hf, [(fields, _short(_state(layer)))], seq_len=48)
+    return Shape(
+        f"llama_yarn_{variant}",
+        hf,
+        [(fields, _short(_state(layer)))],
+        seq_len=48,
+        extra=dict(layer=layer, config=cfg, rope=rope),
+    )
 
 
 def _nemotron_h(kind: str) -> Shape:
@@ -499,7 +521,7 @@ def _nemotron_h(kind: str) -> Shape:
         with torch.no_grad():
             return block(xt, attention_mask=mask, position_ids=pos).numpy()
 
-    return Shape(f"nemotron_h_{kind}", run, [(fields, w)])
+    return Shape(f"nemotron_h_{kind}", run, [(fields, w)], extra=dict(layer=block, config=cfg))
 
 
 def _granite_hybrid(rope: bool) -> Shape:
@@ -550,7 +572,10 @@ def _granite_hybrid(rope: bool) -> Shape:
     rotary = GraniteMoeHybridRotaryEmbedding(cfg) if rope else None
     hf = _decoder_hf(layer, cfg, rotary)
     return Shape(
-        f"granite_hybrid_{'rope' if rope else 'nope'}", hf, [(attn_f, attn_w), (mlp_f, mlp_w)]
+        f"granite_hybrid_{'rope' if rope else 'nope'}",
+        hf,
+        [(attn_f, attn_w), (mlp_f, mlp_w)],
+        extra=dict(layer=layer, config=cfg),
     )
 
 
@@ -589,7 +614,7 @@ def _stablelm_qk_layernorm(parallel: bool) -> Shape:
     )
     hf = _decoder_hf(layer, cfg, StableLmRotaryEmbedding(cfg))
     name = "stablelm2_12b_parallel" if parallel else "stablelm_qk_layernorm"
-    return Shape(name, hf, [(fields, sd)])
+    return Shape(name, hf, [(fields, sd)], extra=dict(layer=layer, config=cfg))
 
 
 BUILDERS = {

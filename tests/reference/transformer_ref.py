@@ -234,11 +234,12 @@ def _norm(x, var_x, w, b, kind, eps):
     return y, var_y
 
 
-def _linear(a, var_a, w, b, rows_per_chunk=8):
-    """``a @ w.T + b`` with its error variance. Returns (y, var_y)."""
+def _linear(a, var_a, w, b, rows_per_chunk=8, local=True):
+    """``a @ w.T + b`` with its error variance (``local=False`` leaves out the sums' own
+    rounding, the costly part, for large layers). Returns (y, var_y)."""
     y = a @ w.T
     var_y = var_a @ (w * w).T
-    for i in range(0, a.shape[0], rows_per_chunk):
+    for i in range(0, a.shape[0] if local else 0, rows_per_chunk):
         terms = a[i : i + rows_per_chunk, None, :] * w[None, :, :]
         var_y[i : i + rows_per_chunk] += _sum_var(terms)
     if b is not None:
@@ -326,9 +327,16 @@ def transformer_ref(
     mlp="swiglu",
     mlp_bias=None,
     qk_norm=False,
+    qk_norm_scope="head",
     attn_softcap=None,
+    query_pre_attn_scalar=None,
+    attn_scale=None,
+    residual_multiplier=1.0,
+    norm_placement="pre",
+    block_parts="full",
     numeric_profile=None,
     past=None,
+    sigma=True,
 ) -> RefResult:
     """Float64 reference of `TransformerBlockInference` for one row (SPEC 4.3, 4.4).
 
@@ -353,8 +361,23 @@ def transformer_ref(
         As in SPEC 4.1.
     qkv_bias, o_bias, norm_bias, mlp_bias : bool or None
         Checked against the tensors present when given.
+    qk_norm_scope : {'head'}
+        Only the default scope is in the reference.
+    query_pre_attn_scalar, attn_scale : float or None
+        Score scale ``float32(1 / sqrt(query_pre_attn_scalar))`` or ``float32(attn_scale)``
+        instead of ``float32(head_dim**-0.5)`` (SPEC 4.7).
+    residual_multiplier : float
+        Both residual adds are ``x + branch * float32(m)`` (SPEC 4.7).
+    norm_placement : {'pre', 'sandwich', 'post', 'parallel'}
+        Where the block norms sit (SPEC 4.7; pre_feedforward_layernorm and
+        post_feedforward_layernorm weights for sandwich / post).
+    block_parts : {'full'}
+        Only full blocks are in the reference.
     max_positions, numeric_profile
         Ignored (accepted so the block's option dict can be passed as is).
+    sigma : bool
+        False skips the matrix products' own rounding terms in ``sigma`` (the costly part of
+        the error model; ``sigma`` is then a lower estimate), for real-model sizes.
     past : dict or None
         A previous `RefResult.cache`: keys/values of earlier positions. A query at position p
         attends to every held or new key j with j <= p (and j > p - window if window > 0),
@@ -380,13 +403,22 @@ def transformer_ref(
     gated = _GATED[mlp]
     _check_flag("qkv_bias", qkv_bias, "q_proj.bias" in w)
     _check_flag("o_bias", o_bias, "o_proj.bias" in w)
-    _check_flag("norm_bias", norm_bias, "input_layernorm.bias" in w)
+    if block_parts != "full" or qk_norm_scope != "head":
+        raise ValueError("transformer_ref: only full blocks with qk_norm_scope='head'")
+    if norm_placement not in ("pre", "sandwich", "post", "parallel"):
+        raise ValueError(f"transformer_ref: norm_placement={norm_placement!r} unknown")
+    _check_flag(
+        "norm_bias",
+        norm_bias,
+        any(k.endswith("layernorm.bias") for k in w),
+    )
     _check_flag("mlp_bias", mlp_bias, "up_proj.bias" in w)
     _check_flag("qk_norm", qk_norm, "q_norm.weight" in w)
     if ("gate_proj.weight" in w) != gated:
         raise ValueError(f"transformer_ref: gate_proj presence does not match mlp={mlp!r}")
-    if w["input_layernorm.weight"].shape != (d,):
-        raise ValueError("transformer_ref: input_layernorm.weight length != x.shape[1]")
+    for k in w:
+        if k.endswith("layernorm.weight") and w[k].shape != (d,):
+            raise ValueError(f"transformer_ref: {k} length != x.shape[1]")
 
     qw = w["q_proj.weight"].shape[0]
     if head_dim is None:
@@ -397,6 +429,7 @@ def transformer_ref(
         raise ValueError("transformer_ref: q/k rows do not match n_heads/n_kv_heads*head_dim")
     if rope_dim is None:
         rope_dim = head_dim
+    m_res = float(np.float32(residual_multiplier))
     n_rep = n_heads // n_kv_heads
 
     # Positions.
@@ -417,19 +450,25 @@ def transformer_ref(
 
     get = w.get
 
+    def block_norm(name, a, var_a):
+        return _norm(a, var_a, w[f"{name}.weight"], get(f"{name}.bias"), norm, norm_eps)
+
+    def residual(base, var_base, branch, var_branch):
+        if m_res != 1.0:
+            branch = branch * m_res
+            var_branch = var_branch * m_res**2 + _R * branch * branch
+        out = base + branch
+        return out, var_base + var_branch + _R * out * out
+
     # 1. input norm (x is exact: variance 0)
-    h, var_h = _norm(
-        x,
-        np.zeros_like(x),
-        w["input_layernorm.weight"],
-        get("input_layernorm.bias"),
-        norm,
-        norm_eps,
-    )
+    if norm_placement == "post":
+        h, var_h = x, np.zeros_like(x)
+    else:
+        h, var_h = block_norm("input_layernorm", x, np.zeros_like(x))
     # 2. projections
-    q, var_q = _linear(h, var_h, w["q_proj.weight"], get("q_proj.bias"))
-    k, var_k = _linear(h, var_h, w["k_proj.weight"], get("k_proj.bias"))
-    v, var_v = _linear(h, var_h, w["v_proj.weight"], get("v_proj.bias"))
+    q, var_q = _linear(h, var_h, w["q_proj.weight"], get("q_proj.bias"), local=sigma)
+    k, var_k = _linear(h, var_h, w["k_proj.weight"], get("k_proj.bias"), local=sigma)
+    v, var_v = _linear(h, var_h, w["v_proj.weight"], get("v_proj.bias"), local=sigma)
     q, var_q = (a.reshape(n_tok, n_heads, head_dim) for a in (q, var_q))
     k, var_k = (a.reshape(n_tok, n_kv_heads, head_dim) for a in (k, var_k))
     v, var_v = (a.reshape(n_tok, n_kv_heads, head_dim) for a in (v, var_v))
@@ -437,10 +476,11 @@ def transformer_ref(
     if qk_norm:
         q, var_q = _norm(q, var_q, w["q_norm.weight"], None, norm, norm_eps)
         k, var_k = _norm(k, var_k, w["k_norm.weight"], None, norm, norm_eps)
-    # 4. RoPE
-    ang = rope_angles(pos, rope_inv_freq(rope_dim, rope_theta, rope_scaling))
-    q, var_q = _rope(q, var_q, ang)
-    k, var_k = _rope(k, var_k, ang)
+    # 4. RoPE (rope_dim 0: none)
+    if rope_dim:
+        ang = rope_angles(pos, rope_inv_freq(rope_dim, rope_theta, rope_scaling))
+        q, var_q = _rope(q, var_q, ang)
+        k, var_k = _rope(k, var_k, ang)
 
     # 5. cache (KV, P, hd)
     new = [a.transpose(1, 0, 2) for a in (k, v, var_k, var_v)]
@@ -456,7 +496,12 @@ def transformer_ref(
     pos_all = np.concatenate([past_pos, pos])
 
     # 6. attention
-    scale = float(np.float32(head_dim**-0.5))
+    if query_pre_attn_scalar is not None:
+        scale = float(np.float32(1.0 / math.sqrt(query_pre_attn_scalar)))
+    elif attn_scale is not None:
+        scale = float(np.float32(attn_scale))
+    else:
+        scale = float(np.float32(head_dim**-0.5))
     o = np.zeros((n_tok, n_heads, head_dim))
     var_o = np.zeros_like(o)
     for t in range(n_tok):
@@ -490,32 +535,34 @@ def transformer_ref(
             var_o[t, i] = var_p @ (vv * vv) + (p * p) @ vvv + _sum_var(p[:, None] * vv, axis=0)
     o, var_o = o.reshape(n_tok, -1), var_o.reshape(n_tok, -1)
 
-    # 7. o_proj and residual
-    a, var_a = _linear(o, var_o, w["o_proj.weight"], get("o_proj.bias"))
-    x1 = x + a
-    var_x1 = var_a + _R * x1 * x1
-    # 8. post norm
-    h2, var_h2 = _norm(
-        x1,
-        var_x1,
-        w["post_attention_layernorm.weight"],
-        get("post_attention_layernorm.bias"),
-        norm,
-        norm_eps,
-    )
-    # 9. MLP
+    # 7. o_proj (post norm under sandwich / post) and residual
+    a, var_a = _linear(o, var_o, w["o_proj.weight"], get("o_proj.bias"), local=sigma)
+    if norm_placement in ("sandwich", "post"):
+        a, var_a = block_norm("post_attention_layernorm", a, var_a)
+    x1, var_x1 = residual(x, np.zeros_like(x), a, var_a)
+    # 8. MLP input
+    if norm_placement == "pre":
+        h2, var_h2 = block_norm("post_attention_layernorm", x1, var_x1)
+    elif norm_placement == "sandwich":
+        h2, var_h2 = block_norm("pre_feedforward_layernorm", x1, var_x1)
+    elif norm_placement == "post":
+        h2, var_h2 = x1, var_x1
+    else:  # parallel: the attention's input norm
+        h2, var_h2 = h, var_h
+    # 9. MLP (post norm under sandwich / post) and residual
     act = _ACT_OF_MLP[mlp]
-    up, var_up = _linear(h2, var_h2, w["up_proj.weight"], get("up_proj.bias"))
+    up, var_up = _linear(h2, var_h2, w["up_proj.weight"], get("up_proj.bias"), local=sigma)
     if gated:
-        gg, var_gg = _linear(h2, var_h2, w["gate_proj.weight"], get("gate_proj.bias"))
+        gg, var_gg = _linear(h2, var_h2, w["gate_proj.weight"], get("gate_proj.bias"), local=sigma)
         ag, var_ag = _act_var(gg, var_gg, act)
         u = ag * up
         var_u = var_ag * up * up + ag * ag * var_up + _R * u * u
     else:
         u, var_u = _act_var(up, var_up, act)
-    dn, var_dn = _linear(u, var_u, w["down_proj.weight"], get("down_proj.bias"))
-    y = x1 + dn
-    var_y = var_x1 + var_dn + _R * y * y
+    dn, var_dn = _linear(u, var_u, w["down_proj.weight"], get("down_proj.bias"), local=sigma)
+    if norm_placement in ("sandwich", "post"):
+        dn, var_dn = block_norm("post_feedforward_layernorm", dn, var_dn)
+    y, var_y = residual(x1, var_x1, dn, var_dn)
 
     cache = {"k": k_all, "v": v_all, "k_var": vk_all, "v_var": vv_all, "positions": pos_all}
     return RefResult(y=y, sigma=np.sqrt(var_y), cache=cache)

@@ -21,10 +21,17 @@ from .._options import install
 from .._state import _PRIVATE
 from .._validation import check_array, check_int, format_shape
 from .._weights import canonical_copy, resolve_names
-from .config import MAX_POSITIONS_LIMIT, OPTIONS, check_options, core_config, resolve
+from .config import (
+    MAX_POSITIONS_LIMIT,
+    OPTIONS,
+    check_options,
+    core_config,
+    resolve,
+    rope_set_for,
+)
 from .session import TransformerDecodeSession
 from .state import TransformerState, _check_counters, _check_readable, _state_type_error
-from .weights import HF_PREFIXES, SHORT_TO_HF, check_names, check_shapes
+from .weights import HF_PREFIXES, SHORT_TO_HF, check_names, check_shapes, fold_spellings
 
 __all__ = ["TransformerBlockInference"]
 
@@ -40,7 +47,9 @@ def _build(raw: dict, where: str, weights=None, canonical=None):
     """
     o = check_options(raw, where)
     if canonical is None:
-        by_short, user_key, _ = resolve_names(weights, where, SHORT_TO_HF, HF_PREFIXES)
+        folded, origin = fold_spellings(weights, o, where)  # fused / other HF spellings
+        by_short, user_key, _ = resolve_names(folded, where, SHORT_TO_HF, HF_PREFIXES)
+        user_key = {n: origin.get(k, k) for n, k in user_key.items()}
     else:
         by_short, user_key = canonical, {k: k for k in canonical}
 
@@ -70,29 +79,58 @@ def _build(raw: dict, where: str, weights=None, canonical=None):
 
 
 class TransformerBlockInference(BlockCommon):
-    """One pre-norm decoder block (attention + MLP), bit-exact float32 inference on the CPU.
+    """One decoder block (attention + MLP, or one half), bit-exact float32 inference on the CPU.
 
-    Computes HF ``LlamaDecoderLayer.forward`` (transformers 5.x) and its Mistral, Qwen2, Qwen3,
-    Gemma, StableLM and Starcoder2 variants selected by the options, with a fixed sequence of
-    binary32 operations per output element (SPEC.md 3), so that ``step`` == ``forward`` == any
-    chunking, a ragged row == that row alone, and 1 thread == N threads, bit for bit.
+    Computes HF ``LlamaDecoderLayer.forward`` (transformers 5.x) and the decoder layers of the
+    families below, selected by the options, with a fixed sequence of binary32 operations per
+    output element (SPEC.md 3), so that ``step`` == ``forward`` == any chunking, a ragged row ==
+    that row alone, and 1 thread == N threads, bit for bit. Covered HF layer classes (SPEC.md
+    4.1): Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Gemma3 (text), StableLm (incl.
+    StableLM 2 12B parallel), Starcoder2, OLMo 2, SmolLM3 (RoPE and NoPE layers), Granite, Phi3
+    (fused projections, longrope), Llama with yarn, the attention and MLP blocks of Nemotron-H
+    and the dense layers of GraniteMoeHybrid (Granite-4.0-H; its Mamba layers' mixer is
+    :class:`Mamba2BlockInference`). Not covered: MoE layers, Falcon-H1's parallel hybrid,
+    Zamba2's shared block.
 
     Parameters
     ----------
     weights : Mapping of str to float32 buffer
         In torch's [out, in] layout, with the short names (``'q_proj.weight'``, ...) or the HF
-        layer names (the keys of ``LlamaDecoderLayer.state_dict()``, ``'self_attn.q_proj.weight'``,
-        ``'mlp.up_proj.weight'``, ...). With QW = n_heads*head_dim, KW = n_kv_heads*head_dim,
-        IT = rows of up_proj.weight, d = d_model = len(input_layernorm.weight):
-        ``input_layernorm.weight``, ``post_attention_layernorm.weight`` (d,) [``.bias`` (d,)
-        with norm_bias]; ``q_proj.weight`` (QW, d), ``k_proj.weight``, ``v_proj.weight`` (KW, d)
-        [``.bias`` with qkv_bias]; ``o_proj.weight`` (d, QW) [``.bias`` (d,) with o_bias];
-        ``q_norm.weight``, ``k_norm.weight`` (head_dim,) with qk_norm; ``gate_proj.weight``
-        (IT, d) for gated MLPs; ``up_proj.weight`` (IT, d); ``down_proj.weight`` (d, IT)
-        [biases with mlp_bias]. The key set must be exact. Arrays are copied (editing them later
-        has no effect) and never written.
-    n_heads : int
-        Query heads (HF ``num_attention_heads``), in [1, 2**24].
+        layer names (the keys of the HF decoder layer's ``state_dict()``,
+        ``'self_attn.q_proj.weight'``, ``'mlp.up_proj.weight'``, ...). With QW =
+        n_heads*head_dim, KW = n_kv_heads*head_dim, IT = rows of up_proj.weight, d = d_model =
+        the length of the first block norm weight:
+
+        - block norms, (d,) each [``.bias`` (d,) with norm_bias], by ``norm_placement``:
+          'pre' ``input_layernorm`` (attention input), ``post_attention_layernorm`` (MLP
+          input); 'sandwich' ``input_layernorm``, ``post_attention_layernorm`` (attention
+          output), ``pre_feedforward_layernorm``, ``post_feedforward_layernorm`` (MLP output);
+          'post' ``post_attention_layernorm``, ``post_feedforward_layernorm``; 'parallel'
+          ``input_layernorm`` only. A half block has its half's norms; a pre-norm half block's
+          single norm may also be named ``norm.weight`` (Nemotron-H's name), which means
+          ``input_layernorm.weight`` for block_parts='attention' and
+          ``post_attention_layernorm.weight`` for block_parts='mlp'.
+        - attention half: ``q_proj.weight`` (QW, d), ``k_proj.weight``, ``v_proj.weight``
+          (KW, d) [``.bias`` with qkv_bias]; ``o_proj.weight`` (d, QW) [``.bias`` (d,) with
+          o_bias]; ``q_norm.weight``, ``k_norm.weight`` with qk_norm, shaped by qk_norm_scope.
+          Phi-3's fused ``qkv_proj.weight`` (HF ``self_attn.qkv_proj.weight``) is accepted
+          instead of q/k/v and split by rows: q (QW rows), then k (KW), then v (KW).
+        - MLP half: ``gate_proj.weight`` (IT, d) for gated MLPs; ``up_proj.weight`` (IT, d);
+          ``down_proj.weight`` (d, IT) [biases with mlp_bias]. Phi-3's fused
+          ``gate_up_proj.weight`` (HF ``mlp.gate_up_proj.weight``, 2*IT rows) is accepted
+          instead of gate/up and split: gate = the first IT rows, up = the last IT rows.
+        - Also accepted: Nemotron-H's ``mixer.*`` names, GraniteMoeHybrid's
+          ``shared_mlp.input_linear.weight`` (fused gate/up as above) and
+          ``shared_mlp.output_linear.weight`` (down_proj), StableLM's per-head
+          ``self_attn.q_layernorm.norms.N.weight`` (stacked into q_norm, N = 0 .. n-1).
+
+        A tensor is given once (never both fused and split names). The key set must be exact: a
+        layer is never built from a subset of its weights, and a dict carrying another layer
+        shape's names is refused with the architecture it looks like and the option to pass.
+        Arrays are copied (editing them later has no effect) and never written.
+    n_heads : int or None, default=None
+        Query heads (HF ``num_attention_heads``), in [1, 2**24]. Required, except for
+        block_parts='mlp', which has no attention and takes None (TypeError otherwise).
     n_kv_heads : int or None, default=None
         K/V heads, dividing n_heads (HF ``num_key_value_heads``), in [1, 2**24]; None = k_proj
         rows / head_dim.
@@ -108,17 +146,30 @@ class TransformerBlockInference(BlockCommon):
         float32) finite and > 0, and ``float32(max_positions - 1) * max(inv_freq)`` finite;
         otherwise ValueError (e.g. rope_theta=1e-300 or a linear factor of 1e-300).
     rope_scaling : Mapping or None, default=None
-        HF ``rope_scaling`` / ``rope_parameters``: ``{'rope_type': 'default'}``,
-        ``{'rope_type': 'linear', 'factor': f}`` or ``{'rope_type': 'llama3', 'factor',
-        'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings'}`` (legacy key
-        ``'type'`` accepted; original_max_position_embeddings an int in [1, 2**24]). Extra keys
-        allowed: ``'rope_theta'`` (must equal rope_theta) and ``'partial_rotary_factor'``: with
-        rope_dim=None it gives ``rope_dim = int(head_dim * partial_rotary_factor)`` (HF StableLM
-        ``rotary_ndims``), which must be even and in [2, head_dim]; with rope_dim given the two
-        must agree.
+        HF ``rope_scaling`` / ``rope_parameters`` with HF's key names (legacy key ``'type'``
+        accepted; original_max_position_embeddings an int in [1, 2**24]):
+        ``{'rope_type': 'default'}``; ``{'rope_type': 'linear', 'factor'}``;
+        ``{'rope_type': 'llama3', 'factor', 'low_freq_factor', 'high_freq_factor',
+        'original_max_position_embeddings'}``; ``{'rope_type': 'yarn', 'factor',
+        'original_max_position_embeddings'}`` with optional ``'beta_fast'`` (default 32),
+        ``'beta_slow'`` (1), ``'mscale'``, ``'mscale_all_dim'`` (used when both are given and
+        nonzero), ``'attention_factor'`` (default derived from factor and the mscales) and
+        ``'truncate'`` (bool, default True); ``{'rope_type': 'longrope', 'short_factor',
+        'long_factor', 'original_max_position_embeddings'}`` (two lists of rope_dim/2 reals
+        > 0; original >= 2) with optional ``'factor'`` and ``'attention_factor'``. HF's
+        derivations (``transformers/modeling_rope_utils.py``): where longrope (or yarn) gives no
+        factor, HF uses ``max_position_embeddings / original_max_position_embeddings``; here
+        ``max_positions`` plays the role of max_position_embeddings. Optional keys may be None
+        (= not given). Longrope picks its factor set per state: see :meth:`allocate_state`.
+        Extra keys allowed: ``'rope_theta'`` (must equal rope_theta) and
+        ``'partial_rotary_factor'``: with rope_dim=None it gives ``rope_dim = int(head_dim *
+        partial_rotary_factor)`` (HF StableLM ``rotary_ndims``, Phi-3), which must be even and
+        in [2, head_dim]; with rope_dim given the two must agree.
     rope_dim : int or None, default=None
-        Rotate the first rope_dim dims of each head (even, in [2, head_dim]); None = derived
-        from ``rope_scaling['partial_rotary_factor']`` when present, else head_dim.
+        Rotate the first rope_dim dims of each head (even, in [2, head_dim]); 0 = no RoPE at all
+        (SmolLM3's NoPE layers, Nemotron-H and Granite-4.0-H attention; rope_theta and
+        rope_scaling are then checked but unused); None = derived from
+        ``rope_scaling['partial_rotary_factor']`` when present, else head_dim.
     max_positions : int, default=8192
         Positions p < max_positions can be computed; in [1, 2**24].
     qkv_bias, o_bias : bool, default=False
@@ -129,17 +180,53 @@ class TransformerBlockInference(BlockCommon):
         Epsilon of every norm of the block, > 0, used as float32: it must round to a positive
         finite float32, i.e. lie in about [1.4e-45, 3.4028235e38] (1e-50 or 1e39 are refused).
     norm_bias : bool, default=False
-        LayerNorm biases; needs norm='layernorm'.
-    mlp : {'swiglu', 'geglu', 'geglu_tanh', 'gelu', 'gelu_tanh'}, default='swiglu'
+        LayerNorm biases of the block norms; needs norm='layernorm'.
+    mlp : {'swiglu', 'geglu', 'geglu_tanh', 'gelu', 'gelu_tanh', 'relu2'}, default='swiglu'
         Gated ``down(act(gate) * up)`` with silu / erf-GELU / tanh-GELU, or ungated
-        ``down(act(up))``.
+        ``down(act(up))`` with erf-GELU / tanh-GELU / squared ReLU (``relu2``, Nemotron-H).
     mlp_bias : bool, default=False
         Biases on up, down and (gated) gate.
     qk_norm : bool, default=False
-        Per-head norm of q and k over head_dim before RoPE (Qwen3, Gemma3); not with layernorm.
+        Norms of q and k before RoPE, of the block norm's kind and eps, without bias (Qwen3,
+        Gemma 3, OLMo 2, StableLM ``qk_layernorm``).
+    qk_norm_scope : {'head', 'all_heads', 'per_head_weights'}, default='head'
+        With qk_norm: 'head' normalises each head over head_dim with one (head_dim,) weight
+        shared by the heads (Qwen3, Gemma 3); 'all_heads' normalises q over all
+        n_heads*head_dim values with q_norm.weight (QW,) and k over n_kv_heads*head_dim with
+        k_norm.weight (KW,) (OLMo 2); 'per_head_weights' normalises each head over head_dim
+        with its own row of q_norm.weight (n_heads, head_dim) / k_norm.weight (n_kv_heads,
+        head_dim) (StableLM's per-head LayerNorm). Other than 'head' needs qk_norm=True.
     attn_softcap : float or None, default=None
         Scores s -> cap * tanh(s / cap) before the mask (Gemma2), > 0, used as float32: it must
         round to a positive finite float32 (about [1.4e-45, 3.4028235e38]).
+    query_pre_attn_scalar : float or None, default=None
+        Gemma 2/3: scores are scaled by ``query_pre_attn_scalar**-0.5`` instead of
+        ``head_dim**-0.5``, computed in binary64 as ``1 / sqrt(q)`` and rounded to float32 once.
+        Real > 0. Not together with attn_scale.
+    attn_scale : float or None, default=None
+        The score scale itself (Granite ``attention_multiplier``), real > 0 rounded to float32
+        once (it must round to a positive finite float32); None = head_dim**-0.5 (or
+        query_pre_attn_scalar's). Not together with query_pre_attn_scalar.
+    residual_multiplier : float, default=1.0
+        Both residual adds become ``x + branch * m`` (Granite ``residual_multiplier``; float32
+        m, a multiply then an add); the branch is taken after its post norm if any. Real > 0,
+        rounding to a positive finite float32; 1.0 adds without the multiply.
+    norm_placement : {'pre', 'sandwich', 'post', 'parallel'}, default='pre'
+        'pre': ``x1 = x + attn(N_in(x))``, ``y = x1 + mlp(N_pa(x1))`` (Llama).
+        'sandwich' (Gemma 2/3): ``x1 = x + N_pa(attn(N_in(x)))``,
+        ``y = x1 + N_pf(mlp(N_ff(x1)))`` with N_ff = pre_feedforward_layernorm, N_pf =
+        post_feedforward_layernorm. 'post' (OLMo 2): ``x1 = x + N_pa(attn(x))``,
+        ``y = x1 + N_pf(mlp(x1))``, no input norm. 'parallel' (StableLM 2 12B, GPT-NeoX
+        ``use_parallel_residual``; full blocks only): ``h = N_in(x)``,
+        ``y = (x + attn(h)) + mlp(h)``.
+    block_parts : {'full', 'attention', 'mlp'}, default='full'
+        'full' = attention then MLP. 'attention' = the attention half only, with its norm(s)
+        and residual (Nemotron-H attention blocks; Granite-4.0-H attention); no MLP weights,
+        intermediate = 0. 'mlp' = the MLP half only, ``y = x + mlp(N(x))`` (Nemotron-H MLP
+        blocks; the dense MLP half of a Granite-4.0-H layer after its Mamba-2 mixer): no
+        attention weights or options (n_heads, n_kv_heads, head_dim, rope_dim stay None), an
+        empty cache (its state only counts positions). Attention options on an MLP half and
+        MLP options on an attention half are refused.
     numeric_profile : {None, 'fp32'}, default=None
         float32 weights and arithmetic (the only profile in v1).
 
@@ -147,7 +234,8 @@ class TransformerBlockInference(BlockCommon):
     ----------
     d_model, n_heads, n_kv_heads, head_dim, intermediate, window, rope_theta, rope_scaling,
     rope_dim, max_positions, qkv_bias, o_bias, norm, norm_eps, norm_bias, mlp, mlp_bias, qk_norm,
-    attn_softcap, numeric_profile : read-only
+    qk_norm_scope, attn_softcap, query_pre_attn_scalar, attn_scale, residual_multiplier,
+    norm_placement, block_parts, numeric_profile : read-only
         The resolved configuration (assignment raises AttributeError; use ``set_params``).
     fingerprint : str
         32 lowercase hex digits (XXH3-128) over the class, ``arithmetic_version()``, the resolved
@@ -173,11 +261,13 @@ class TransformerBlockInference(BlockCommon):
 
     Notes
     -----
-    Per row and real position p (SPEC.md 4.3, HF ``LlamaDecoderLayer`` order):
+    Per row and real position p (SPEC.md 4.3, HF ``LlamaDecoderLayer`` order, pre placement):
     ``h = N_in(x)``; ``q, k, v = Wq h, Wk h, Wv h`` (+biases); optional q/k norm; RoPE at p
     (rotate_half layout, RoFormer); k, v of p go to the state; attention over the window with
-    scale ``head_dim**-0.5`` (float32), optional softcap, two-pass softmax; ``x1 = x + Wo o``;
-    ``y = x1 + Wd act(Wg N_post(x1)) * (Wu N_post(x1))`` (gated) or ``x1 + Wd act(Wu ...)``.
+    scale ``head_dim**-0.5`` (float32; or query_pre_attn_scalar's / attn_scale), optional
+    softcap, two-pass softmax; ``x1 = x + Wo o``; ``y = x1 + Wd act(Wg N_post(x1)) *
+    (Wu N_post(x1))`` (gated) or ``x1 + Wd act(Wu ...)``. The other placements, half blocks
+    and the residual multiplier: SPEC.md 4.7.
     Agreement with HF float32 eager attention is within rtol = atol = 2e-4 at test sizes; bit
     equality with PyTorch is not promised.
 
@@ -215,11 +305,11 @@ class TransformerBlockInference(BlockCommon):
     # -- read-only attributes -------------------------------------------------------------------
     d_model = property(
         lambda self: self._impl.sizes["d_model"],
-        doc="int: Residual width, the length of input_layernorm.weight.",
+        doc="int: Residual width, the length of the block norm weights.",
     )
     intermediate = property(
         lambda self: self._impl.sizes["intermediate"],
-        doc="int: MLP hidden width, the rows of up_proj.weight.",
+        doc="int: MLP hidden width, the rows of up_proj.weight (0 for block_parts='attention').",
     )
     fingerprint = property(
         lambda self: self._impl.fingerprint,
@@ -240,7 +330,8 @@ class TransformerBlockInference(BlockCommon):
         -------
         dict
             Every keyword option of the constructor (``weights`` is not included), resolved:
-            ``n_kv_heads``, ``head_dim`` and ``rope_dim`` as ints; ``rope_scaling`` a copy.
+            ``n_kv_heads``, ``head_dim`` and ``rope_dim`` as ints (None for
+            block_parts='mlp'); ``rope_scaling`` a copy.
         """
         return self._public_options()
 
@@ -261,7 +352,14 @@ class TransformerBlockInference(BlockCommon):
             ``k_cache``/``v_cache`` of shape (batch_size, n_kv_heads, capacity, head_dim),
             capacity = max_tokens (min(window, max_tokens) with a window), all +0.0;
             ``row_tokens`` zeros; the block's fingerprint. Memory:
-            2 * batch_size * n_kv_heads * capacity * head_dim * 4 bytes.
+            2 * batch_size * n_kv_heads * capacity * head_dim * 4 bytes (none for
+            block_parts='mlp': n_kv_heads = head_dim = 0 there). With longrope the state also
+            fixes its factor set for its whole life, ``rope_factors``: 'long' when max_tokens
+            > ``original_max_position_embeddings``, else 'short'; every call with the state
+            rotates with that set (a state-less ``forward`` of L tokens uses the set of
+            ``allocate_state(B, L)``). HF picks the set by the current sequence length, so
+            exactblocks matches HF whenever a sequence stays on one side of the switch, and
+            decode == prefill always holds.
 
         Raises
         ------
@@ -282,7 +380,9 @@ class TransformerBlockInference(BlockCommon):
                 f"{impl.opts['max_positions']} of the block (raise max_positions, "
                 "up to 2**24, with set_params or at construction)"
             )
-        kv, hd, w = impl.opts["n_kv_heads"], impl.opts["head_dim"], impl.opts["window"]
+        # an MLP-only block keeps no keys or values: (B, 0, cap, 0) buffers, counters only
+        kv, hd = impl.opts["n_kv_heads"] or 0, impl.opts["head_dim"] or 0
+        w = impl.opts["window"]
         cap = min(w, m) if w > 0 else m
         nbytes = 2 * b * kv * cap * hd * 4 + 8 * b
         try:
@@ -296,6 +396,7 @@ class TransformerBlockInference(BlockCommon):
                 max_tokens=m,
                 window=w,
                 fingerprint=impl.fingerprint,
+                rope_factors=rope_set_for(impl.opts, m),
             )
         except MemoryError:
             raise MemoryError(
@@ -433,10 +534,12 @@ class TransformerBlockInference(BlockCommon):
                 )
             # Capacity 0: no cache is read (every row starts at 0) or kept, so no scratch
             # cache is allocated (and page-faulted) per call.
-            shape = (bsz, opts["n_kv_heads"], 0, opts["head_dim"])
+            shape = (bsz, opts["n_kv_heads"] or 0, 0, opts["head_dim"] or 0)
             k = np.zeros(shape, np.float32)
             v = np.zeros(shape, np.float32)
-            return core.forward(xa, lens, np.zeros(bsz, np.int64), k, v)
+            # longrope: the set of a fresh allocate_state(B, L) (long iff L > original max)
+            rope_set = int(rope_set_for(opts, n_tok) == "long")
+            return core.forward(xa, lens, np.zeros(bsz, np.int64), k, v, rope_set=rope_set)
 
         self._check_state_fits(impl, state, xa, where)
         owner = state._open_session()
@@ -473,7 +576,16 @@ class TransformerBlockInference(BlockCommon):
             # The native call checks the slots each row reads (SPEC 5) as it reads them, and
             # returns None before writing anything when one is not finite; the Python check
             # then names the first such element (the same rule, so it always finds one).
-            y = core.forward(xa, lens, start, state.k_cache, state.v_cache, ws, check_cache=True)
+            y = core.forward(
+                xa,
+                lens,
+                start,
+                state.k_cache,
+                state.v_cache,
+                ws,
+                check_cache=True,
+                rope_set=int(state.rope_factors == "long"),  # longrope: the state's set
+            )
             if y is None:
                 _check_readable(state, start, lens, where)
                 raise RuntimeError(

@@ -21,9 +21,19 @@ __all__ = ["TransformerState"]
 
 
 def _restore_transformer_state(
-    batch_size, n_kv_heads, head_dim, max_tokens, window, fingerprint, k_cache, v_cache, row_tokens
+    batch_size,
+    n_kv_heads,
+    head_dim,
+    max_tokens,
+    window,
+    fingerprint,
+    k_cache,
+    v_cache,
+    row_tokens,
+    rope_factors=None,
 ):
-    """Unpickle a TransformerState (the arguments of ``TransformerState.__reduce__``)."""
+    """Unpickle a TransformerState (the arguments of ``TransformerState.__reduce__``; states
+    pickled before longrope have no ``rope_factors``, which is then None)."""
     return TransformerState._make(
         _PRIVATE,
         batch_size=batch_size,
@@ -35,6 +45,7 @@ def _restore_transformer_state(
         k_cache=k_cache,
         v_cache=v_cache,
         row_tokens=row_tokens,
+        rope_factors=rope_factors,
     )
 
 
@@ -69,6 +80,12 @@ class TransformerState(StateBase):
         ``[0, max_tokens]``.
     fingerprint : str
         Fingerprint of the allocating block; a block refuses a state with another fingerprint.
+    rope_factors : {'short', 'long'} or None
+        The longrope factor set every call with this state rotates with, fixed by
+        ``allocate_state``: 'long' when ``max_tokens`` > the block's
+        ``rope_scaling['original_max_position_embeddings']``, else 'short'; None when the block
+        has no longrope. HF picks the set by the current sequence length instead, so the two
+        agree whenever a sequence stays on one side of that switch (SPEC.md 4.4).
 
     Notes
     -----
@@ -101,6 +118,7 @@ class TransformerState(StateBase):
         "capacity",
         "k_cache",
         "v_cache",
+        "rope_factors",
         "_session",
     )
     _MADE_BY = "TransformerBlockInference.allocate_state(batch_size, max_tokens)"
@@ -117,6 +135,7 @@ class TransformerState(StateBase):
         "k_cache",
         "v_cache",
         "row_tokens",
+        "rope_factors",
     )
     _restore = staticmethod(_restore_transformer_state)
 
@@ -134,6 +153,7 @@ class TransformerState(StateBase):
         k_cache=None,
         v_cache=None,
         row_tokens=None,
+        rope_factors=None,
     ):
         capacity = min(window, max_tokens) if window > 0 else max_tokens
         self = cls._new(
@@ -147,6 +167,9 @@ class TransformerState(StateBase):
             window=window,
             capacity=capacity,
         )
+        if rope_factors not in (None, "short", "long"):
+            raise ValueError(f"TransformerState: bad rope_factors {rope_factors!r}")
+        object.__setattr__(self, "rope_factors", rope_factors)
         shape = (self.batch_size, self.n_kv_heads, self.capacity, self.head_dim)
         object.__setattr__(self, "k_cache", self._buffer(k_cache, shape, np.float32))
         object.__setattr__(self, "v_cache", self._buffer(v_cache, shape, np.float32))
@@ -295,7 +318,9 @@ class TransformerState(StateBase):
         return (
             f"TransformerState(batch_size={self.batch_size}, n_kv_heads={self.n_kv_heads}, "
             f"head_dim={self.head_dim}, max_tokens={self.max_tokens}, window={self.window}, "
-            f"capacity={self.capacity}, row_tokens={self.row_tokens.tolist()})"
+            f"capacity={self.capacity}, row_tokens={self.row_tokens.tolist()}"
+            + ("" if self.rope_factors is None else f", rope_factors={self.rope_factors!r}")
+            + ")"
         )
 
     # -- used by the block and the session ----------------------------------------------------
