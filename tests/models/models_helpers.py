@@ -105,17 +105,35 @@ def family_configs():
             "StableLmConfig",
             _common(use_qkv_bias=True, num_hidden_layers=3),
         ),
+        "gemma2": (  # sandwich, (1 + w) norms, softcaps, alternating windows, scaled embedding
+            "Gemma2Config",
+            _common(
+                num_hidden_layers=3,
+                head_dim=16,
+                query_pre_attn_scalar=24,
+                sliding_window=5,
+                attn_logit_softcapping=3.0,
+                final_logit_softcapping=4.0,
+            ),
+        ),
     }
 
 
 FAMILIES = list(family_configs())
 
+#: Blocks per model where an HF layer becomes more than one block (default: the layers).
+N_BLOCKS = {"granitemoehybrid": 6}
+
 #: test name -> the family ``load_model`` reports (default: the test name itself).
-FAMILY_OF = {"llama_variant": "llama"}
+FAMILY_OF = {"llama_variant": "llama", "stablelm_parallel": "stablelm"}
 
 #: Families whose HF init leaves norm weights and biases constant (ones/zeros): the test
 #: spreads them so that a swapped norm, a missing bias or a wrong (1 + w) shows.
-PERTURBED = {"starcoder2", "stablelm"}
+PERTURBED = {
+    "starcoder2",
+    "stablelm",
+    "gemma2",
+}
 
 
 def perturb_constants(model):

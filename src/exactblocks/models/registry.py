@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from types import ModuleType
 
 from . import (
+    gemma2,
     llama,
     mamba2,
     mistral,
@@ -30,6 +31,7 @@ FAMILIES: dict[str, ModuleType] = {
     "mistral": mistral,
     "qwen2": qwen2,
     "qwen3": qwen3,
+    "gemma2": gemma2,
     "stablelm": stablelm,
     "starcoder2": starcoder2,
     "mamba2": mamba2,
