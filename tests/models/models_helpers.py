@@ -116,6 +116,19 @@ def family_configs():
                 final_logit_softcapping=4.0,
             ),
         ),
+        "gemma3": (  # + per-head q/k norms, 2:1 local/global, per-type RoPE base, global scaling
+            "Gemma3TextConfig",
+            _common(
+                num_hidden_layers=3,
+                head_dim=16,
+                sliding_window=5,
+                sliding_window_pattern=3,
+                query_pre_attn_scalar=16,
+                rope_theta=50000.0,
+                rope_local_base_freq=2000.0,
+                rope_scaling={"rope_type": "linear", "factor": 2.0},
+            ),
+        ),
     }
 
 
@@ -133,6 +146,7 @@ PERTURBED = {
     "starcoder2",
     "stablelm",
     "gemma2",
+    "gemma3",
 }
 
 

@@ -14,6 +14,7 @@ from types import ModuleType
 
 from . import (
     gemma2,
+    gemma3,
     llama,
     mamba2,
     mistral,
@@ -32,6 +33,7 @@ FAMILIES: dict[str, ModuleType] = {
     "qwen2": qwen2,
     "qwen3": qwen3,
     "gemma2": gemma2,
+    "gemma3": gemma3,
     "stablelm": stablelm,
     "starcoder2": starcoder2,
     "mamba2": mamba2,
