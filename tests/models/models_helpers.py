@@ -129,6 +129,7 @@ def family_configs():
                 rope_scaling={"rope_type": "linear", "factor": 2.0},
             ),
         ),
+        "olmo2": ("Olmo2Config", _common(num_hidden_layers=2)),  # post norms, all-heads q/k
     }
 
 
@@ -147,6 +148,7 @@ PERTURBED = {
     "stablelm",
     "gemma2",
     "gemma3",
+    "olmo2",
 }
 
 
