@@ -130,6 +130,10 @@ def family_configs():
             ),
         ),
         "olmo2": ("Olmo2Config", _common(num_hidden_layers=2)),  # post norms, all-heads q/k
+        "smollm3": (  # NoPE every 2nd layer
+            "SmolLM3Config",
+            _common(num_hidden_layers=4, no_rope_layer_interval=2),
+        ),
     }
 
 
@@ -149,6 +153,7 @@ PERTURBED = {
     "gemma2",
     "gemma3",
     "olmo2",
+    "smollm3",
 }
 
 

@@ -21,6 +21,7 @@ from . import (
     olmo2,
     qwen2,
     qwen3,
+    smollm3,
     stablelm,
     starcoder2,
 )
@@ -36,6 +37,7 @@ FAMILIES: dict[str, ModuleType] = {
     "gemma2": gemma2,
     "gemma3": gemma3,
     "olmo2": olmo2,
+    "smollm3": smollm3,
     "stablelm": stablelm,
     "starcoder2": starcoder2,
     "mamba2": mamba2,
