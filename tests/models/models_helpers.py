@@ -134,6 +134,15 @@ def family_configs():
             "SmolLM3Config",
             _common(num_hidden_layers=4, no_rope_layer_interval=2),
         ),
+        "granite": (
+            "GraniteConfig",
+            _common(
+                embedding_multiplier=3.0,
+                attention_multiplier=0.3,
+                residual_multiplier=0.6,
+                logits_scaling=2.5,
+            ),
+        ),
     }
 
 
@@ -154,6 +163,7 @@ PERTURBED = {
     "gemma3",
     "olmo2",
     "smollm3",
+    "granite",
 }
 
 

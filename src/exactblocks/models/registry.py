@@ -15,6 +15,7 @@ from types import ModuleType
 from . import (
     gemma2,
     gemma3,
+    granite,
     llama,
     mamba2,
     mistral,
@@ -38,6 +39,7 @@ FAMILIES: dict[str, ModuleType] = {
     "gemma3": gemma3,
     "olmo2": olmo2,
     "smollm3": smollm3,
+    "granite": granite,
     "stablelm": stablelm,
     "starcoder2": starcoder2,
     "mamba2": mamba2,
