@@ -143,6 +143,21 @@ def family_configs():
                 logits_scaling=2.5,
             ),
         ),
+        "phi3": (  # fused qkv / gate_up, partial RoPE, longrope (short set below 64 tokens)
+            "Phi3Config",
+            _common(
+                num_hidden_layers=2,
+                original_max_position_embeddings=64,
+                partial_rotary_factor=0.5,
+                rope_parameters={
+                    "rope_type": "longrope",
+                    "rope_theta": 10000.0,
+                    "partial_rotary_factor": 0.5,
+                    "short_factor": [1.0, 1.3, 1.7, 2.2],
+                    "long_factor": [1.5, 2.5, 4.0, 8.0],
+                },
+            ),
+        ),
     }
 
 
@@ -164,6 +179,7 @@ PERTURBED = {
     "olmo2",
     "smollm3",
     "granite",
+    "phi3",
 }
 
 
