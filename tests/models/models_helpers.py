@@ -105,6 +105,10 @@ def family_configs():
             "StableLmConfig",
             _common(use_qkv_bias=True, num_hidden_layers=3),
         ),
+        "stablelm_parallel": (  # per-head LayerNorm q/k norms, parallel residual, half RoPE
+            "StableLmConfig",
+            _common(qk_layernorm=True, use_parallel_residual=True, partial_rotary_factor=0.5),
+        ),
         "gemma2": (  # sandwich, (1 + w) norms, softcaps, alternating windows, scaled embedding
             "Gemma2Config",
             _common(
@@ -174,6 +178,7 @@ FAMILY_OF = {"llama_variant": "llama", "stablelm_parallel": "stablelm"}
 PERTURBED = {
     "starcoder2",
     "stablelm",
+    "stablelm_parallel",
     "gemma2",
     "gemma3",
     "olmo2",
