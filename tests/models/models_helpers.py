@@ -162,6 +162,27 @@ def family_configs():
                 },
             ),
         ),
+        "nemotron_h": (  # Mamba-2, attention (no RoPE), relu2 MLP layers
+            "NemotronHConfig",
+            dict(
+                vocab_size=VOCAB,
+                hidden_size=64,
+                hybrid_override_pattern="M*-M",
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                intermediate_size=128,
+                ssm_state_size=16,
+                mamba_num_heads=8,
+                mamba_head_dim=16,
+                n_groups=2,
+                max_position_embeddings=128,
+                initializer_range=0.2,
+                bos_token_id=None,
+                eos_token_id=None,
+                pad_token_id=None,
+            ),
+        ),
     }
 
 
@@ -185,6 +206,7 @@ PERTURBED = {
     "smollm3",
     "granite",
     "phi3",
+    "nemotron_h",
 }
 
 

@@ -359,6 +359,10 @@ class Model:
         self.max_positions = max_positions
         self.source = source
         self._is_mamba = spec.family == "mamba2"
+        from exactblocks import Mamba2BlockInference
+
+        # per block: a recurrent Mamba-2 state (no capacity, no decode session) or a KV cache
+        self._recurrent = tuple(isinstance(b, Mamba2BlockInference) for b in self._blocks)
         scale = getattr(spec, "embed_scale", None)
         self._embed_scale = None if scale is None else np.float32(scale)
         h = xxhash.xxh3_128()
@@ -436,7 +440,10 @@ class Model:
                     f"{where}: max_tokens={m} exceeds the model's max_positions="
                     f"{self.max_positions} (pass max_positions= to load_model)"
                 )
-            layers = [blk.allocate_state(b, m) for blk in self._blocks]
+            layers = [
+                blk.allocate_state(b) if rec else blk.allocate_state(b, m)
+                for blk, rec in zip(self._blocks, self._recurrent)
+            ]
         return ModelState._make(_PRIVATE, layers, b, m, self.fingerprint)
 
     def _check_state(self, state, batch: int, where: str) -> None:
@@ -762,8 +769,8 @@ class Model:
         detok = _Detokenizer(self.tokenizer, stop_strs) if self.tokenizer is not None else None
         state = self.allocate_state(1, None if self._is_mamba else capacity)
         sessions = [
-            None if self._is_mamba else blk.decode_session(st)
-            for blk, st in zip(self._blocks, state.layers)
+            None if rec else blk.decode_session(st)
+            for blk, st, rec in zip(self._blocks, state.layers, self._recurrent)
         ]
         try:
             t0 = time.perf_counter()

@@ -185,6 +185,45 @@ def _load_gguf(path: str, max_positions) -> Model:
                        max_positions=max_positions, origin=path)  # fmt: skip
 
 
+class _Renamed(Mapping):
+    """A tensor source seen under the spec's names: ``new`` prefixes read as ``old`` ones.
+
+    transformers 5 renames some modules in memory and back when it saves (Nemotron-H's
+    ``backbone.`` is ``model.`` in ``state_dict()``); the spec names the saved form.
+    """
+
+    def __init__(self, source, renames: dict):
+        self._src = source
+        self._to_src = {}
+        for name in source:
+            for ours, theirs in renames.items():
+                if name.startswith(theirs):
+                    name_ours = ours + name[len(theirs) :]
+                    break
+            else:
+                name_ours = name
+            self._to_src[name_ours] = name
+
+    def __getitem__(self, name):
+        return self._src[self._to_src[name]]
+
+    def __iter__(self):
+        return iter(self._to_src)
+
+    def __len__(self):
+        return len(self._to_src)
+
+    def shape(self, name):
+        return self._src.shape(self._to_src[name])
+
+    def where(self, name):
+        return self._src.where(self._to_src[name])
+
+    def same_storage(self, a, b):
+        same = getattr(self._src, "same_storage", None)
+        return bool(same and same(self._to_src[a], self._to_src[b]))
+
+
 def build_model(config, tensors, *, tokenizer=None, max_positions=None, generation_config=None,
                 origin: str = "the source") -> Model:  # fmt: skip
     """The one build path of every source: config -> family spec -> checked tensors -> Model.
@@ -223,6 +262,9 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
         max_positions = None
 
     # 1. every tensor name and shape against the spec, before anything is built
+    aliases = getattr(spec, "prefix_aliases", ())  # (saved prefix, in-memory prefix)
+    if aliases and not any(n.startswith(ours) for n in tensors for ours, _ in aliases):
+        tensors = _Renamed(tensors, dict(aliases))
     layer_specs = [spec.layer_tensors(i) for i in range(spec.n_layers)]
     expected = {t.name: t for ts in layer_specs for t in ts}
     expected.update({t.name: t for t in spec.top_tensors()})
@@ -294,7 +336,8 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
     for i, ts in enumerate(layer_specs):
         arrays = {t.name: tensors[t.name] for t in ts if t.name in names}
         try:
-            blocks.append(spec.build_layer(i, arrays, max_positions))
+            built = spec.build_layer(i, arrays, max_positions)
+            blocks.extend(built if isinstance(built, list) else [built])  # hybrids: 1-2 blocks
         except (TypeError, ValueError) as exc:
             raise ValueError(f"load_model: layer {i} of {origin}: {exc}") from exc
         del arrays

@@ -19,6 +19,7 @@ from . import (
     llama,
     mamba2,
     mistral,
+    nemotron_h,
     olmo2,
     phi3,
     qwen2,
@@ -45,6 +46,7 @@ FAMILIES: dict[str, ModuleType] = {
     "stablelm": stablelm,
     "starcoder2": starcoder2,
     "mamba2": mamba2,
+    "nemotron_h": nemotron_h,
 }
 
 
