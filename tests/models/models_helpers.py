@@ -183,6 +183,22 @@ def family_configs():
                 pad_token_id=None,
             ),
         ),
+        "granitemoehybrid": (  # dense Granite-4.0-H: Mamba-2 / attention + MLP, multipliers
+            "GraniteMoeHybridConfig",
+            _common(
+                num_hidden_layers=3,
+                layer_types=["mamba", "attention", "mamba"],
+                num_local_experts=0,
+                shared_intermediate_size=96,
+                mamba_n_heads=8,
+                mamba_d_state=16,
+                mamba_n_groups=2,
+                embedding_multiplier=3.0,
+                attention_multiplier=0.3,
+                residual_multiplier=0.6,
+                logits_scaling=2.5,
+            ),
+        ),
     }
 
 
@@ -207,6 +223,7 @@ PERTURBED = {
     "granite",
     "phi3",
     "nemotron_h",
+    "granitemoehybrid",
 }
 
 

@@ -16,6 +16,7 @@ from . import (
     gemma2,
     gemma3,
     granite,
+    granitemoehybrid,
     llama,
     mamba2,
     mistral,
@@ -47,6 +48,7 @@ FAMILIES: dict[str, ModuleType] = {
     "starcoder2": starcoder2,
     "mamba2": mamba2,
     "nemotron_h": nemotron_h,
+    "granitemoehybrid": granitemoehybrid,
 }
 
 
