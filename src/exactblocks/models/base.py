@@ -324,9 +324,13 @@ class Model:
         ``encode`` / ``decode`` / ``apply_chat_template`` (HF ``tokenizer.json`` or GGUF
         metadata), or None when the source has none.
     family : str
-        ``"llama"``, ``"mistral"``, ``"qwen2"``, ``"qwen3"`` or ``"mamba2"``.
+        The family file's name: ``"llama"``, ``"mistral"``, ``"qwen2"``, ``"qwen3"``,
+        ``"gemma2"``, ``"gemma3"``, ``"olmo2"``, ``"smollm3"``, ``"granite"``, ``"phi3"``,
+        ``"stablelm"``, ``"starcoder2"``, ``"mamba2"``, ``"nemotron_h"`` or
+        ``"granitemoehybrid"``.
     spec : frozen dataclass
-        The resolved options every block was built from (``DecoderSpec`` or ``Mamba2Spec``).
+        The resolved options every block was built from (``DecoderSpec``, ``Mamba2Spec`` or
+        ``HybridSpec``).
     vocab_size, d_model : int
     max_positions : int or None
         Longest sequence (None for Mamba-2: no limit).
@@ -338,8 +342,9 @@ class Model:
     Notes
     -----
     The math follows HF ``<Family>ForCausalLM.forward`` (transformers 5.23):
-    ``logits = lm_head(norm(blocks(embed_tokens(ids))))``; closeness to HF float32 is tested
-    (rtol = atol = 2e-4 on tiny models), bit equality with PyTorch is not promised.
+    ``logits = lm_head(norm(blocks(embed_tokens(ids) * s))) / c`` (softcapped where the family
+    does; the scale s and divisor c are 1 unless the family has them); closeness to HF float32
+    is tested (rtol = atol = 2e-4 on tiny models), bit equality with PyTorch is not promised.
     """
 
     def __init__(self, token, *, spec, config, blocks, embed, head, tokenizer, eos_ids,
