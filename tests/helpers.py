@@ -40,6 +40,9 @@ def make_transformer_weights(
     mlp: str = "swiglu",
     mlp_bias: bool = False,
     qk_norm: bool = False,
+    qk_norm_scope: str = "head",
+    norm_placement: str = "pre",
+    block_parts: str = "full",
     scale: float = 0.1,
     **ignored,
 ) -> dict[str, np.ndarray]:
@@ -55,6 +58,8 @@ def make_transformer_weights(
         Which optional tensors to include.
     norm : str, default='rmsnorm'
         'rmsnorm_offset' draws norm weights around 0 (scale 1 + w); the others around 1.
+    qk_norm_scope, norm_placement, block_parts : str
+        As the block options (SPEC.md 4.7): which q/k norm shapes, block norms and halves.
     mlp : str, default='swiglu'
         Gated kinds include ``gate_proj.weight``.
     scale : float, default=0.1
@@ -73,32 +78,44 @@ def make_transformer_weights(
 
     def norm_w(n):
         base = 0.0 if norm == "rmsnorm_offset" else 1.0
-        return (base + r(n)).astype(np.float32)
+        return (base + r(*np.atleast_1d(n))).astype(np.float32)
 
     qw, kw, d, it = n_heads * head_dim, n_kv_heads * head_dim, d_model, intermediate
-    w = {
-        "input_layernorm.weight": norm_w(d),
-        "post_attention_layernorm.weight": norm_w(d),
-        "q_proj.weight": r(qw, d),
-        "k_proj.weight": r(kw, d),
-        "v_proj.weight": r(kw, d),
-        "o_proj.weight": r(d, qw),
-        "up_proj.weight": r(it, d),
-        "down_proj.weight": r(d, it),
-    }
-    if mlp in _GATED:
-        w["gate_proj.weight"] = r(it, d)
+    attn, mlp_half = block_parts != "mlp", block_parts != "attention"
+    norms = []
+    if attn and norm_placement != "post":
+        norms.append("input_layernorm")
+    if (attn and norm_placement in ("sandwich", "post")) or (mlp_half and norm_placement == "pre"):
+        norms.append("post_attention_layernorm")
+    if mlp_half and norm_placement == "sandwich":
+        norms.append("pre_feedforward_layernorm")
+    if mlp_half and norm_placement in ("sandwich", "post"):
+        norms.append("post_feedforward_layernorm")
+    # drawn in the order of the plain block's first version, so its weights stay the same
+    w = {f"{n}.weight": norm_w(d) for n in norms}
+    if attn:
+        w["q_proj.weight"], w["k_proj.weight"] = r(qw, d), r(kw, d)
+        w["v_proj.weight"], w["o_proj.weight"] = r(kw, d), r(d, qw)
+    if mlp_half:
+        w["up_proj.weight"], w["down_proj.weight"] = r(it, d), r(d, it)
+        if mlp in _GATED:
+            w["gate_proj.weight"] = r(it, d)
     if norm_bias:
-        w["input_layernorm.bias"] = r(d)
-        w["post_attention_layernorm.bias"] = r(d)
-    if qkv_bias:
+        for n in norms:
+            w[f"{n}.bias"] = r(d)
+    if attn and qkv_bias:
         w["q_proj.bias"], w["k_proj.bias"], w["v_proj.bias"] = r(qw), r(kw), r(kw)
-    if o_bias:
+    if attn and o_bias:
         w["o_proj.bias"] = r(d)
-    if qk_norm:
-        w["q_norm.weight"] = norm_w(head_dim)
-        w["k_norm.weight"] = norm_w(head_dim)
-    if mlp_bias:
+    if attn and qk_norm:
+        q_shape, k_shape = {
+            "head": ((head_dim,), (head_dim,)),
+            "all_heads": ((qw,), (kw,)),
+            "per_head_weights": ((n_heads, head_dim), (n_kv_heads, head_dim)),
+        }[qk_norm_scope]
+        w["q_norm.weight"] = norm_w(q_shape)
+        w["k_norm.weight"] = norm_w(k_shape)
+    if mlp_half and mlp_bias:
         if mlp in _GATED:
             w["gate_proj.bias"] = r(it)
         w["up_proj.bias"], w["down_proj.bias"] = r(it), r(d)

@@ -52,6 +52,67 @@ CONFIGS = {
         norm="layernorm", norm_bias=True, mlp="gelu_tanh", rope_dim=4, qkv_bias=True
     ),
     "odd_head_dim": dict(head_dim=7, rope_dim=4, n_kv_heads=4),
+    # layer shapes of issue #12 (SPEC.md 4.7)
+    "gemma2_sandwich": dict(
+        norm="rmsnorm_offset",
+        norm_placement="sandwich",
+        mlp="geglu_tanh",
+        query_pre_attn_scalar=24,
+        attn_softcap=20.0,
+        window=6,
+    ),
+    "gemma3_sandwich_qk": dict(
+        norm="rmsnorm_offset",
+        norm_placement="sandwich",
+        mlp="geglu_tanh",
+        qk_norm=True,
+        query_pre_attn_scalar=12,
+        rope_theta=1e6,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+    ),
+    "olmo2_post": dict(norm_placement="post", qk_norm=True, qk_norm_scope="all_heads"),
+    "stablelm2_parallel": dict(
+        norm="layernorm",
+        norm_bias=True,
+        qkv_bias=True,
+        qk_norm=True,
+        qk_norm_scope="per_head_weights",
+        norm_placement="parallel",
+        rope_dim=4,
+    ),
+    "granite_scales": dict(attn_scale=0.3, residual_multiplier=0.22),
+    "nope": dict(rope_dim=0, window=5),
+    "attention_half": dict(block_parts="attention", rope_dim=0, residual_multiplier=0.5),
+    "mlp_half_relu2": dict(block_parts="mlp", mlp="relu2"),
+    "yarn": dict(
+        rope_scaling={
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 8,
+            "beta_fast": 16.0,
+            "mscale": 0.9,
+            "mscale_all_dim": 0.6,
+        }
+    ),
+    # longrope: every call here holds more than 2 positions (long set) and fewer than 4096
+    # (short set); the state-less forward uses the set of allocate_state(B, L)
+    "longrope_long": dict(
+        rope_scaling={
+            "rope_type": "longrope",
+            "short_factor": [1.0, 1.2, 1.5, 2.0, 2.5, 3.0],
+            "long_factor": [1.0, 2.0, 4.0, 6.0, 8.0, 9.0],
+            "original_max_position_embeddings": 2,
+        }
+    ),
+    "longrope_short": dict(
+        rope_scaling={
+            "type": "longrope",
+            "short_factor": [1.0, 1.2, 1.5, 2.0, 2.5, 3.0],
+            "long_factor": [1.0, 2.0, 4.0, 6.0, 8.0, 9.0],
+            "original_max_position_embeddings": 4096,
+            "factor": 4.0,
+        }
+    ),
 }
 
 WEIGHT_KEYS = ("d_model", "n_heads", "n_kv_heads", "head_dim", "intermediate")
@@ -78,7 +139,10 @@ def make_block(name: str, seed: int = 0):
     opts = dict(SIZES)
     opts.update(CONFIGS[name])
     w = make_transformer_weights(np.random.default_rng(seed), **opts)
-    kwargs = {k: v for k, v in opts.items() if k not in ("d_model", "intermediate")}
+    drop = ["d_model", "intermediate"]
+    if opts.get("block_parts") == "mlp":  # no attention: no head counts
+        drop += ["n_heads", "n_kv_heads", "head_dim"]
+    kwargs = {k: v for k, v in opts.items() if k not in drop}
     return eb.TransformerBlockInference(w, **kwargs)
 
 
