@@ -1,6 +1,7 @@
 // The model's output head (blocks/head): final norm + vocabulary projection, bound as
 // _core.HeadConfig and _core.OutputHead. A call runs the kernel table's row norm and then its
-// packed GEMM on the normalised rows, with the GIL released; no arithmetic of its own.
+// packed GEMM on the normalised rows, then HeadModel::finish_logits (logit scaling, softcap),
+// with the GIL released; no arithmetic of its own.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -27,6 +28,8 @@ void bind_head(nb::module_& m) {
       .def_rw("norm", &HeadConfig::norm)
       .def_rw("norm_eps", &HeadConfig::norm_eps)
       .def_rw("norm_bias", &HeadConfig::norm_bias)
+      .def_rw("logits_scaling", &HeadConfig::logits_scaling)
+      .def_rw("logit_softcap", &HeadConfig::logit_softcap)
       .def_rw("compact_weights", &HeadConfig::compact_weights);
 
   nb::class_<HeadModel>(m, "OutputHead")
@@ -99,7 +102,8 @@ void bind_head(nb::module_& m) {
           },
           nb::arg("ids"))
       // x (n_rows, d_model) -> logits (n_rows, vocab_size): row m is N(x[m]) W^T, the final
-      // norm in L16 order then one SEQ FMA chain per logit; rows never interact.
+      // norm in L16 order then one SEQ FMA chain per logit (then the scaling and softcap of
+      // finish_logits); rows never interact.
       .def(
           "forward",
           [](const HeadModel& h, CArr2 x) {
@@ -116,6 +120,7 @@ void bind_head(nb::module_& m) {
                           h.norm_b.empty() ? nullptr : h.norm_b.data(), h.norm_eps, hn.data());
               k.gemm(hn.data(), rows, d, h.w_head, y.data(), h.cfg.vocab_size,
                      runtime::num_threads());
+              if (h.has_finish()) h.finish_logits(y.data(), rows * h.cfg.vocab_size);
             }
             return y;
           },

@@ -97,10 +97,145 @@ def family_configs():
                 pad_token_id=None,
             ),
         ),
+        "starcoder2": (  # LayerNorm + biases, ungated tanh-GELU MLP, one window everywhere
+            "Starcoder2Config",
+            _common(sliding_window=6, num_hidden_layers=3),
+        ),
+        "stablelm": (  # LayerNorm + biases, partial RoPE (0.25 of head_dim), q/k/v biases
+            "StableLmConfig",
+            _common(use_qkv_bias=True, num_hidden_layers=3),
+        ),
+        "stablelm_parallel": (  # per-head LayerNorm q/k norms, parallel residual, half RoPE
+            "StableLmConfig",
+            _common(qk_layernorm=True, use_parallel_residual=True, partial_rotary_factor=0.5),
+        ),
+        "gemma2": (  # sandwich, (1 + w) norms, softcaps, alternating windows, scaled embedding
+            "Gemma2Config",
+            _common(
+                num_hidden_layers=3,
+                head_dim=16,
+                query_pre_attn_scalar=24,
+                sliding_window=5,
+                attn_logit_softcapping=3.0,
+                final_logit_softcapping=4.0,
+            ),
+        ),
+        "gemma3": (  # + per-head q/k norms, 2:1 local/global, per-type RoPE base, global scaling
+            "Gemma3TextConfig",
+            _common(
+                num_hidden_layers=3,
+                head_dim=16,
+                sliding_window=5,
+                sliding_window_pattern=3,
+                query_pre_attn_scalar=16,
+                rope_theta=50000.0,
+                rope_local_base_freq=2000.0,
+                rope_scaling={"rope_type": "linear", "factor": 2.0},
+            ),
+        ),
+        "olmo2": ("Olmo2Config", _common(num_hidden_layers=2)),  # post norms, all-heads q/k
+        "smollm3": (  # NoPE every 2nd layer
+            "SmolLM3Config",
+            _common(num_hidden_layers=4, no_rope_layer_interval=2),
+        ),
+        "granite": (
+            "GraniteConfig",
+            _common(
+                embedding_multiplier=3.0,
+                attention_multiplier=0.3,
+                residual_multiplier=0.6,
+                logits_scaling=2.5,
+            ),
+        ),
+        "phi3": (  # fused qkv / gate_up, partial RoPE, longrope (short set below 64 tokens)
+            "Phi3Config",
+            _common(
+                num_hidden_layers=2,
+                original_max_position_embeddings=64,
+                partial_rotary_factor=0.5,
+                rope_parameters={
+                    "rope_type": "longrope",
+                    "rope_theta": 10000.0,
+                    "partial_rotary_factor": 0.5,
+                    "short_factor": [1.0, 1.3, 1.7, 2.2],
+                    "long_factor": [1.5, 2.5, 4.0, 8.0],
+                },
+            ),
+        ),
+        "nemotron_h": (  # Mamba-2, attention (no RoPE), relu2 MLP layers
+            "NemotronHConfig",
+            dict(
+                vocab_size=VOCAB,
+                hidden_size=64,
+                hybrid_override_pattern="M*-M",
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                intermediate_size=128,
+                ssm_state_size=16,
+                mamba_num_heads=8,
+                mamba_head_dim=16,
+                n_groups=2,
+                max_position_embeddings=128,
+                initializer_range=0.2,
+                bos_token_id=None,
+                eos_token_id=None,
+                pad_token_id=None,
+            ),
+        ),
+        "granitemoehybrid": (  # dense Granite-4.0-H: Mamba-2 / attention + MLP, multipliers
+            "GraniteMoeHybridConfig",
+            _common(
+                num_hidden_layers=3,
+                layer_types=["mamba", "attention", "mamba"],
+                num_local_experts=0,
+                shared_intermediate_size=96,
+                mamba_n_heads=8,
+                mamba_d_state=16,
+                mamba_n_groups=2,
+                embedding_multiplier=3.0,
+                attention_multiplier=0.3,
+                residual_multiplier=0.6,
+                logits_scaling=2.5,
+            ),
+        ),
     }
 
 
 FAMILIES = list(family_configs())
+
+#: Blocks per model where an HF layer becomes more than one block (default: the layers).
+N_BLOCKS = {"granitemoehybrid": 6}
+
+#: test name -> the family ``load_model`` reports (default: the test name itself).
+FAMILY_OF = {"llama_variant": "llama", "stablelm_parallel": "stablelm"}
+
+#: Families whose HF init leaves norm weights and biases constant (ones/zeros): the test
+#: spreads them so that a swapped norm, a missing bias or a wrong (1 + w) shows.
+PERTURBED = {
+    "starcoder2",
+    "stablelm",
+    "stablelm_parallel",
+    "gemma2",
+    "gemma3",
+    "olmo2",
+    "smollm3",
+    "granite",
+    "phi3",
+    "nemotron_h",
+    "granitemoehybrid",
+}
+
+
+def perturb_constants(model):
+    """Spread every 1-D parameter HF initialised to a constant (norm weights, biases)."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and bool((p == p.flatten()[0]).all()):
+                width = 0.2 if name.endswith(".bias") else 0.5
+                p.add_(torch.empty_like(p).uniform_(-width, width))
 
 
 def make_hf_model(name: str, seed: int = 0):
@@ -112,6 +247,8 @@ def make_hf_model(name: str, seed: int = 0):
     torch.manual_seed(seed)
     extra = {} if name == "mamba2" else {"attn_implementation": "eager"}
     model = transformers.AutoModelForCausalLM.from_config(cfg, **extra).float().eval()
+    if name in PERTURBED:
+        perturb_constants(model)
     if name == "mamba2":  # HF's init leaves these at 1/0: spread them so the test sees them
         with torch.no_grad():
             for layer in model.backbone.layers:

@@ -62,8 +62,8 @@ def test_truncated_safetensors(tiny, tmp_path):
         ({"architectures": None, "model_type": "gemma"}, "model_type='gemma' is not supported"),
         ({"hidden_act": "relu"}, "'hidden_act'='relu' is not supported by the llama family"),
         (
-            {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
-            r"rope_parameters\['rope_type'\]='yarn' is not supported",
+            {"rope_parameters": {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4}},
+            r"rope_parameters\['rope_type'\]='dynamic' is not supported",
         ),
         ({"quantization_config": {"quant_method": "gptq"}}, "quantization_config"),
     ],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from models_helpers import FAMILIES, bits, hf_logits
+from models_helpers import FAMILIES, FAMILY_OF, N_BLOCKS, bits, hf_logits
 
 import exactblocks
 
@@ -98,5 +98,6 @@ def test_in_memory_object_equals_folder(tiny, name):
     assert a.fingerprint == b.fingerprint == c.fingerprint
     assert np.array_equal(bits(a.forward(ids)), bits(b.forward(ids)))
     assert np.array_equal(bits(a.forward(ids)), bits(c.forward(ids)))
-    assert a.family == ("llama" if name == "llama_variant" else name)
-    assert a.config["vocab_size"] == 320 and len(a.blocks) == 2
+    assert a.family == FAMILY_OF.get(name, name)
+    assert a.config["vocab_size"] == 320
+    assert len(a.blocks) == N_BLOCKS.get(name, hf.config.num_hidden_layers)

@@ -19,12 +19,46 @@ from typing import Any
 
 __all__ = [
     "REFUSED_KEYS",
+    "ROPE_KEYS",
     "ConfigReader",
     "decode_json_floats",
 ]
 
 #: Keys whose presence changes the weights' meaning in a way no family implements.
 REFUSED_KEYS = ("quantization_config",)
+
+#: RoPE types the blocks compute exactly as HF ``ROPE_INIT_FUNCTIONS`` does, and the keys of
+#: each (``rope_theta`` and ``partial_rotary_factor`` are read separately).
+ROPE_KEYS = {
+    "default": {"rope_type"},
+    "linear": {"rope_type", "factor"},
+    "llama3": {
+        "rope_type",
+        "factor",
+        "low_freq_factor",
+        "high_freq_factor",
+        "original_max_position_embeddings",
+    },
+    "yarn": {
+        "rope_type",
+        "factor",
+        "original_max_position_embeddings",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "attention_factor",
+        "truncate",
+    },
+    "longrope": {
+        "rope_type",
+        "short_factor",
+        "long_factor",
+        "original_max_position_embeddings",
+        "factor",
+        "attention_factor",
+    },
+}
 
 
 def decode_json_floats(value: Any) -> Any:
@@ -132,67 +166,107 @@ class ConfigReader:
         if key in self.resolved and self.resolved[key] != expected:
             self._fail(key, self.resolved[key], f"{expected!r}: {why}")
 
-    def rope(self, default_theta: float) -> tuple[float, dict | None]:
-        """RoPE base and the scaling dict for the block, from ``rope_parameters`` or legacy keys.
+    def rope(
+        self,
+        default_theta: float,
+        *,
+        partial: bool = False,
+        default_partial: float = 1.0,
+        params: Mapping | None = None,
+        field: str | None = None,
+    ) -> tuple[float, dict | None, float]:
+        """RoPE base, the scaling dict for the block and the partial rotary factor.
 
-        transformers 5 keeps both in ``rope_parameters`` (``{"rope_type", "rope_theta", ...}``);
-        files written by 4.x have ``rope_theta`` and ``rope_scaling`` at the top level, which
-        transformers 5 folds into ``rope_parameters`` the same way as here.
+        transformers 5 keeps them in ``rope_parameters`` (``{"rope_type", "rope_theta", ...}``);
+        files written by 4.x have ``rope_theta``, ``rope_scaling`` and ``partial_rotary_factor``
+        at the top level, which transformers 5 folds into ``rope_parameters`` the same way as
+        here.
+
+        Parameters
+        ----------
+        default_theta : float
+            The base when the file states none (the config class's ``default_theta``).
+        partial : bool, default=False
+            Whether the family rotates only ``int(head_dim * partial_rotary_factor)`` dims
+            (StableLM, Phi-3); otherwise a factor other than 1 is refused.
+        default_partial : float, default=1.0
+            The factor when the file states none (StableLM's config sets 0.25).
+        params : Mapping or None, default=None
+            One layer type's entry of a nested ``rope_parameters`` (Gemma 3), used instead of
+            the top-level fields; ``field`` names it in messages.
+        field : str or None, default=None
 
         Returns
         -------
         rope_theta : float
         scaling : dict or None
-            None for ``rope_type == "default"``; else the dict for
-            ``TransformerBlockInference(rope_scaling=...)`` (``linear`` or ``llama3``).
+            None for ``rope_type == "default"``; else the HF dict for
+            ``TransformerBlockInference(rope_scaling=...)`` (without ``rope_theta`` and
+            ``partial_rotary_factor``).
+        partial_rotary_factor : float
 
         Raises
         ------
         ValueError
-            Another rope type (``dynamic``, ``yarn``, ``longrope``, ...), a partial rotary
-            factor, or a malformed entry; the message names the field.
+            A rope type the blocks do not compute (``dynamic``, ...), an unexpected key, a
+            partial rotary factor the family does not have, or a malformed entry; the message
+            names the field.
         """
-        rp = self.raw.get("rope_parameters")
-        if rp is None:
-            legacy = self.raw.get("rope_scaling")
-            rp = dict(legacy) if isinstance(legacy, Mapping) else {"rope_type": "default"}
-            if "rope_theta" in self.raw or "rope_theta" not in rp:
-                rp["rope_theta"] = self.raw.get("rope_theta", default_theta)
-            field = "rope_scaling"
+        if params is not None:
+            rp = dict(params)
+            rp.setdefault("rope_theta", default_theta)
         else:
-            field = "rope_parameters"
-            if not isinstance(rp, Mapping):
-                self._fail(field, rp, "a mapping")
-            rp = dict(rp)
-            rp.setdefault("rope_theta", self.raw.get("rope_theta", default_theta))
+            rp = self.raw.get("rope_parameters")
+            if rp is None:
+                legacy = self.raw.get("rope_scaling")
+                rp = dict(legacy) if isinstance(legacy, Mapping) else {"rope_type": "default"}
+                if "rope_theta" in self.raw or "rope_theta" not in rp:
+                    rp["rope_theta"] = self.raw.get("rope_theta", default_theta)
+                field = "rope_scaling"
+            else:
+                field = "rope_parameters"
+                if not isinstance(rp, Mapping):
+                    self._fail(field, rp, "a mapping")
+                rp = dict(rp)
+                rp.setdefault("rope_theta", self.raw.get("rope_theta", default_theta))
         rtype = rp.get("rope_type", rp.get("type", "default"))
-        if rtype not in ("default", "linear", "llama3"):
-            self._fail(f"{field}['rope_type']", rtype, "'default', 'linear' or 'llama3'")
+        if rtype not in ROPE_KEYS:
+            self._fail(f"{field}['rope_type']", rtype, "one of " + ", ".join(map(repr, ROPE_KEYS)))
         theta = rp["rope_theta"]
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
             self._fail(f"{field}['rope_theta']", theta, "a number > 0")
-        prf = rp.get("partial_rotary_factor", self.raw.get("partial_rotary_factor", 1.0))
-        if prf != 1.0:
+        prf = rp.get("partial_rotary_factor")
+        if prf is None:
+            prf = self.raw.get("partial_rotary_factor", default_partial)
+        if prf is None:
+            prf = 1.0
+        if isinstance(prf, bool) or not isinstance(prf, (int, float)) or not 0 < prf <= 1:
+            self._fail("partial_rotary_factor", prf, "a number in (0, 1]")
+        if prf != 1.0 and not partial:
             self._fail("partial_rotary_factor", prf, "1.0: partial RoPE is not a feature of it")
-        if rtype == "default":
-            return float(theta), None
+        if rtype == "default":  # HF's default init reads rope_theta and the factor only
+            return float(theta), None, float(prf)
         scaling = {k: v for k, v in rp.items() if k not in ("rope_theta", "type")}
         scaling["rope_type"] = rtype
-        known = {
-            "linear": {"rope_type", "factor"},
-            "llama3": {
-                "rope_type",
-                "factor",
-                "low_freq_factor",
-                "high_freq_factor",
-                "original_max_position_embeddings",
-            },
-        }[rtype]
-        extra = sorted(set(scaling) - known - {"partial_rotary_factor"})
+        scaling.pop("partial_rotary_factor", None)
+        if rtype in ("llama3", "yarn", "longrope"):
+            # HF standardize_rope_params: a top-level original_max_position_embeddings (Phi-3
+            # keeps it there) wins over the dict's; else the dict's, else max_position_embeddings
+            top = self.resolved.get("original_max_position_embeddings")
+            if params is None and top is not None:
+                scaling["original_max_position_embeddings"] = top
+            elif scaling.get("original_max_position_embeddings") is None:
+                scaling["original_max_position_embeddings"] = self.get("max_position_embeddings")
+        if rtype in ("yarn", "longrope") and scaling.get("factor") is None:
+            # HF _compute_{yarn,longrope}_parameters: max_position_embeddings / original
+            scaling["factor"] = (
+                self.get("max_position_embeddings") / scaling["original_max_position_embeddings"]
+            )
+        known = ROPE_KEYS[rtype]
+        extra = sorted(set(scaling) - known)
         if extra:
             self._fail(f"{field} keys {extra}", rtype, f"only {sorted(known)} for {rtype!r}")
-        scaling.pop("partial_rotary_factor", None)
-        return float(theta), scaling
+        return float(theta), scaling, float(prf)
 
     def token_ids(self, key: str) -> tuple[int, ...]:
         """``eos_token_id``-style field: int, list of int or null -> tuple of int."""

@@ -1,31 +1,58 @@
-"""The shared base of the decoder-only Transformer families (Llama, Mistral, Qwen2, Qwen3).
+"""The shared base of the decoder-only Transformer families.
 
 What lives here: :class:`DecoderSpec`, the ONE frozen config a family file builds from the HF
-config (every block option and size, per layer where they differ), the tensor names of HF's
+config (every block option and size, per layer where they differ, and everything outside the
+blocks: embedding scale, final norm, logit scaling and softcap), the tensor names of HF's
 ``<Family>ForCausalLM.state_dict()`` it implies, and the layer stack of
 :class:`exactblocks.TransformerBlockInference` it builds. What does not: how a family reads
-its HF config (``llama.py``, ``mistral.py``, ``qwen2.py``, ``qwen3.py``), the embedding and the
-output head (``base.py``).
+its HF config (one file per family), the embedding lookup and the output head (``base.py``).
 
-Tensor names (HF ``LlamaForCausalLM`` and its Mistral/Qwen2/Qwen3 copies, transformers 5.23)::
+Tensor names (HF ``LlamaForCausalLM`` and its copies, transformers 5.23); a family whose
+file spells a tensor differently lists the renames in ``DecoderSpec.renames`` (StarCoder2's
+``mlp.c_fc`` is the block's ``mlp.up_proj``, StableLM's ``self_attn.q_layernorm.norms.H`` are
+the rows of the block's per-head ``self_attn.q_norm``)::
 
     model.embed_tokens.weight                      (vocab_size, hidden_size)
     model.layers.N.input_layernorm.weight          (hidden_size,)
     model.layers.N.self_attn.{q,k,v}_proj.weight   (heads * head_dim, hidden_size) [.bias]
     model.layers.N.self_attn.o_proj.weight         (hidden_size, heads * head_dim) [.bias]
-    model.layers.N.self_attn.{q,k}_norm.weight     (head_dim,)          Qwen3 only
-    model.layers.N.post_attention_layernorm.weight (hidden_size,)
-    model.layers.N.mlp.{gate,up}_proj.weight       (intermediate_size, hidden_size) [.bias]
+    model.layers.N.self_attn.qkv_proj.weight       (q + 2 kv rows, hidden_size)  fused (Phi-3)
+    model.layers.N.self_attn.{q,k}_norm.weight     (head_dim,) per head | (heads * head_dim,)
+                                                   all heads (OLMo 2)
+    model.layers.N.post_attention_layernorm.weight (hidden_size,) [.bias]  (absent: parallel)
+    model.layers.N.{pre,post}_feedforward_layernorm.weight  (hidden_size,)  sandwich / post
+    model.layers.N.mlp.gate_proj.weight            (intermediate_size, hidden_size) [.bias] gated
+    model.layers.N.mlp.up_proj.weight              (intermediate_size, hidden_size) [.bias]
+    model.layers.N.mlp.gate_up_proj.weight         (2 * intermediate_size, hidden_size) fused
     model.layers.N.mlp.down_proj.weight            (hidden_size, intermediate_size) [.bias]
-    model.norm.weight                              (hidden_size,)
+    model.norm.weight                              (hidden_size,) [.bias]
     lm_head.weight                                 (vocab_size, hidden_size), absent when tied
+
+``input_layernorm`` is absent under the ``post`` placement (OLMo 2).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DecoderSpec", "TensorSpec"]
+__all__ = ["GATED_MLPS", "DecoderSpec", "TensorSpec", "freeze", "thaw"]
+
+#: The block's gated MLP kinds (gate_proj present).
+GATED_MLPS = ("swiglu", "geglu", "geglu_tanh")
+
+
+def freeze(scaling: dict | None) -> tuple | None:
+    """A RoPE scaling dict as sorted ``(key, value)`` items, lists as tuples (frozen)."""
+    if scaling is None:
+        return None
+    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(scaling.items()))
+
+
+def thaw(items: tuple | None) -> dict | None:
+    """The dict :func:`freeze` froze (tuples back to lists), for the block option."""
+    if items is None:
+        return None
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in items}
 
 
 @dataclass(frozen=True)
@@ -43,15 +70,16 @@ class DecoderSpec:
 
     Built by a family file's ``spec_from_config`` and nowhere else; ``model.config`` keeps the
     HF-style mapping it came from. Field names are exactblocks' (STYLE.md 3); the comment of
-    each family's builder says which HF field fills which.
+    each family's builder says which HF field fills which. Fields after ``windows`` default to
+    the plain Llama layer.
 
     Attributes
     ----------
     family : str
-        ``"llama"``, ``"mistral"``, ``"qwen2"`` or ``"qwen3"``.
+        The family file's name (``"llama"``, ``"gemma2"``, ...).
     vocab_size, d_model, n_layers, n_heads, n_kv_heads, head_dim, intermediate : int
     norm_eps : float
-        Every RMSNorm's epsilon, the final norm's too.
+        Every block norm's epsilon (q/k norms too), the final norm's too.
     rope_theta : float
     rope_scaling : tuple of (key, value) pairs or None
         The HF scaling dict as sorted items (frozen); None = unscaled.
@@ -60,9 +88,39 @@ class DecoderSpec:
         The output head is the embedding matrix (HF ``tie_word_embeddings``).
     qkv_bias, o_bias, mlp_bias, qk_norm : bool
     mlp : str
-        ``'swiglu'``, ``'geglu'`` or ``'geglu_tanh'`` (from ``hidden_act``).
+        The block's MLP kind (``'swiglu'``, ``'geglu'``, ``'geglu_tanh'``, ``'gelu_tanh'``, ...).
     windows : tuple of int
         Per layer: 0 = full causal attention, W = sliding window of W tokens.
+    norm : str
+        Block and final norm kind: ``'rmsnorm'``, ``'layernorm'``, ``'rmsnorm_offset'`` (Gemma).
+    norm_bias : bool
+        LayerNorm biases on every block norm and the final norm.
+    norm_placement : str
+        ``'pre'``, ``'sandwich'`` (Gemma 2/3), ``'post'`` (OLMo 2), ``'parallel'`` (StableLM).
+    qk_norm_scope : str
+        ``'head'``, ``'all_heads'`` (OLMo 2) or ``'per_head_weights'`` (StableLM).
+    attn_scale : float or None
+        The score scale as HF's binary64 value (None = head_dim ** -0.5).
+    attn_softcap : float or None
+    residual_multiplier : float
+    rope_dim : int or None
+        Rotated dims per head (None = all).
+    layer_ropes : tuple
+        Per layer ``(rope_theta, rope_scaling items or None)`` when layers differ (Gemma 3);
+        empty = ``rope_theta`` / ``rope_scaling`` everywhere.
+    nope_layers : tuple of int
+        Layers without RoPE (SmolLM3 ``no_rope_layers``).
+    embed_scale : float or None
+        The float32 multiplier of every embedding row (None = none): Gemma's
+        ``sqrt(hidden_size)``, Granite's ``embedding_multiplier``.
+    logits_scaling : float
+        Logits are divided by it (Granite), 1 = not.
+    logit_softcap : float or None
+        ``tanh(z / c) * c`` on the logits (Gemma 2 ``final_logit_softcapping``).
+    fused_qkv, fused_gate_up : bool
+        The file stores ``qkv_proj`` / ``gate_up_proj`` (Phi-3); the block splits them.
+    renames : tuple of (str, str)
+        ``(block name prefix, file name prefix)`` pairs inside a layer (StarCoder2's MLP).
     """
 
     family: str
@@ -84,6 +142,22 @@ class DecoderSpec:
     qk_norm: bool
     mlp: str
     windows: tuple
+    norm: str = "rmsnorm"
+    norm_bias: bool = False
+    norm_placement: str = "pre"
+    qk_norm_scope: str = "head"
+    attn_scale: float | None = None
+    attn_softcap: float | None = None
+    residual_multiplier: float = 1.0
+    rope_dim: int | None = None
+    layer_ropes: tuple = ()
+    nope_layers: tuple = ()
+    embed_scale: float | None = None
+    logits_scaling: float = 1.0
+    logit_softcap: float | None = None
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
+    renames: tuple = ()
 
     embed_name = "model.embed_tokens.weight"
     norm_name = "model.norm.weight"
@@ -92,6 +166,9 @@ class DecoderSpec:
 
     def block_options(self, layer: int, max_positions: int) -> dict:
         """Keyword options of ``TransformerBlockInference`` for layer ``layer``.
+
+        Options at the block's default are left out, so a spec of the plain Llama layer asks
+        nothing of the block beyond what it always had.
 
         Parameters
         ----------
@@ -103,68 +180,137 @@ class DecoderSpec:
         -------
         dict
         """
-        return {
+        theta, scaling = self.layer_ropes[layer] if self.layer_ropes else (
+            self.rope_theta, self.rope_scaling)  # fmt: skip
+        out = {
             "n_heads": self.n_heads,
             "n_kv_heads": self.n_kv_heads,
             "head_dim": self.head_dim,
             "window": self.windows[layer],
-            "rope_theta": self.rope_theta,
-            "rope_scaling": None if self.rope_scaling is None else dict(self.rope_scaling),
+            "rope_theta": theta,
+            "rope_scaling": thaw(scaling),
             "max_positions": max_positions,
             "qkv_bias": self.qkv_bias,
             "o_bias": self.o_bias,
-            "norm": "rmsnorm",
+            "norm": self.norm,
             "norm_eps": self.norm_eps,
             "mlp": self.mlp,
             "mlp_bias": self.mlp_bias,
             "qk_norm": self.qk_norm,
         }
+        optional = {
+            "norm_bias": (self.norm_bias, False),
+            "norm_placement": (self.norm_placement, "pre"),
+            "qk_norm_scope": (self.qk_norm_scope if self.qk_norm else "head", "head"),
+            "attn_scale": (self.attn_scale, None),
+            "attn_softcap": (self.attn_softcap, None),
+            "residual_multiplier": (self.residual_multiplier, 1.0),
+            "rope_dim": (0 if layer in self.nope_layers else self.rope_dim, None),
+        }
+        out.update({k: v for k, (v, default) in optional.items() if v != default})
+        if layer in self.nope_layers:
+            out["rope_scaling"] = None
+        return out
+
+    def _block_tensors(self) -> list[tuple[str, tuple]]:
+        """The block's tensors (block spelling) and shapes for these options."""
+        d, hd, it = self.d_model, self.head_dim, self.intermediate
+        qw, kw = self.n_heads * hd, self.n_kv_heads * hd
+        norms = {
+            "pre": ("input_layernorm", "post_attention_layernorm"),
+            "sandwich": (
+                "input_layernorm",
+                "post_attention_layernorm",
+                "pre_feedforward_layernorm",
+                "post_feedforward_layernorm",
+            ),
+            "post": ("post_attention_layernorm", "post_feedforward_layernorm"),
+            "parallel": ("input_layernorm",),
+        }[self.norm_placement]
+        out = [(n + ".weight", (d,)) for n in norms]
+        if self.norm_bias:
+            out += [(n + ".bias", (d,)) for n in norms]
+        if self.fused_qkv:
+            out.append(("self_attn.qkv_proj.weight", (qw + 2 * kw, d)))
+        else:
+            out += [
+                ("self_attn.q_proj.weight", (qw, d)),
+                ("self_attn.k_proj.weight", (kw, d)),
+                ("self_attn.v_proj.weight", (kw, d)),
+            ]
+        out.append(("self_attn.o_proj.weight", (d, qw)))
+        if self.qkv_bias:
+            out += [
+                ("self_attn.q_proj.bias", (qw,)),
+                ("self_attn.k_proj.bias", (kw,)),
+                ("self_attn.v_proj.bias", (kw,)),
+            ]
+        if self.o_bias:
+            out.append(("self_attn.o_proj.bias", (d,)))
+        if self.qk_norm:
+            out += {
+                "head": [("self_attn.q_norm.weight", (hd,)), ("self_attn.k_norm.weight", (hd,))],
+                "all_heads": [
+                    ("self_attn.q_norm.weight", (qw,)),
+                    ("self_attn.k_norm.weight", (kw,)),
+                ],
+                "per_head_weights": [
+                    ("self_attn.q_norm.weight", (self.n_heads, hd)),
+                    ("self_attn.k_norm.weight", (self.n_kv_heads, hd)),
+                ],
+            }[self.qk_norm_scope]
+        gated = self.mlp in GATED_MLPS
+        if gated and self.fused_gate_up:
+            out.append(("mlp.gate_up_proj.weight", (2 * it, d)))
+        else:
+            if gated:
+                out.append(("mlp.gate_proj.weight", (it, d)))
+            out.append(("mlp.up_proj.weight", (it, d)))
+        out.append(("mlp.down_proj.weight", (d, it)))
+        if self.mlp_bias:
+            if gated:
+                out.append(("mlp.gate_proj.bias", (it,)))
+            out += [("mlp.up_proj.bias", (it,)), ("mlp.down_proj.bias", (d,))]
+        return out
+
+    def _file_name(self, block_name: str) -> str:
+        for ours, theirs in self.renames:
+            if block_name.startswith(ours):
+                return theirs + block_name[len(ours) :]
+        return block_name
 
     def layer_tensors(self, layer: int) -> list[TensorSpec]:
         """The tensors of layer ``layer`` under their full HF names."""
-        d, hd, it = self.d_model, self.head_dim, self.intermediate
-        qw, kw = self.n_heads * hd, self.n_kv_heads * hd
         p = self.layer_prefix.format(layer)
-        out = [
-            TensorSpec(p + "input_layernorm.weight", (d,)),
-            TensorSpec(p + "post_attention_layernorm.weight", (d,)),
-            TensorSpec(p + "self_attn.q_proj.weight", (qw, d)),
-            TensorSpec(p + "self_attn.k_proj.weight", (kw, d)),
-            TensorSpec(p + "self_attn.v_proj.weight", (kw, d)),
-            TensorSpec(p + "self_attn.o_proj.weight", (d, qw)),
-            TensorSpec(p + "mlp.gate_proj.weight", (it, d)),
-            TensorSpec(p + "mlp.up_proj.weight", (it, d)),
-            TensorSpec(p + "mlp.down_proj.weight", (d, it)),
-        ]
-        if self.qkv_bias:
-            out += [
-                TensorSpec(p + "self_attn.q_proj.bias", (qw,)),
-                TensorSpec(p + "self_attn.k_proj.bias", (kw,)),
-                TensorSpec(p + "self_attn.v_proj.bias", (kw,)),
-            ]
-        if self.o_bias:
-            out.append(TensorSpec(p + "self_attn.o_proj.bias", (d,)))
-        if self.qk_norm:
-            out += [
-                TensorSpec(p + "self_attn.q_norm.weight", (hd,)),
-                TensorSpec(p + "self_attn.k_norm.weight", (hd,)),
-            ]
-        if self.mlp_bias:
-            out += [
-                TensorSpec(p + "mlp.gate_proj.bias", (it,)),
-                TensorSpec(p + "mlp.up_proj.bias", (it,)),
-                TensorSpec(p + "mlp.down_proj.bias", (d,)),
-            ]
+        out = []
+        for name, shape in self._block_tensors():
+            fname = self._file_name(name)
+            if self.qk_norm_scope == "per_head_weights" and len(shape) == 2 and "_norm" in name:
+                # StableLmLayerNormPerHead: one LayerNorm module per head, ``norms.H.weight``
+                stem = fname[: -len(".weight")]
+                rows = range(shape[0])
+                out += [TensorSpec(f"{p}{stem}.norms.{h}.weight", shape[1:]) for h in rows]
+            else:
+                out.append(TensorSpec(p + fname, shape))
         return out
 
     def top_tensors(self) -> list[TensorSpec]:
-        """Embedding, final norm and (optional when tied) output head."""
+        """Embedding, final norm (its bias with ``norm_bias``) and the output head (optional
+        when tied)."""
         v, d = self.vocab_size, self.d_model
-        return [
+        out = [
             TensorSpec(self.embed_name, (v, d)),
             TensorSpec(self.norm_name, (d,)),
             TensorSpec(self.head_name, (v, d), required=not self.tie_embeddings),
         ]
+        if self.norm_bias:
+            out.append(TensorSpec(self.norm_bias_name, (d,)))
+        return out
+
+    @property
+    def norm_bias_name(self) -> str:
+        """The final norm's bias tensor (read only with ``norm_bias``)."""
+        return self.norm_name[: -len("weight")] + "bias"
 
     def build_layer(self, layer: int, tensors: dict, max_positions: int):
         """One ``TransformerBlockInference`` from the layer's tensors (full HF names).
@@ -180,12 +326,29 @@ class DecoderSpec:
         -------
         TransformerBlockInference
         """
+        import numpy as np
+
         from exactblocks import TransformerBlockInference
 
         p = self.layer_prefix.format(layer)
-        weights = {name[len(p) :]: arr for name, arr in tensors.items()}
+        weights = {}
+        for name, shape in self._block_tensors():
+            fname = p + self._file_name(name)
+            if self.qk_norm_scope == "per_head_weights" and len(shape) == 2 and "_norm" in name:
+                stem = fname[: -len(".weight")]
+                rows = [tensors[f"{stem}.norms.{h}.weight"] for h in range(shape[0])]
+                weights[name] = np.stack(rows)  # one (head_dim,) row per head, once at load
+            else:
+                weights[name] = tensors[fname]
         return TransformerBlockInference(weights, **self.block_options(layer, max_positions))
 
     def final_norm(self) -> dict:
         """The final norm's kind, epsilon and bias flag (``HeadConfig`` fields)."""
-        return {"norm": "rmsnorm", "norm_eps": self.norm_eps, "norm_bias": False}
+        return {"norm": self.norm, "norm_eps": self.norm_eps, "norm_bias": self.norm_bias}
+
+    def head_options(self) -> dict:
+        """What the head does after the projection (``HeadConfig`` fields)."""
+        return {
+            "logits_scaling": self.logits_scaling,
+            "logit_softcap": 0.0 if self.logit_softcap is None else self.logit_softcap,
+        }

@@ -355,9 +355,13 @@ class Model:
         ``encode`` / ``decode`` / ``apply_chat_template`` (HF ``tokenizer.json`` or GGUF
         metadata), or None when the source has none.
     family : str
-        ``"llama"``, ``"mistral"``, ``"qwen2"``, ``"qwen3"`` or ``"mamba2"``.
+        The family file's name: ``"llama"``, ``"mistral"``, ``"qwen2"``, ``"qwen3"``,
+        ``"gemma2"``, ``"gemma3"``, ``"olmo2"``, ``"smollm3"``, ``"granite"``, ``"phi3"``,
+        ``"stablelm"``, ``"starcoder2"``, ``"mamba2"``, ``"nemotron_h"`` or
+        ``"granitemoehybrid"``.
     spec : frozen dataclass
-        The resolved options every block was built from (``DecoderSpec`` or ``Mamba2Spec``).
+        The resolved options every block was built from (``DecoderSpec``, ``Mamba2Spec`` or
+        ``HybridSpec``).
     vocab_size, d_model : int
     max_positions : int or None
         Longest sequence (None for Mamba-2: no limit).
@@ -369,8 +373,9 @@ class Model:
     Notes
     -----
     The math follows HF ``<Family>ForCausalLM.forward`` (transformers 5.23):
-    ``logits = lm_head(norm(blocks(embed_tokens(ids))))``; closeness to HF float32 is tested
-    (rtol = atol = 2e-4 on tiny models), bit equality with PyTorch is not promised.
+    ``logits = lm_head(norm(blocks(embed_tokens(ids) * s))) / c`` (softcapped where the family
+    does; the scale s and divisor c are 1 unless the family has them); closeness to HF float32
+    is tested (rtol = atol = 2e-4 on tiny models), bit equality with PyTorch is not promised.
     """
 
     def __init__(self, token, *, spec, config, blocks, embed, head, tokenizer, eos_ids,
@@ -390,6 +395,12 @@ class Model:
         self.max_positions = max_positions
         self.source = source
         self._is_mamba = spec.family == "mamba2"
+        from exactblocks import Mamba2BlockInference
+
+        # per block: a recurrent Mamba-2 state (no capacity, no decode session) or a KV cache
+        self._recurrent = tuple(isinstance(b, Mamba2BlockInference) for b in self._blocks)
+        scale = getattr(spec, "embed_scale", None)
+        self._embed_scale = None if scale is None else np.float32(scale)
         h = xxhash.xxh3_128()
         for part in (b"exactblocks-model-1", repr(spec).encode()):
             h.update(len(part).to_bytes(8, "little"))
@@ -469,7 +480,10 @@ class Model:
                     f"{where}: max_tokens={m} exceeds the model's max_positions="
                     f"{self.max_positions} (pass max_positions= to load_model)"
                 )
-            layers = [blk.allocate_state(b, m) for blk in self._blocks]
+            layers = [
+                blk.allocate_state(b) if rec else blk.allocate_state(b, m)
+                for blk, rec in zip(self._blocks, self._recurrent)
+            ]
         return ModelState._make(_PRIVATE, layers, b, m, self.fingerprint)
 
     def _check_state(self, state, batch: int, where: str) -> None:
@@ -534,11 +548,19 @@ class Model:
 
     def _embed_rows(self, ids: np.ndarray, lens) -> np.ndarray:
         if lens is None:
-            return self._embed[ids]  # (B, L, d): exact row copies
+            return self._lookup(ids)  # (B, L, d)
         x = np.zeros((*ids.shape, self.d_model), np.float32)
         real = np.arange(ids.shape[1])[None, :] < lens[:, None]
-        x[real] = self._embed[ids[real]]
+        x[real] = self._lookup(ids[real])
         return x
+
+    def _lookup(self, ids: np.ndarray) -> np.ndarray:
+        """Embedding rows of ``ids``: exact row copies, times the family's float32 scale (one
+        correctly rounded multiply per value, as HF's ``embeds * scale`` in float32)."""
+        rows = self._embed[ids]
+        if self._embed_scale is not None:
+            rows *= self._embed_scale
+        return rows
 
     def _run_blocks(self, x: np.ndarray, state, lens, *, step: bool, sessions=None):
         """x through every block; with a state, under its lock, marking rows on a late failure."""
@@ -663,7 +685,7 @@ class Model:
         if state is None:
             raise TypeError(f"{where}: state is required (use forward() without a state)")
         arr, _ = self._prepare(arr, state, None, where)
-        x = self._embed[arr[:, 0]]  # (B, d)
+        x = self._lookup(arr[:, 0])  # (B, d)
         x = self._run_blocks(x, state, None, step=True)
         return self._head.forward(x.reshape(-1, self.d_model)).reshape(-1, 1, self.vocab_size)
 
@@ -787,8 +809,8 @@ class Model:
         detok = _Detokenizer(self.tokenizer, stop_strs) if self.tokenizer is not None else None
         state = self.allocate_state(1, None if self._is_mamba else capacity)
         sessions = [
-            None if self._is_mamba else blk.decode_session(st)
-            for blk, st in zip(self._blocks, state.layers)
+            None if rec else blk.decode_session(st)
+            for blk, st, rec in zip(self._blocks, state.layers, self._recurrent)
         ]
         try:
             t0 = time.perf_counter()
@@ -815,7 +837,7 @@ class Model:
                     yield token
                 if len(res.ids) == n_new:
                     break
-                x = self._embed[np.asarray([token])]
+                x = self._lookup(np.asarray([token]))
                 x = self._run_blocks(x, state, None, step=True, sessions=sessions)
                 logits = self._head.forward(x.reshape(1, self.d_model))[0]
                 res.decode_steps += 1

@@ -11,7 +11,7 @@ tie_word_embeddings, rope_parameters (or legacy rope_theta/rope_scaling), attent
 from __future__ import annotations
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec
+from ._decoder import DecoderSpec, freeze
 
 __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
 
@@ -43,8 +43,18 @@ DEFAULTS = {
 GATED_MLP = {"silu": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh"}
 
 
-def heads_and_dims(c: ConfigReader) -> dict:
-    """The size fields every decoder family reads the same way (HF ``__post_init__`` rules)."""
+def heads_and_dims(
+    c: ConfigReader,
+    *,
+    eps_key: str = "rms_norm_eps",
+    act_key: str = "hidden_act",
+    acts: dict = GATED_MLP,
+) -> dict:
+    """The size fields every decoder family reads the same way (HF ``__post_init__`` rules).
+
+    ``eps_key`` names the norm epsilon field, ``act_key`` the activation field and ``acts``
+    maps its values to the block's MLP kind (the family's MLP class decides gated or not).
+    """
     d = c.int("hidden_size")
     n_heads = c.int("num_attention_heads")
     n_kv = c.int("num_key_value_heads", allow_none=True)
@@ -67,20 +77,20 @@ def heads_and_dims(c: ConfigReader) -> dict:
         "n_kv_heads": n_kv,
         "head_dim": head_dim,
         "intermediate": c.int("intermediate_size"),
-        "norm_eps": c.float("rms_norm_eps"),
+        "norm_eps": c.float(eps_key),
         "max_position_embeddings": c.int("max_position_embeddings"),
         "tie_embeddings": c.bool("tie_word_embeddings"),
-        "mlp": c.choice("hidden_act", GATED_MLP),
+        "mlp": c.choice(act_key, acts),
     }
 
 
 def rope_fields(c: ConfigReader) -> dict:
     """``rope_theta`` and the frozen scaling items (``RotaryEmbeddingConfigMixin.default_theta``
     = 10000.0 when the file states no base, as HF)."""
-    theta, scaling = c.rope(default_theta=10000.0)
+    theta, scaling, _ = c.rope(default_theta=10000.0)
     return {
         "rope_theta": theta,
-        "rope_scaling": None if scaling is None else tuple(sorted(scaling.items())),
+        "rope_scaling": freeze(scaling),
     }
 
 

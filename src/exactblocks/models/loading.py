@@ -217,6 +217,45 @@ def _load_gguf(path: str, max_positions) -> Model:
                        max_positions=max_positions, origin=path)  # fmt: skip
 
 
+class _Renamed(Mapping):
+    """A tensor source seen under the spec's names: ``new`` prefixes read as ``old`` ones.
+
+    transformers 5 renames some modules in memory and back when it saves (Nemotron-H's
+    ``backbone.`` is ``model.`` in ``state_dict()``); the spec names the saved form.
+    """
+
+    def __init__(self, source, renames: dict):
+        self._src = source
+        self._to_src = {}
+        for name in source:
+            for ours, theirs in renames.items():
+                if name.startswith(theirs):
+                    name_ours = ours + name[len(theirs) :]
+                    break
+            else:
+                name_ours = name
+            self._to_src[name_ours] = name
+
+    def __getitem__(self, name):
+        return self._src[self._to_src[name]]
+
+    def __iter__(self):
+        return iter(self._to_src)
+
+    def __len__(self):
+        return len(self._to_src)
+
+    def shape(self, name):
+        return self._src.shape(self._to_src[name])
+
+    def where(self, name):
+        return self._src.where(self._to_src[name])
+
+    def same_storage(self, a, b):
+        same = getattr(self._src, "same_storage", None)
+        return bool(same and same(self._to_src[a], self._to_src[b]))
+
+
 def build_model(config, tensors, *, tokenizer=None, max_positions=None, generation_config=None,
                 origin: str = "the source") -> Model:  # fmt: skip
     """The one build path of every source: config -> family spec -> checked tensors -> Model.
@@ -255,6 +294,9 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
         max_positions = None
 
     # 1. every tensor name and shape against the spec, before anything is built
+    aliases = getattr(spec, "prefix_aliases", ())  # (saved prefix, in-memory prefix)
+    if aliases and not any(n.startswith(ours) for n in tensors for ours, _ in aliases):
+        tensors = _Renamed(tensors, dict(aliases))
     layer_specs = [spec.layer_tensors(i) for i in range(spec.n_layers)]
     expected = {t.name: t for ts in layer_specs for t in ts}
     expected.update({t.name: t for t in spec.top_tensors()})
@@ -311,7 +353,13 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
     embed = _matrix(tensors[spec.embed_name])
     head_w = embed if spec.tie_embeddings else _matrix(tensors[spec.head_name])
     norm_w = np.ascontiguousarray(tensors[spec.norm_name], dtype=np.float32)
-    for name, arr in ((spec.embed_name, embed), (spec.norm_name, norm_w), (spec.head_name, head_w)):
+    fn = spec.final_norm()
+    norm_b = None
+    checked = [(spec.embed_name, embed), (spec.norm_name, norm_w), (spec.head_name, head_w)]
+    if fn["norm_bias"]:
+        norm_b = np.ascontiguousarray(tensors[spec.norm_bias_name], dtype=np.float32)
+        checked.append((spec.norm_bias_name, norm_b))
+    for name, arr in checked:
         _check_finite(name, arr)
 
     # 2. the head: final norm + vocabulary projection in the core (first: the peak RSS is
@@ -319,11 +367,12 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
     core = _ext.core()
     hc = core.HeadConfig()
     hc.d_model, hc.vocab_size = spec.d_model, spec.vocab_size
-    fn = spec.final_norm()
     hc.norm = getattr(core.NormKind, fn["norm"])
     hc.norm_eps = fn["norm_eps"]
     hc.norm_bias = fn["norm_bias"]
-    head = core.OutputHead(hc, norm_w, None, _core_arg(head_w))
+    for key, value in spec.head_options().items():  # logits_scaling, logit_softcap
+        setattr(hc, key, value)
+    head = core.OutputHead(hc, norm_w, norm_b, _core_arg(head_w))
     del head_w
     release = getattr(tensors, "release", None) or (lambda: None)
     release()
@@ -333,7 +382,8 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
     for i, ts in enumerate(layer_specs):
         arrays = {t.name: tensors[t.name] for t in ts if t.name in names}
         try:
-            blocks.append(spec.build_layer(i, arrays, max_positions))
+            built = spec.build_layer(i, arrays, max_positions)
+            blocks.extend(built if isinstance(built, list) else [built])  # hybrids: 1-2 blocks
         except (TypeError, ValueError) as exc:
             raise ValueError(f"load_model: layer {i} of {origin}: {exc}") from exc
         del arrays
@@ -344,7 +394,8 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
         embed = head_rows
     elif isinstance(embed, QuantizedMatrix):
         embed = embed.dequantize()
-    head_bytes = [norm_w] + ([] if spec.tie_embeddings else [head_rows]) + [embed]
+    head_bytes = [norm_w] + ([] if norm_b is None else [norm_b])
+    head_bytes += ([] if spec.tie_embeddings else [head_rows]) + [embed]
     return Model(
         _PRIVATE,
         spec=spec,

@@ -161,6 +161,10 @@ class Mamba2Spec:
         """``norm_f`` (HF ``Mamba2RMSNorm``, the Llama RMSNorm formula) for ``HeadConfig``."""
         return {"norm": "rmsnorm", "norm_eps": self.norm_eps, "norm_bias": False}
 
+    def head_options(self) -> dict:
+        """Nothing after the projection (``HeadConfig`` fields at their neutral values)."""
+        return {"logits_scaling": 1.0, "logit_softcap": 0.0}
+
 
 def spec_from_config(config) -> tuple[Mamba2Spec, dict]:
     """The frozen spec of a Mamba-2 model, and the resolved HF-style config.

@@ -1,6 +1,6 @@
 """Which family a checkpoint belongs to: HF ``architectures`` / ``model_type``, GGUF
-``general.architecture`` -> one family module (``llama``, ``mistral``, ``qwen2``, ``qwen3``,
-``mamba2``). Anything else is refused with the name that was not recognised.
+``general.architecture`` -> one family module (one file per family, listed in
+:data:`FAMILIES`). Anything else is refused with the name that was not recognised.
 
 A family module provides ``ARCHITECTURES``, ``MODEL_TYPES``, ``GGUF_ARCHS``, ``DEFAULTS`` and
 ``spec_from_config(config) -> (spec, resolved_config)``; the spec names its tensors and builds
@@ -12,7 +12,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import ModuleType
 
-from . import llama, mamba2, mistral, qwen2, qwen3
+from . import (
+    gemma2,
+    gemma3,
+    granite,
+    granitemoehybrid,
+    llama,
+    mamba2,
+    mistral,
+    nemotron_h,
+    olmo2,
+    phi3,
+    qwen2,
+    qwen3,
+    smollm3,
+    stablelm,
+    starcoder2,
+)
 
 __all__ = ["FAMILIES", "family_for_config", "family_for_gguf"]
 
@@ -22,7 +38,17 @@ FAMILIES: dict[str, ModuleType] = {
     "mistral": mistral,
     "qwen2": qwen2,
     "qwen3": qwen3,
+    "gemma2": gemma2,
+    "gemma3": gemma3,
+    "olmo2": olmo2,
+    "smollm3": smollm3,
+    "granite": granite,
+    "phi3": phi3,
+    "stablelm": stablelm,
+    "starcoder2": starcoder2,
     "mamba2": mamba2,
+    "nemotron_h": nemotron_h,
+    "granitemoehybrid": granitemoehybrid,
 }
 
 

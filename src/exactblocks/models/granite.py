@@ -1,0 +1,91 @@
+"""Granite (HF ``GraniteForCausalLM``): HF config -> :class:`DecoderSpec`.
+
+Llama's layer with four scalars: the embedding rows times ``embedding_multiplier``, the
+attention scores times ``attention_multiplier`` (instead of ``head_dim ** -0.5``), both
+residual branches times ``residual_multiplier`` and the logits divided by ``logits_scaling``
+(HF ``GraniteForCausalLM.forward``: ``logits / logits_scaling`` in float32). HF fields read
+(transformers 5.23 ``GraniteConfig``): as Llama, plus those four. GGUF: not read.
+"""
+
+from __future__ import annotations
+
+from ._config import ConfigReader
+from ._decoder import DecoderSpec
+from .llama import heads_and_dims, rope_fields
+
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+
+ARCHITECTURES = ("GraniteForCausalLM",)
+MODEL_TYPES = ("granite",)
+GGUF_ARCHS = ()
+
+#: ``GraniteConfig`` class defaults (transformers 5.23.0), used only for omitted fields.
+DEFAULTS = {
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": None,
+    "head_dim": None,
+    "hidden_act": "silu",
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "embedding_multiplier": 1.0,
+    "logits_scaling": 1.0,
+    "residual_multiplier": 1.0,
+    "attention_multiplier": 1.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def granite_scalars(c: ConfigReader) -> dict:
+    """The four Granite multipliers as :class:`DecoderSpec` fields (shared with
+    Granite-4.0-H)."""
+    emb = c.float("embedding_multiplier")
+    return {
+        "embed_scale": None if emb == 1.0 else emb,
+        "attn_scale": c.float("attention_multiplier"),
+        "residual_multiplier": c.float("residual_multiplier"),
+        "logits_scaling": c.float("logits_scaling"),
+    }
+
+
+def spec_from_config(config) -> tuple[DecoderSpec, dict]:
+    """The frozen spec of a Granite model, and the resolved HF-style config.
+
+    Parameters
+    ----------
+    config : Mapping
+        HF ``GraniteConfig`` fields.
+
+    Returns
+    -------
+    spec : DecoderSpec
+    resolved : dict
+
+    Raises
+    ------
+    ValueError
+        As :func:`exactblocks.models.llama.spec_from_config`; also a multiplier that is not a
+        finite number > 0.
+    """
+    c = ConfigReader(config, DEFAULTS, "granite")
+    sizes = heads_and_dims(c)
+    bias = c.bool("attention_bias")
+    spec = DecoderSpec(
+        family="granite",
+        **sizes,
+        **rope_fields(c),
+        qkv_bias=bias,
+        o_bias=bias,
+        mlp_bias=c.bool("mlp_bias"),
+        qk_norm=False,
+        windows=(0,) * sizes["n_layers"],
+        **granite_scalars(c),
+    )
+    return spec, c.resolved

@@ -1,0 +1,238 @@
+"""Granite-4.0-H (HF ``GraniteMoeHybridForCausalLM``, dense only): HF config -> HybridSpec.
+
+Each HF layer (``GraniteMoeHybridDecoderLayer``) is two residual halves, both with Granite's
+``residual_multiplier`` m:
+
+1. ``x + m * mixer(RMSNorm_in(x))``, the mixer being, by ``layer_types``, a Mamba-2 mixer
+   (``'linear_attention'`` / legacy ``'mamba'``: a :class:`exactblocks.Mamba2BlockInference`,
+   weights ``input_layernorm`` and ``mamba.*``; m multiplies ``out_proj`` once at load, see
+   :class:`~exactblocks.models._hybrid.BlockPlan`) or causal attention (``'full_attention'`` /
+   ``'attention'``: ``TransformerBlockInference(block_parts='attention')`` with scores scaled
+   by ``attention_multiplier``, RoPE only when ``position_embedding_type == 'rope'``);
+2. ``x + m * mlp(RMSNorm_post(x))``: the dense ``shared_mlp``, ``output_linear(act(g) * u)``
+   with ``g | u`` the two halves of ``input_linear`` (gate first), a
+   ``TransformerBlockInference(block_parts='mlp')`` reading the fused weight.
+
+Outside the layers: embedding rows times ``embedding_multiplier``, final RMSNorm, logits
+divided by ``logits_scaling``. The Mamba-2 mixer is HF ``GraniteMoeHybridMambaLayer``: the
+same math as ``Mamba2Mixer`` (gated RMSNorm over ``mamba_n_groups`` groups, dt clamped to
+``time_step_limit``, conv activation ``hidden_act``). MoE configs (``num_local_experts > 0``)
+are refused: MoE is out of scope. HF fields read (transformers 5.23
+``GraniteMoeHybridConfig``): vocab_size, hidden_size, num_hidden_layers, num_attention_heads,
+num_key_value_heads, hidden_act (silu), max_position_embeddings, rms_norm_eps,
+tie_word_embeddings, rope_parameters, attention_bias, the four Granite multipliers,
+num_local_experts, shared_intermediate_size, position_embedding_type, layer_types, mamba_n_heads,
+mamba_n_groups, mamba_d_state, mamba_d_head, mamba_d_conv, mamba_expand, mamba_conv_bias,
+mamba_proj_bias, time_step_limit. GGUF: not read.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ._config import ConfigReader
+from ._decoder import thaw
+from ._hybrid import BlockPlan, HybridSpec
+from .granite import granite_scalars
+from .llama import rope_fields
+from .nemotron_h import LEGACY_TYPES
+
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+
+ARCHITECTURES = ("GraniteMoeHybridForCausalLM",)
+MODEL_TYPES = ("granitemoehybrid",)
+GGUF_ARCHS = ()
+
+#: ``GraniteMoeHybridConfig`` class defaults (transformers 5.23.0), for omitted fields.
+DEFAULTS = {
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": None,
+    "hidden_act": "silu",
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "embedding_multiplier": 1.0,
+    "logits_scaling": 1.0,
+    "residual_multiplier": 1.0,
+    "attention_multiplier": 1.0,
+    "num_local_experts": 8,
+    "shared_intermediate_size": 1024,
+    "position_embedding_type": None,
+    "layer_types": None,
+    "mamba_n_heads": 128,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 256,
+    "mamba_d_head": "auto",
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_conv_bias": True,
+    "mamba_proj_bias": False,
+    "time_step_limit": (0.0, math.inf),
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def spec_from_config(config) -> tuple[HybridSpec, dict]:
+    """The frozen spec of a dense Granite-4.0-H model, and the resolved HF-style config.
+
+    Parameters
+    ----------
+    config : Mapping
+        HF ``GraniteMoeHybridConfig`` fields.
+
+    Returns
+    -------
+    spec : HybridSpec
+    resolved : dict
+
+    Raises
+    ------
+    ValueError
+        ``num_local_experts > 0`` (MoE is out of scope); an unknown layer type or
+        ``position_embedding_type``; a ``hidden_act`` other than silu; inconsistent Mamba sizes;
+        a malformed ``time_step_limit`` (the message names the field).
+    """
+    c = ConfigReader(config, DEFAULTS, "granitemoehybrid")
+    experts = c.int("num_local_experts", minimum=0, allow_none=True) or 0
+    if experts > 0:
+        raise ValueError(
+            f"load_model: config num_local_experts={experts}: this Granite-4.0-H checkpoint has "
+            "MoE layers, and MoE is out of scope for exactblocks (only dense configs, "
+            "num_local_experts=0, load)"
+        )
+    c.choice("hidden_act", {"silu": "silu"})  # the MLP's gate and the Mamba conv activation
+    d, n = c.int("hidden_size"), c.int("num_hidden_layers")
+    eps = c.float("rms_norm_eps")
+    n_heads = c.int("num_attention_heads")
+    n_kv = c.int("num_key_value_heads", allow_none=True) or n_heads
+    if n_heads % n_kv:
+        c._fail("num_key_value_heads", n_kv, f"a divisor of num_attention_heads={n_heads}")
+    hd = d // n_heads  # HF GraniteMoeHybridAttention: hidden_size // num_attention_heads
+    c.resolved["num_key_value_heads"] = n_kv
+
+    types = c.get("layer_types")
+    if types is None:  # HF __post_init__: every layer Mamba
+        types = ["linear_attention"] * n
+    if not isinstance(types, list) or len(types) != n:
+        c._fail("layer_types", types, f"{n} layer types (num_hidden_layers)")
+    shown, types = list(types), [LEGACY_TYPES.get(t, t) for t in types]
+    for i, t in enumerate(types):
+        if t not in ("linear_attention", "full_attention"):
+            c._fail(f"layer_types[{i}]", shown[i], "'linear_attention' / 'mamba' or "
+                    "'full_attention' / 'attention'")  # fmt: skip
+    c.resolved["layer_types"] = types
+
+    scalars = granite_scalars(c)
+    m = scalars["residual_multiplier"]
+    pos = c.choice("position_embedding_type", {None: None, "nope": None, "rope": "rope"})
+    rope = rope_fields(c) if pos == "rope" else None
+
+    expand = c.get("mamba_expand")
+    if isinstance(expand, bool) or not isinstance(expand, (int, float)) or expand <= 0:
+        c._fail("mamba_expand", expand, "a number > 0")
+    di = int(expand * d)
+    mh, ns, groups = c.int("mamba_n_heads"), c.int("mamba_d_state"), c.int("mamba_n_groups")
+    mhd = c.get("mamba_d_head")
+    if mhd == "auto":  # HF __post_init__
+        mhd = di // mh
+    if isinstance(mhd, bool) or not isinstance(mhd, int) or mhd * mh != di:
+        c._fail("mamba_d_head", mhd, f"'auto' or an int with mamba_n_heads * it = {di}")
+    if mh % groups:
+        c._fail("mamba_n_groups", groups, f"a divisor of mamba_n_heads={mh}")
+    kernel = c.int("mamba_d_conv")
+    limit = c.get("time_step_limit")
+    if (
+        not isinstance(limit, (list, tuple))
+        or len(limit) != 2
+        or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in limit)
+    ):
+        c._fail("time_step_limit", limit, "two numbers [lo, hi]")
+    conv_dim = di + 2 * groups * ns
+    n_in = di + conv_dim + mh
+    it = c.int("shared_intermediate_size")
+    bias = c.bool("attention_bias")
+
+    mamba = [
+        ("norm.weight", "input_layernorm.weight", (d,)),
+        ("mixer.in_proj.weight", "mamba.in_proj.weight", (n_in, d)),
+        ("mixer.conv1d.weight", "mamba.conv1d.weight", (conv_dim, 1, kernel)),
+        ("mixer.dt_bias", "mamba.dt_bias", (mh,)),
+        ("mixer.A_log", "mamba.A_log", (mh,)),
+        ("mixer.D", "mamba.D", (mh,)),
+        ("mixer.norm.weight", "mamba.norm.weight", (di,)),
+        ("mixer.out_proj.weight", "mamba.out_proj.weight", (d, di)),
+    ]
+    if c.bool("mamba_conv_bias"):
+        mamba.append(("mixer.conv1d.bias", "mamba.conv1d.bias", (conv_dim,)))
+    if c.bool("mamba_proj_bias"):
+        mamba += [
+            ("mixer.in_proj.bias", "mamba.in_proj.bias", (n_in,)),
+            ("mixer.out_proj.bias", "mamba.out_proj.bias", (d,)),
+        ]
+    qw, kw = n_heads * hd, n_kv * hd
+    attn = [
+        ("input_layernorm.weight", "input_layernorm.weight", (d,)),
+        ("self_attn.q_proj.weight", "self_attn.q_proj.weight", (qw, d)),
+        ("self_attn.k_proj.weight", "self_attn.k_proj.weight", (kw, d)),
+        ("self_attn.v_proj.weight", "self_attn.v_proj.weight", (kw, d)),
+        ("self_attn.o_proj.weight", "self_attn.o_proj.weight", (d, qw)),
+    ]
+    if bias:
+        attn += [
+            ("self_attn.q_proj.bias", "self_attn.q_proj.bias", (qw,)),
+            ("self_attn.k_proj.bias", "self_attn.k_proj.bias", (kw,)),
+            ("self_attn.v_proj.bias", "self_attn.v_proj.bias", (kw,)),
+            ("self_attn.o_proj.bias", "self_attn.o_proj.bias", (d,)),
+        ]
+    mlp = (
+        ("post_attention_layernorm.weight", "post_attention_layernorm.weight", (d,)),
+        ("mlp.gate_up_proj.weight", "shared_mlp.input_linear.weight", (2 * it, d)),
+        ("mlp.down_proj.weight", "shared_mlp.output_linear.weight", (d, it)),
+    )
+    attn_opts = {
+        "block_parts": "attention",
+        "n_heads": n_heads,
+        "n_kv_heads": n_kv,
+        "head_dim": hd,
+        "norm_eps": eps,
+        "qkv_bias": bias,
+        "o_bias": bias,
+        "attn_scale": scalars["attn_scale"],
+        "residual_multiplier": m,
+    }
+    if rope is None:
+        attn_opts["rope_dim"] = 0
+    else:
+        attn_opts.update(rope_theta=rope["rope_theta"], rope_scaling=thaw(rope["rope_scaling"]))
+    mamba_opts = {"dt_limit": (float(limit[0]), float(limit[1])), "n_groups": groups,
+                  "norm_eps": eps}  # fmt: skip
+    mlp_opts = {"block_parts": "mlp", "mlp": "swiglu", "norm_eps": eps, "residual_multiplier": m}
+    plans = {
+        "linear_attention": BlockPlan(
+            "mamba2", tuple(sorted(mamba_opts.items())), tuple(mamba), None if m == 1.0 else m
+        ),
+        "full_attention": BlockPlan(
+            "transformer", tuple(sorted(attn_opts.items(), key=lambda kv: kv[0])), tuple(attn)
+        ),
+    }
+    mlp_plan = BlockPlan("transformer", tuple(sorted(mlp_opts.items())), mlp)
+    spec = HybridSpec(
+        family="granitemoehybrid",
+        vocab_size=c.int("vocab_size"),
+        d_model=d,
+        n_layers=n,
+        norm_eps=eps,
+        max_position_embeddings=c.int("max_position_embeddings"),
+        tie_embeddings=c.bool("tie_word_embeddings"),
+        layers=tuple((plans[t], mlp_plan) for t in types),
+        layer_kinds=tuple(types),
+        embed_scale=scalars["embed_scale"],
+        logits_scaling=scalars["logits_scaling"],
+    )
+    c.resolved["time_step_limit"] = list(mamba_opts["dt_limit"])
+    return spec, c.resolved

@@ -1,0 +1,254 @@
+"""Nemotron-H (HF ``NemotronHForCausalLM``): HF config -> :class:`HybridSpec`.
+
+Every layer is one pre-norm residual block ``x + mixer(RMSNorm(x))`` (HF ``NemotronHBlock``,
+weights ``norm.weight`` and ``mixer.*``) whose mixer is, by the layer's type:
+
+- ``'linear_attention'`` (pattern letter ``M``): the Mamba-2 mixer, i.e. one
+  :class:`exactblocks.Mamba2BlockInference` with the block's names unchanged. Checked against HF
+  ``NemotronHMamba2Mixer``: the same pre-norm and residual, in_proj split ``z | xBC | dt``,
+  SiLU depthwise conv, ``A = -exp(A_log)``, softplus dt with ``dt_bias``, the gated RMSNorm
+  ``norm(y * silu(z))`` over ``n_groups`` groups of ``d_inner / n_groups`` (HF
+  ``NemotronHRMSNormGated``, norm before gate = False), D skip, out_proj. HF clamps dt to
+  ``(time_step_min, inf)`` (its ``time_step_limit`` field is not used by the mixer), which is the
+  block's ``dt_limit`` here; HF's cached one-token decode skips the clamp, exactblocks always
+  clamps (they differ only where ``softplus(dt) < time_step_min``).
+- ``'full_attention'`` (``*``): causal attention without RoPE and without biases (HF
+  ``NemotronHAttention`` builds none, whatever ``attention_bias`` says), a
+  ``TransformerBlockInference(block_parts='attention', rope_dim=0)``.
+- ``'mlp'`` (``-``): ``down(act(up(x)))`` (``mlp_hidden_act``: relu2 = squared ReLU), a
+  ``TransformerBlockInference(block_parts='mlp')``.
+
+MoE layers (``E`` / ``'moe'``) are refused: MoE is out of scope. HF fields read (transformers
+5.23 ``NemotronHConfig``): vocab_size, hidden_size, layers_block_type (``layer_types``; legacy
+``hybrid_override_pattern``), num_attention_heads, num_key_value_heads, head_dim,
+max_position_embeddings, intermediate_size, mlp_hidden_act, mlp_bias, ssm_state_size,
+mamba_num_heads, mamba_head_dim, mamba_hidden_act (silu), n_groups, conv_kernel,
+time_step_min, use_conv_bias, use_bias (in/out projections of the mixer), layer_norm_epsilon,
+tie_word_embeddings. GGUF: not read.
+
+Tensor names (HF ``NemotronHForCausalLM.state_dict()``)::
+
+    backbone.embeddings.weight                     (vocab_size, hidden_size)
+    backbone.layers.N.norm.weight                  (hidden_size,)
+    backbone.layers.N.mixer.{in_proj,conv1d,dt_bias,A_log,D,norm,out_proj}.*   Mamba-2
+    backbone.layers.N.mixer.{q,k,v,o}_proj.weight                              attention
+    backbone.layers.N.mixer.{up,down}_proj.weight [.bias]                      MLP
+    backbone.norm_f.weight                         (hidden_size,)
+    lm_head.weight                                 (vocab_size, hidden_size), absent when tied
+"""
+
+from __future__ import annotations
+
+import math
+
+from ._config import ConfigReader
+from ._hybrid import BlockPlan, HybridSpec
+
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+
+ARCHITECTURES = ("NemotronHForCausalLM",)
+MODEL_TYPES = ("nemotron_h",)
+GGUF_ARCHS = ()
+
+#: ``NemotronHConfig`` class defaults (transformers 5.23.0), used only for omitted fields.
+DEFAULTS = {
+    "vocab_size": 131072,
+    "hidden_size": 4096,
+    "layers_block_type": None,
+    "tie_word_embeddings": False,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 4096,
+    "intermediate_size": 21504,
+    "mlp_hidden_act": "relu2",
+    "mlp_bias": False,
+    "ssm_state_size": 128,
+    "mamba_num_heads": 128,
+    "mamba_head_dim": 64,
+    "mamba_hidden_act": "silu",
+    "n_groups": 8,
+    "conv_kernel": 4,
+    "time_step_min": 0.001,
+    "use_conv_bias": True,
+    "use_bias": False,
+    "layer_norm_epsilon": 1e-5,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+#: ``hybrid_override_pattern`` letters (HF ``NemotronHConfig._pattern_to_list``).
+PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
+#: Legacy layer type names (HF ``configuration_utils._LEGACY_LAYER_TYPE_REMAP``).
+LEGACY_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
+#: HF ``mlp_hidden_act`` -> the block's ungated MLP.
+UNGATED_MLP = {"relu2": "relu2", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def hybrid_layer_types(c: ConfigReader) -> list[str]:
+    """The per-layer types as HF resolves them: ``layers_block_type`` / ``layer_types`` (legacy
+    names remapped), else ``hybrid_override_pattern``; MoE and unknown types refused."""
+    types = c.raw.get("layers_block_type", c.raw.get("layer_types"))
+    field = "layers_block_type"
+    if types is None and "hybrid_override_pattern" in c.raw:
+        pattern = c.raw["hybrid_override_pattern"]
+        field = "hybrid_override_pattern"
+        if not isinstance(pattern, str) or not pattern:
+            c._fail(field, pattern, "a non-empty string of 'M', '*', '-'")
+        for i, ch in enumerate(pattern):
+            if ch not in PATTERN:
+                c._fail(f"hybrid_override_pattern[{i}]", ch,
+                        "'M' (Mamba-2), '*' (attention) or '-' (MLP)")  # fmt: skip
+        types = list(pattern)  # letters, mapped below (messages name the letter)
+    if types is None:  # HF's default pattern has an MoE layer
+        types = ["linear_attention", "moe", "full_attention", "mlp"]
+    if not isinstance(types, list) or not types:
+        c._fail(field, types, "a non-empty list of layer types")
+    shown = list(types)
+    types = [PATTERN.get(t, t) if field == "hybrid_override_pattern" else t for t in types]
+    types = [LEGACY_TYPES.get(t, t) for t in types]
+    for i, t in enumerate(types):
+        where = f"{field}[{i}]"
+        if t == "moe":
+            raise ValueError(
+                f"load_model: config {where}={shown[i]!r} is an MoE layer; MoE is out of scope "
+                "for exactblocks (dense Mamba-2 / attention / MLP layers only)"
+            )
+        if t not in ("linear_attention", "full_attention", "mlp"):
+            c._fail(where, shown[i], "'linear_attention', 'full_attention' or 'mlp'")
+    c.resolved["layers_block_type"] = types
+    return types
+
+
+def spec_from_config(config) -> tuple[HybridSpec, dict]:
+    """The frozen spec of a Nemotron-H model, and the resolved HF-style config.
+
+    Parameters
+    ----------
+    config : Mapping
+        HF ``NemotronHConfig`` fields.
+
+    Returns
+    -------
+    spec : HybridSpec
+    resolved : dict
+
+    Raises
+    ------
+    ValueError
+        An MoE layer; an unknown pattern letter or layer type; a ``mamba_hidden_act`` other
+        than silu or an ``mlp_hidden_act`` other than relu2/gelu/gelu_pytorch_tanh; bad sizes
+        (the message names the field).
+    """
+    c = ConfigReader(config, DEFAULTS, "nemotron_h")
+    types = hybrid_layer_types(c)
+    c.choice("mamba_hidden_act", {"silu": "silu"})
+    mlp = c.choice("mlp_hidden_act", UNGATED_MLP)
+    d, eps = c.int("hidden_size"), c.float("layer_norm_epsilon")
+    n_heads, n_kv, hd = (
+        c.int("num_attention_heads"),
+        c.int("num_key_value_heads"),
+        c.int("head_dim"),
+    )
+    if n_heads % n_kv:
+        c._fail("num_key_value_heads", n_kv, f"a divisor of num_attention_heads={n_heads}")
+    it = c.int("intermediate_size")
+    mh, mhd, ns = c.int("mamba_num_heads"), c.int("mamba_head_dim"), c.int("ssm_state_size")
+    groups, kernel = c.int("n_groups"), c.int("conv_kernel")
+    if mh % groups:
+        c._fail("n_groups", groups, f"a divisor of mamba_num_heads={mh}")
+    di = mh * mhd  # HF: intermediate_size = mamba_num_heads * mamba_head_dim
+    conv_dim = di + 2 * groups * ns
+    proj_bias, conv_bias, mlp_bias = c.bool("use_bias"), c.bool("use_conv_bias"), c.bool("mlp_bias")
+    dt_min = c.float("time_step_min", positive=False)
+    if dt_min < 0:
+        c._fail("time_step_min", dt_min, "a number >= 0")
+
+    mamba = [
+        ("norm.weight", "norm.weight", (d,)),
+        ("mixer.in_proj.weight", "mixer.in_proj.weight", (di + conv_dim + mh, d)),
+        ("mixer.conv1d.weight", "mixer.conv1d.weight", (conv_dim, 1, kernel)),
+        ("mixer.dt_bias", "mixer.dt_bias", (mh,)),
+        ("mixer.A_log", "mixer.A_log", (mh,)),
+        ("mixer.D", "mixer.D", (mh,)),
+        ("mixer.norm.weight", "mixer.norm.weight", (di,)),
+        ("mixer.out_proj.weight", "mixer.out_proj.weight", (d, di)),
+    ]
+    if conv_bias:
+        mamba.append(("mixer.conv1d.bias", "mixer.conv1d.bias", (conv_dim,)))
+    if proj_bias:
+        mamba += [
+            ("mixer.in_proj.bias", "mixer.in_proj.bias", (di + conv_dim + mh,)),
+            ("mixer.out_proj.bias", "mixer.out_proj.bias", (d,)),
+        ]
+    attn = [
+        ("input_layernorm.weight", "norm.weight", (d,)),
+        ("self_attn.q_proj.weight", "mixer.q_proj.weight", (n_heads * hd, d)),
+        ("self_attn.k_proj.weight", "mixer.k_proj.weight", (n_kv * hd, d)),
+        ("self_attn.v_proj.weight", "mixer.v_proj.weight", (n_kv * hd, d)),
+        ("self_attn.o_proj.weight", "mixer.o_proj.weight", (d, n_heads * hd)),
+    ]
+    mlp_t = [
+        ("post_attention_layernorm.weight", "norm.weight", (d,)),
+        ("mlp.up_proj.weight", "mixer.up_proj.weight", (it, d)),
+        ("mlp.down_proj.weight", "mixer.down_proj.weight", (d, it)),
+    ]
+    if mlp_bias:
+        mlp_t += [
+            ("mlp.up_proj.bias", "mixer.up_proj.bias", (it,)),
+            ("mlp.down_proj.bias", "mixer.down_proj.bias", (d,)),
+        ]
+    plans = {
+        "linear_attention": BlockPlan(
+            "mamba2",
+            (("dt_limit", (dt_min, math.inf)), ("n_groups", groups), ("norm_eps", eps)),
+            tuple(mamba),
+        ),
+        "full_attention": BlockPlan(
+            "transformer",
+            tuple(
+                sorted(
+                    {
+                        "block_parts": "attention",
+                        "n_heads": n_heads,
+                        "n_kv_heads": n_kv,
+                        "head_dim": hd,
+                        "rope_dim": 0,
+                        "norm_eps": eps,
+                    }.items()
+                )
+            ),  # fmt: skip
+            tuple(attn),
+        ),
+        "mlp": BlockPlan(
+            "transformer",
+            tuple(
+                sorted(
+                    {
+                        "block_parts": "mlp",
+                        "mlp": mlp,
+                        "mlp_bias": mlp_bias,
+                        "norm_eps": eps,
+                    }.items()
+                )
+            ),  # fmt: skip
+            tuple(mlp_t),
+        ),
+    }
+    spec = HybridSpec(
+        family="nemotron_h",
+        vocab_size=c.int("vocab_size"),
+        d_model=d,
+        n_layers=len(types),
+        norm_eps=eps,
+        max_position_embeddings=c.int("max_position_embeddings"),
+        tie_embeddings=c.bool("tie_word_embeddings"),
+        layers=tuple((plans[t],) for t in types),
+        layer_kinds=tuple(types),
+        embed_name="backbone.embeddings.weight",
+        norm_name="backbone.norm_f.weight",
+        layer_prefix="backbone.layers.{}.",
+        prefix_aliases=(("backbone.", "model."),),  # transformers 5 names it model. in memory
+    )
+    c.resolved["num_hidden_layers"] = len(types)
+    return spec, c.resolved

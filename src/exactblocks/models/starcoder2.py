@@ -1,0 +1,88 @@
+"""StarCoder2 (HF ``Starcoder2ForCausalLM``): HF config -> :class:`DecoderSpec`.
+
+Llama's pre-norm layer with LayerNorms (weights and biases, ``norm_epsilon``, the final norm
+too), biases on q/k/v/o and on the MLP (``use_bias``), an ungated MLP ``c_proj(act(c_fc(x)))``
+(HF ``Starcoder2MLP``: the block's ``up_proj`` / ``down_proj``) and one sliding window on every
+layer (``sliding_window``, null = causal). HF fields read (transformers 5.23
+``Starcoder2Config``): vocab_size, hidden_size, intermediate_size, num_hidden_layers,
+num_attention_heads, num_key_value_heads, hidden_act, max_position_embeddings, norm_epsilon,
+rope_parameters (or rope_theta/rope_scaling), sliding_window, use_bias, tie_word_embeddings.
+The dropout fields do not change inference. GGUF: ``general.architecture == "starcoder2"`` is
+not read (its tensor names are llama.cpp's).
+"""
+
+from __future__ import annotations
+
+from ._config import ConfigReader
+from ._decoder import DecoderSpec
+from .llama import heads_and_dims, rope_fields
+
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+
+ARCHITECTURES = ("Starcoder2ForCausalLM",)
+MODEL_TYPES = ("starcoder2",)
+GGUF_ARCHS = ()
+
+#: ``Starcoder2Config`` class defaults (transformers 5.23.0), used only for omitted fields.
+DEFAULTS = {
+    "vocab_size": 49152,
+    "hidden_size": 3072,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 2,
+    "head_dim": None,
+    "hidden_act": "gelu_pytorch_tanh",
+    "max_position_embeddings": 4096,
+    "norm_epsilon": 1e-5,
+    "sliding_window": None,
+    "use_bias": True,
+    "tie_word_embeddings": True,
+    "bos_token_id": 50256,
+    "eos_token_id": 50256,
+}
+
+#: HF ``hidden_act`` -> the block's ungated MLP (``Starcoder2MLP``: c_proj(act(c_fc(x)))).
+UNGATED_MLP = {"gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+
+#: The block's MLP names -> StarCoder2's.
+RENAMES = (("mlp.up_proj.", "mlp.c_fc."), ("mlp.down_proj.", "mlp.c_proj."))
+
+
+def spec_from_config(config) -> tuple[DecoderSpec, dict]:
+    """The frozen spec of a StarCoder2 model, and the resolved HF-style config.
+
+    Parameters
+    ----------
+    config : Mapping
+        HF ``Starcoder2Config`` fields.
+
+    Returns
+    -------
+    spec : DecoderSpec
+    resolved : dict
+
+    Raises
+    ------
+    ValueError
+        A ``hidden_act`` other than gelu_pytorch_tanh/gelu, a RoPE type the blocks do not
+        compute, a ``sliding_window`` that is not null or an integer >= 1, bad sizes.
+    """
+    c = ConfigReader(config, DEFAULTS, "starcoder2")
+    sizes = heads_and_dims(c, eps_key="norm_epsilon", acts=UNGATED_MLP)
+    window = c.int("sliding_window", allow_none=True)
+    bias = c.bool("use_bias")
+    spec = DecoderSpec(
+        family="starcoder2",
+        **sizes,
+        **rope_fields(c),
+        qkv_bias=bias,
+        o_bias=bias,
+        mlp_bias=bias,
+        qk_norm=False,
+        windows=(window or 0,) * sizes["n_layers"],
+        norm="layernorm",
+        norm_bias=True,
+        renames=RENAMES,
+    )
+    return spec, c.resolved
