@@ -147,7 +147,9 @@ def test_state_copy_pickle_and_ownership(tiny):
         other.forward(ids[:, :2], model.allocate_state(2, 4))
     model.step(ids[:, 0], clone)  # clone holds 13 of 16 positions now
     before = [st_.k_cache.copy() for st_ in clone.layers]
-    with pytest.raises(ValueError, match="holds 13 positions; this call needs 18"):
+    with pytest.raises(
+        ValueError, match="holds 13 positions and this call adds 5; the limit is max_tokens=16"
+    ):
         model.forward(ids[:, :5], clone)
     assert all(np.array_equal(b, s.k_cache) for b, s in zip(before, clone.layers))
     st.reset([0])

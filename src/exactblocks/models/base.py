@@ -541,9 +541,9 @@ class Model:
         for b in range(state.batch_size):
             if limit is not None and int(held[b]) + int(need[b]) > limit:
                 raise ValueError(
-                    f"{where}: state row {b} holds {int(held[b])} positions; this call needs "
-                    f"{int(held[b]) + int(need[b])} (allocate the state with max_tokens >= "
-                    f"{int(held[b]) + int(need[b])})"
+                    f"{where}: state row {b} holds {int(held[b])} positions and this call adds "
+                    f"{int(need[b])}; the limit is max_tokens={limit} (allocate the state with "
+                    f"max_tokens >= {int(held[b]) + int(need[b])})"
                 )
 
     def _embed_rows(self, ids: np.ndarray, lens) -> np.ndarray:
