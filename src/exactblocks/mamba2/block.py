@@ -402,28 +402,40 @@ class Mamba2BlockInference(BlockCommon):
         )
         bsz = xa.shape[0]
         if state is None:
-            return impl.core.forward(
-                xa,
-                lens,
-                np.zeros((bsz, s["conv_dim"], s["conv_kernel"]), np.float32),
-                np.zeros((bsz, s["n_heads"], s["head_dim"], s["d_state"]), np.float32),
-            )
+            try:
+                return impl.core.forward(
+                    xa,
+                    lens,
+                    np.zeros((bsz, s["conv_dim"], s["conv_kernel"]), np.float32),
+                    np.zeros((bsz, s["n_heads"], s["head_dim"], s["d_state"]), np.float32),
+                )
+            except MemoryError as exc:
+                raise self._memory_error(where, exc, None) from None
         self._check_state_fits(impl, state, xa, where)
-        self._lock_state(state, where)
-        try:
+        with self._claim_state(state, where):
             start = _check_counters(state, lens, where)
             # The native call checks what it reads of each advancing row before writing and
-            # returns None when a value is not finite; the exact check then names it.
-            y = impl.core.forward(xa, lens, state.conv_window, state.h, check_state=True)
+            # returns None when a value is not finite; the exact check then names it. Once
+            # conv_window and h are written it sets row_tokens = start + lens in the same
+            # native step: an interrupt never falls between the buffers and the counters.
+            try:
+                y = impl.core.forward(
+                    xa,
+                    lens,
+                    state.conv_window,
+                    state.h,
+                    check_state=True,
+                    start=start,
+                    row_tokens=state.row_tokens,
+                )
+            except MemoryError as exc:
+                raise self._memory_error(where, exc, state) from None
             if y is None:
                 _check_finite(state, lens, where)
                 raise RuntimeError(
                     f"{where}: internal error: the native state check failed but no "
                     "non-finite value was found"
                 )
-            state.row_tokens[:] = start + lens
-        finally:
-            state._lock.release()
         return y
 
 

@@ -436,7 +436,10 @@ class TransformerBlockInference(BlockCommon):
             shape = (bsz, opts["n_kv_heads"], 0, opts["head_dim"])
             k = np.zeros(shape, np.float32)
             v = np.zeros(shape, np.float32)
-            return core.forward(xa, lens, np.zeros(bsz, np.int64), k, v)
+            try:
+                return core.forward(xa, lens, np.zeros(bsz, np.int64), k, v)
+            except MemoryError as exc:
+                raise self._memory_error(where, exc, None) from None
 
         self._check_state_fits(impl, state, xa, where)
         owner = state._open_session()
@@ -445,8 +448,7 @@ class TransformerBlockInference(BlockCommon):
                 f"{where}: state is claimed by an open decode session {owner!r}; "
                 "call the session's step/forward, or close it first"
             )
-        self._lock_state(state, where)
-        try:
+        with self._claim_state(state, where):
             start = _check_counters(state, where)
             for b in range(bsz):
                 held, asked = int(start[b]), int(lens[b])
@@ -473,16 +475,28 @@ class TransformerBlockInference(BlockCommon):
             # The native call checks the slots each row reads (SPEC 5) as it reads them, and
             # returns None before writing anything when one is not finite; the Python check
             # then names the first such element (the same rule, so it always finds one).
-            y = core.forward(xa, lens, start, state.k_cache, state.v_cache, ws, check_cache=True)
+            # The native call also sets row_tokens = start + lens once the cache is written, in
+            # the same native step: an interrupt arrives before the call (nothing changed) or
+            # after it (the call completed), never between the buffers and the counters.
+            try:
+                y = core.forward(
+                    xa,
+                    lens,
+                    start,
+                    state.k_cache,
+                    state.v_cache,
+                    ws,
+                    check_cache=True,
+                    row_tokens=state.row_tokens,
+                )
+            except MemoryError as exc:
+                raise self._memory_error(where, exc, state) from None
             if y is None:
                 _check_readable(state, start, lens, where)
                 raise RuntimeError(
                     f"{where}: internal error: the native cache check failed "
                     "but no non-finite slot was found"
                 )
-            state.row_tokens[:] = start + lens
-        finally:
-            state._lock.release()
         return y
 
 
