@@ -41,6 +41,9 @@ void bind_runtime(nb::module_& m) {
 }  // namespace eb::bindings
 
 NB_MODULE(_core, m) {
+  // A thread still inside a call when the interpreter exits holds references nanobind would
+  // report as leaks; they are reclaimed by the OS, so the report is noise (issue #16).
+  nanobind::set_leak_warnings(false);
   eb::bindings::bind_runtime(m);
   eb::bindings::bind_blocks(m);
   eb::bindings::bind_ops(m);
