@@ -347,13 +347,18 @@ class Mamba2BlockInference(BlockCommon):
             ``conv_window[b, :, 1:]`` or ``h[b]`` (buffer, index, value).
         RuntimeError
             The state is in use by another call.
+        MemoryError
+            The output or the scratch cannot be allocated (the message names the call and
+            the bytes); the state is unchanged and the scratch grown so far is released.
 
         Notes
         -----
         Every check completes before the state is touched (a failed call leaves
         ``conv_window``, ``h`` and ``row_tokens`` byte-identical); the native computation runs
-        with the GIL released. Output bits depend only on each row's own tokens and starting
-        state (SPEC.md 3.1).
+        with the GIL released and writes ``conv_window``, ``h`` and then ``row_tokens`` in one
+        step: an exception raised into the call (Ctrl-C, a signal handler) leaves the state
+        wholly before or wholly after the call (SPEC.md 2.5). Output bits depend only on each
+        row's own tokens and starting state (SPEC.md 3.1).
         """
         return self._call(x, state, lengths, f"{_CLS}.forward", step=False)
 

@@ -82,8 +82,9 @@ class TransformerState(StateBase):
     C-contiguous and writable, and share no memory; an array reshaped, retyped or made
     read-only in place is refused with ValueError before anything is written.
 
-    States pickle (buffers, counters and fingerprint); a restored state works with any block of
-    the same fingerprint.
+    States pickle (buffers, counters and fingerprint) and copy under the state's lock, as do
+    ``keys`` and ``values``: taken during another thread's call, they wait for it (SPEC.md
+    2.6). A restored state works with any block of the same fingerprint.
 
     Examples
     --------
