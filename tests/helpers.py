@@ -25,6 +25,18 @@ _HF_PREFIX = {
 }
 
 
+def force_num_threads(n: int) -> None:
+    """Set the core's thread count to ``n`` as given, also above the usable CPUs.
+
+    ``exactblocks.set_num_threads`` caps at the CPUs of the affinity mask (with a warning);
+    thread-invariance tests oversubscribe on purpose (3 or 8 threads on 2 CPUs split the work
+    differently). Restore with ``exactblocks.set_num_threads(saved)``.
+    """
+    from exactblocks import _ext
+
+    _ext.core().set_num_threads(int(n))
+
+
 def make_transformer_weights(
     rng: np.random.Generator,
     d_model: int,

@@ -4,10 +4,19 @@
 // kernel table's forward with the GIL released.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -64,6 +73,164 @@ const ops::PackedMatrix& packed_by_name(const Mamba2Model& t, const std::string&
   if (name == "in_proj") return t.w_in;
   if (name == "out_proj") return t.w_out;
   throw nb::value_error(("no packed matrix " + name).c_str());
+}
+
+using IOut = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// A state's lock (SPEC 2.6). Claimed through a context manager whose __enter__ and __exit__ are
+// native, so no Python-level exception (KeyboardInterrupt, a signal handler that raises) can
+// fall between taking the lock and entering the protected region, or between leaving it and
+// releasing the lock: the interpreter calls __exit__ whenever __enter__ returned.
+class StateLock {
+ public:
+  bool try_acquire() {
+    std::lock_guard<std::mutex> g(m_);
+    if (busy_) return false;
+    busy_ = true;
+    owner_ = std::this_thread::get_id();
+    return true;
+  }
+  // Waits (GIL released, in slices so that Ctrl-C is seen) up to `timeout` seconds. Returns 0
+  // on success, 1 when the holder is this thread (waiting would deadlock), 2 on timeout.
+  int acquire_for(double timeout) {
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(std::min(std::max(timeout, 0.0), 1e9)));
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> g(m_);
+        if (busy_ && owner_ == std::this_thread::get_id()) return 1;
+      }
+      bool got = false;
+      {
+        nb::gil_scoped_release release;
+        std::unique_lock<std::mutex> lk(m_);
+        const Clock::time_point slice =
+            std::min(deadline, Clock::now() + Clock::duration(std::chrono::milliseconds(50)));
+        got = cv_.wait_until(lk, slice, [&] { return !busy_; });
+        if (got) {
+          busy_ = true;
+          owner_ = std::this_thread::get_id();
+        }
+      }
+      if (got) return 0;
+      if (PyErr_CheckSignals() != 0) throw nb::python_error();
+      if (Clock::now() >= deadline) return 2;
+    }
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> g(m_);
+      busy_ = false;
+      owner_ = std::thread::id();
+    }
+    cv_.notify_all();
+  }
+  bool locked() {
+    std::lock_guard<std::mutex> g(m_);
+    return busy_;
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool busy_ = false;
+  std::thread::id owner_;
+};
+
+// `with lock.claim(message):` (a call: refuse at once with RuntimeError(message) when busy) or
+// `with lock.hold(where, timeout):` (a snapshot: wait, bounded).
+struct StateClaim {
+  nb::object owner;  // keeps the StateLock alive
+  StateLock* lock = nullptr;
+  std::string message;
+  double timeout = -1.0;  // < 0: do not wait
+  bool held = false;
+
+  void enter() {
+    if (held) throw std::runtime_error("state claim entered twice");
+    if (timeout < 0.0) {
+      if (!lock->try_acquire()) throw std::runtime_error(message);
+    } else {
+      const int r = lock->acquire_for(timeout);
+      if (r == 1)
+        throw std::runtime_error(message +
+                                 ": the state is in use by a call of this same thread (from a "
+                                 "signal handler?); take the snapshot after the call returns");
+      if (r == 2)
+        throw std::runtime_error(message +
+                                 ": the state is in use by another call that did not "
+                                 "finish within " +
+                                 std::to_string(timeout) + " s");
+    }
+    held = true;
+  }
+  void exit() {
+    if (held) {
+      held = false;
+      lock->release();
+    }
+  }
+};
+
+// Scratch or output memory that could not be allocated: a MemoryError whose message the Python
+// layer prefixes with `Class.method: ` (SPEC 2.7).
+struct CallAllocError : std::bad_alloc {
+  std::string msg;
+  explicit CallAllocError(std::string m) : msg(std::move(m)) {}
+  const char* what() const noexcept override { return msg.c_str(); }
+};
+
+OutArr new_output(int64_t B, int64_t L, int64_t d) {
+  try {
+    return new_array({static_cast<size_t>(B), static_cast<size_t>(L), static_cast<size_t>(d)});
+  } catch (const std::bad_alloc&) {
+    throw CallAllocError("cannot allocate the output of shape (" + std::to_string(B) + ", " +
+                         std::to_string(L) + ", " + std::to_string(d) + ") float32 (" +
+                         std::to_string(B * L * d * 4) + " bytes)");
+  }
+}
+
+// Runs a block kernel with the GIL released. On failure (scratch that cannot be allocated) the
+// workspace the call used is released, so a failed call keeps no scratch alive, and the
+// exception names the memory. Nothing of the caller's state has been written then: every
+// kernel allocates its scratch before its first state write (SPEC 2.5).
+template <class Fn>
+void run_kernel(Workspace* given, Workspace* used, int64_t tokens, Fn&& fn) {
+  size_t held = 0;
+  bool failed = false;
+  {
+    nb::gil_scoped_release release;
+    try {
+      fn();
+      runtime::trim_workspace(given, used);
+    } catch (const std::bad_alloc&) {
+      held = used->bytes();
+      used->release();
+      failed = true;
+    } catch (...) {
+      used->release();
+      throw;
+    }
+  }
+  if (failed)
+    throw CallAllocError("cannot allocate scratch memory for " + std::to_string(tokens) +
+                         " tokens (an allocation failed after " + std::to_string(held) +
+                         " bytes of scratch; they have been released)");
+}
+
+// row_tokens[b] = start[b] + lengths[b]: the counters of a completed call, written in the same
+// native step as the buffers (no Python code runs in between).
+void commit_counters(IOut* row_tokens, const IArr& start, const IArr& lengths, int64_t B) {
+  if (row_tokens == nullptr) return;
+  for (int64_t b = 0; b < B; ++b) row_tokens->data()[b] = start.data()[b] + lengths.data()[b];
+}
+
+int64_t total_tokens(const IArr& lengths) {
+  int64_t m = 0;
+  for (size_t b = 0; b < lengths.shape(0); ++b) m += lengths.data()[b];
+  return m;
 }
 
 void check_rows(const IArr& a, int64_t batch, const char* name) {
@@ -274,12 +441,14 @@ void bind_blocks(nb::module_& m) {
       // with the cache untouched, when one is not finite (Python then names the element).
       // rope_set: longrope's table for this call, 0 = short, 1 = long (TransformerCall). An
       // mlp_only block ignores the caches (any float32 arrays, e.g. empty) and the positions.
+      // row_tokens: the state's counters, set to start + lengths after the cache, in the same
+      // native step (an interrupt cannot separate them); None for a state-less call.
       .def(
           "forward",
           [](const TransformerModel& mdl,
              nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> x, IArr lengths,
-             IArr start, MArr k_cache, MArr v_cache, Workspace* ws, bool check_cache,
-             int rope_set) -> nb::object {
+             IArr start, MArr k_cache, MArr v_cache, Workspace* ws, bool check_cache, int rope_set,
+             std::optional<IOut> row_tokens) -> nb::object {
             const int64_t B = static_cast<int64_t>(x.shape(0)),
                           L = static_cast<int64_t>(x.shape(1));
             const TransformerConfig& c = mdl.cfg;
@@ -288,6 +457,9 @@ void bind_blocks(nb::module_& m) {
             check_rows(start, B, "start");
             EB_CHECK(rope_set == 0 || (rope_set == 1 && c.rope_scaling == ops::kRopeLongrope),
                      "rope_set must be 0, or 0 or 1 with longrope");
+            if (row_tokens)
+              EB_CHECK(static_cast<int64_t>(row_tokens->shape(0)) == B,
+                       "row_tokens must have batch entries");
             const bool attn = blocks::has_attention(c);
             int64_t cap = 0;
             if (attn) {  // an MLP-only block reads no cache and no positions (caches ignored)
@@ -307,8 +479,8 @@ void bind_blocks(nb::module_& m) {
               EB_CHECK(lengths.data()[b] >= 0 && lengths.data()[b] <= L && start.data()[b] >= 0 &&
                            (!attn || start.data()[b] + lengths.data()[b] <= c.max_positions),
                        "lengths/start out of range");
-            OutArr y = new_array(
-                {static_cast<size_t>(B), static_cast<size_t>(L), static_cast<size_t>(c.d_model)});
+            OutArr y = new_output(B, L, c.d_model);
+            nb::object out = nb::cast(y);  // before the call: nothing can fail after the commit
             int cache_bad = 0;
             TransformerCall call{x.data(),
                                  y.data(),
@@ -323,17 +495,18 @@ void bind_blocks(nb::module_& m) {
                                  runtime::call_workspace(ws),
                                  check_cache && attn ? &cache_bad : nullptr,
                                  rope_set};
-            {
-              nb::gil_scoped_release release;
+            IOut* rt = row_tokens ? &*row_tokens : nullptr;
+            run_kernel(ws, call.ws, total_tokens(lengths), [&] {
               kernels().transformer_forward(mdl, call);
-              runtime::trim_workspace(ws, call.ws);
-            }
+              if (!cache_bad) commit_counters(rt, start, lengths, B);
+            });
             if (cache_bad) return nb::none();  // a read slot is not finite; the cache is untouched
-            return nb::cast(y);
+            return out;
           },
           nb::arg("x"), nb::arg("lengths"), nb::arg("start"), nb::arg("k_cache"),
           nb::arg("v_cache"), nb::arg("workspace").none() = nb::none(),
-          nb::arg("check_cache") = false, nb::arg("rope_set") = 0);
+          nb::arg("check_cache") = false, nb::arg("rope_set") = 0,
+          nb::arg("row_tokens").none() = nb::none());
 
   nb::class_<Mamba2Model>(m, "Mamba2Core")
       .def_prop_ro("weight_storage",
@@ -364,16 +537,27 @@ void bind_blocks(nb::module_& m) {
       .def_prop_ro("cfg", [](const Mamba2Model& t) { return t.cfg; })
       // check_state: check what the call reads of each advancing row (SPEC 8) before writing;
       // returns None, with the state untouched, when a value is not finite.
+      // start, row_tokens: the state's counters before the call and the array they live in,
+      // set to start + lengths after conv_window and h in the same native step; None for a
+      // state-less call.
       .def(
           "forward",
           [](const Mamba2Model& mdl,
              nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> x, IArr lengths,
-             MArr conv_window, MArr h, Workspace* ws, bool check_state) -> nb::object {
+             MArr conv_window, MArr h, Workspace* ws, bool check_state, std::optional<IArr> start,
+             std::optional<IOut> row_tokens) -> nb::object {
             const int64_t B = static_cast<int64_t>(x.shape(0)),
                           L = static_cast<int64_t>(x.shape(1));
             const Mamba2Config& c = mdl.cfg;
             EB_CHECK(static_cast<int64_t>(x.shape(2)) == c.d_model, "x last dim != d_model");
             check_rows(lengths, B, "lengths");
+            EB_CHECK(start.has_value() == row_tokens.has_value(),
+                     "start and row_tokens go together");
+            if (row_tokens) {
+              check_rows(*start, B, "start");
+              EB_CHECK(static_cast<int64_t>(row_tokens->shape(0)) == B,
+                       "row_tokens must have batch entries");
+            }
             EB_CHECK(conv_window.ndim() == 3 && static_cast<int64_t>(conv_window.shape(0)) == B &&
                          static_cast<int64_t>(conv_window.shape(1)) == c.conv_dim &&
                          static_cast<int64_t>(conv_window.shape(2)) == c.conv_kernel,
@@ -385,8 +569,8 @@ void bind_blocks(nb::module_& m) {
                      "h shape");
             for (int64_t b = 0; b < B; ++b)
               EB_CHECK(lengths.data()[b] >= 0 && lengths.data()[b] <= L, "lengths out of range");
-            OutArr y = new_array(
-                {static_cast<size_t>(B), static_cast<size_t>(L), static_cast<size_t>(c.d_model)});
+            OutArr y = new_output(B, L, c.d_model);
+            nb::object out = nb::cast(y);  // before the call: nothing can fail after the commit
             int state_bad = 0;
             Mamba2Call call{x.data(),
                             y.data(),
@@ -398,16 +582,78 @@ void bind_blocks(nb::module_& m) {
                             runtime::num_threads(),
                             runtime::call_workspace(ws),
                             check_state ? &state_bad : nullptr};
-            {
-              nb::gil_scoped_release release;
+            IOut* rt = row_tokens ? &*row_tokens : nullptr;
+            run_kernel(ws, call.ws, total_tokens(lengths), [&] {
               kernels().mamba2_forward(mdl, call);
-              runtime::trim_workspace(ws, call.ws);
-            }
+              if (!state_bad && rt) commit_counters(rt, *start, lengths, B);
+            });
             if (state_bad) return nb::none();  // a read state value is not finite; untouched
-            return nb::cast(y);
+            return out;
           },
           nb::arg("x"), nb::arg("lengths"), nb::arg("conv_window"), nb::arg("h"),
-          nb::arg("workspace").none() = nb::none(), nb::arg("check_state") = false);
+          nb::arg("workspace").none() = nb::none(), nb::arg("check_state") = false,
+          nb::arg("start").none() = nb::none(), nb::arg("row_tokens").none() = nb::none());
+
+  // The state lock (StateLock above) and its two context managers.
+  nb::class_<StateClaim>(m, "StateClaim")
+      .def("__enter__", [](StateClaim& c) { c.enter(); })
+      .def("__exit__", [](StateClaim& c, nb::args) {
+        c.exit();
+        return false;
+      });
+  nb::class_<StateLock>(m, "StateLock")
+      .def(nb::init<>())
+      // `with lock.claim(message):` a call's claim: RuntimeError(message) at once when busy
+      .def(
+          "claim",
+          [](nb::handle self, std::string message) {
+            StateClaim c;
+            c.owner = nb::borrow(self);
+            c.lock = nb::cast<StateLock*>(self);
+            c.message = std::move(message);
+            return c;
+          },
+          nb::arg("message"))
+      // `with lock.hold(where, timeout):` a snapshot's claim: waits up to timeout seconds (GIL
+      // released; Ctrl-C is seen), RuntimeError naming `where` on timeout or when this very
+      // thread holds the lock
+      .def(
+          "hold",
+          [](nb::handle self, std::string where, double timeout) {
+            StateClaim c;
+            c.owner = nb::borrow(self);
+            c.lock = nb::cast<StateLock*>(self);
+            c.message = std::move(where);
+            c.timeout = timeout;
+            return c;
+          },
+          nb::arg("where"), nb::arg("timeout"))
+      .def("locked", &StateLock::locked);
+
+  // reset(rows) of either state as one native step: zero rows of both float buffers, then
+  // their counters. Everything is checked before the first write.
+  m.def(
+      "reset_rows",
+      [](MArr a, MArr b, IOut row_tokens, IArr rows) {
+        const int64_t B = static_cast<int64_t>(row_tokens.shape(0));
+        EB_CHECK(a.ndim() >= 1 && b.ndim() >= 1 && static_cast<int64_t>(a.shape(0)) == B &&
+                     static_cast<int64_t>(b.shape(0)) == B,
+                 "buffers must have batch rows");
+        for (size_t i = 0; i < rows.shape(0); ++i)
+          EB_CHECK(rows.data()[i] >= 0 && rows.data()[i] < B, "row out of range");
+        const size_t ra = B ? a.size() / static_cast<size_t>(B) : 0;
+        const size_t rb = B ? b.size() / static_cast<size_t>(B) : 0;
+        nb::gil_scoped_release release;
+        for (size_t i = 0; i < rows.shape(0); ++i) {
+          const auto r = static_cast<size_t>(rows.data()[i]);
+          std::fill_n(a.data() + r * ra, ra, 0.0f);
+          std::fill_n(b.data() + r * rb, rb, 0.0f);
+          row_tokens.data()[r] = 0;
+        }
+      },
+      nb::arg("a"), nb::arg("b"), nb::arg("row_tokens"), nb::arg("rows"));
+  // Bytes held by this OS thread's own scratch workspace (tests: a failed call keeps none).
+  m.def("_thread_workspace_bytes", []() { return runtime::call_workspace(nullptr)->bytes(); });
 }
 
 }  // namespace eb::bindings

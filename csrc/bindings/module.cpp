@@ -18,6 +18,12 @@
 #define EB_VERSION "0.0.0"
 #endif
 
+// The thread count under a plain C name: threadpoolctl recognises the extension by this exported
+// symbol (exactblocks/runtime.py registers its controller). Reading only; Python sets it.
+extern "C" __attribute__((visibility("default"))) int exactblocks_get_num_threads() {
+  return eb::runtime::num_threads();
+}
+
 namespace eb::bindings {
 
 void bind_runtime(nb::module_& m) {

@@ -175,12 +175,21 @@ class BlockCommon:
             )
 
     @staticmethod
-    def _lock_state(state, where: str) -> None:
-        """Claim the state for this call (release with ``state._lock.release()``)."""
-        if not state._lock.acquire(blocking=False):
-            raise RuntimeError(
-                f"{where}: state is in use by another call (a state serves one call at a time)"
-            )
+    def _claim_state(state, where: str):
+        """``with self._claim_state(state, where):`` the state for this call; RuntimeError at
+        once when another call holds it. The claim is native (its ``__enter__`` and
+        ``__exit__`` run no Python code), so no exception raised by a signal handler can fall
+        between taking the lock and the protected region: it cannot leak."""
+        return state._lock.claim(
+            f"{where}: state is in use by another call (a state serves one call at a time)"
+        )
+
+    @staticmethod
+    def _memory_error(where: str, exc: MemoryError, state) -> MemoryError:
+        """A MemoryError of the native call (output or scratch), named after the call (the
+        native side has released the scratch it had grown; no state byte was written)."""
+        tail = "" if state is None else "; the state is unchanged"
+        return MemoryError(f"{where}: {exc or 'out of memory'}{tail}")
 
     # -- read-only attributes ---------------------------------------------------------------
     def __setattr__(self, name, value):

@@ -12,16 +12,19 @@ does not: a particular state's buffers, ``repr`` and call-time checks
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
+from . import _ext
 from ._validation import check_int, check_state_buffers
 
-__all__ = ["StateBase"]
+__all__ = ["SNAPSHOT_TIMEOUT", "StateBase"]
 
 # Passed by the blocks' allocate_state (and unpickling) only; any other construction raises.
 _PRIVATE = object()
+
+# Seconds a snapshot (pickle, copy, keys, values) waits for a running call of another thread to
+# finish before it raises RuntimeError (SPEC.md 2.6).
+SNAPSHOT_TIMEOUT = 60.0
 
 
 class StateBase:
@@ -59,7 +62,10 @@ class StateBase:
             self, "row_tokens", cls._buffer(row_tokens, (self.batch_size,), np.int64)
         )
         object.__setattr__(self, "fingerprint", str(fingerprint))
-        object.__setattr__(self, "_lock", threading.Lock())
+        # The native lock: `with state._lock.claim(msg)` (calls, reset: refuse when busy) and
+        # `with state._lock.hold(where, timeout)` (snapshots: wait, bounded). Its __enter__ and
+        # __exit__ are native, so no exception raised by a signal handler can leak it.
+        object.__setattr__(self, "_lock", _ext.core().StateLock())
         return self
 
     @staticmethod
@@ -85,8 +91,21 @@ class StateBase:
         raise AttributeError(f"{type(self).__name__}: attribute {name!r} cannot be deleted")
 
     # -- pickling and copying -----------------------------------------------------------------
+    def _snapshot(self, where: str):
+        """``with self._snapshot(where):`` the state's lock, waiting up to SNAPSHOT_TIMEOUT
+        seconds for a running call of another thread (RuntimeError naming ``where`` then, or at
+        once when this thread itself is inside a call on the state)."""
+        return self._lock.hold(where, SNAPSHOT_TIMEOUT)
+
     def __reduce__(self):
-        return (type(self)._restore, tuple(getattr(self, n) for n in self._PICKLED))
+        # Copies taken under the lock: the pickler reads what __reduce__ returns after it
+        # returns, and a call of another thread must not write into it meanwhile.
+        with self._snapshot(f"{type(self).__name__} (pickle or copy)"):
+            args = tuple(
+                np.array(v, copy=True) if isinstance(v, np.ndarray) else v
+                for v in (getattr(self, n) for n in self._PICKLED)
+            )
+        return (type(self)._restore, args)
 
     def __copy__(self):
         fn, args = self.__reduce__()
@@ -110,18 +129,14 @@ class StateBase:
 
     def _reset(self, rows, where: str) -> None:
         """A state's ``reset``: zero the buffers and ``row_tokens`` of ``rows`` (all when None),
-        under the state's lock and after re-checking its buffers; nothing is written when a
-        check fails."""
-        idx = _check_rows(rows, self.batch_size, where)
-        if not self._lock.acquire(blocking=False):
-            raise RuntimeError(f"{where}: state is in use by another call")
-        try:
+        under the state's lock and after re-checking its buffers, in one native step; nothing
+        is written when a check fails or an exception interrupts it."""
+        idx = np.array(_check_rows(rows, self.batch_size, where), dtype=np.int64)
+        with self._lock.claim(f"{where}: state is in use by another call"):
             self._check_buffers(where)
-            for name in self._BUFFERS:
-                getattr(self, name)[idx] = 0.0
-            self.row_tokens[idx] = 0
-        finally:
-            self._lock.release()
+            a, b = (getattr(self, name) for name in self._BUFFERS)
+            # One native step: an interrupt cannot leave some buffers zeroed and others not.
+            _ext.core().reset_rows(a, b, self.row_tokens, idx)
 
 
 def _check_rows(rows, batch: int, where: str) -> list[int]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -426,6 +428,44 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+# A library message starts with the function that raised it ("open_gguf: ", "load_model: "):
+# the CLI names its command and argument instead.
+_INTERNAL_PREFIX = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*: )+")
+
+
+def _error(command: str, exc: BaseException, argument: str | None = None) -> int:
+    """Print ``exactblocks <command>: error: [<argument>: ]<message>`` on stderr; return 2."""
+    msg = _INTERNAL_PREFIX.sub("", str(exc))
+    lead = f"{argument}: " if argument else ""
+    print(f"\nexactblocks {command}: error: {lead}{msg}", file=sys.stderr)
+    return 2
+
+
+def _path_error(command: str, argument: str, path: str, want_file: bool) -> int | None:
+    """Check a path argument before anything loads; print the error and return 2, or None."""
+    if not os.path.exists(path):
+        return _error(command, FileNotFoundError(f"{path!r} does not exist"), argument)
+    if want_file and not os.path.isfile(path):
+        return _error(command, FileNotFoundError(f"{path!r} is not a file"), argument)
+    return None
+
+
+def _quiet_broken_pipe() -> int:
+    """stdout's reader has gone (``exactblocks demo | head -1``): end quietly, as Unix tools do.
+
+    Later writes (the interpreter flushes stdout at exit) go to /dev/null, so no second
+    BrokenPipeError is reported. Returns 128 + SIGPIPE, a shell's status of a tool killed by
+    SIGPIPE.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):  # no real file descriptor (tests)
+        pass
+    return 128 + getattr(signal, "SIGPIPE", 13)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``exactblocks`` console script and ``python -m exactblocks``.
 
@@ -438,31 +478,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     -------
     int
         Exit status: 0 success, 1 the demo's bitwise check failed, 2 usage error or missing
-        model/dependency (the message says what to install).
+        model/dependency (the message names the command and the argument, and says what to
+        install), 141 (128 + SIGPIPE) when stdout's reader went away, as in
+        ``exactblocks demo | head -1`` (nothing is printed then).
     """
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
+        return status
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
     if args.command in ("run", "chat"):
         from exactblocks.models.cli import run_chat, run_text
 
+        bad = _path_error(args.command, "MODEL", args.model, want_file=False)
+        if bad is not None:
+            return bad
         try:
             return (run_text if args.command == "run" else run_chat)(args)
         except (FileNotFoundError, ImportError, TypeError, ValueError) as exc:
-            print(f"\nexactblocks {args.command}: error: {exc}", file=sys.stderr)
-            return 2
+            # a loading error names the model path: it is about the MODEL argument
+            return _error(args.command, exc, "MODEL" if args.model in str(exc) else None)
     if args.command == "serve":
         from exactblocks.serve.cli import run_serve
 
         try:
             return run_serve(args)
         except (FileNotFoundError, ImportError, TypeError, ValueError) as exc:
-            print(f"\nexactblocks serve: error: {exc}", file=sys.stderr)
-            return 2
+            return _error("serve", exc, "MODEL" if args.model in str(exc) else None)
     if args.command != "demo":
         ap.print_help()
         return 2
+    if args.gguf is not None:
+        bad = _path_error("demo", "--gguf", args.gguf, want_file=True)
+        if bad is not None:
+            return bad
     try:
         return run_demo(args.prompt, args.max_new_tokens, args.gguf, args.threads)
     except (FileNotFoundError, ImportError, ValueError) as exc:
-        print(f"\nexactblocks demo: error: {exc}", file=sys.stderr)
-        return 2
+        return _error("demo", exc, "--gguf" if args.gguf is not None else None)

@@ -6,6 +6,7 @@ and never a reduction, so outputs are bitwise the same for every value (SPEC.md 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import threading
 import warnings
@@ -20,38 +21,75 @@ __all__ = [
     "get_num_threads",
     "set_isa",
     "set_num_threads",
+    "usable_cpus",
 ]
 
 _ENV_THREADS = "EXACTBLOCKS_NUM_THREADS"
+_ENV_OMP = "OMP_NUM_THREADS"
 # Upper bound of the thread count: far above any CPU count exactblocks can use, and well inside
 # the C++ int the core stores it in.
 MAX_NUM_THREADS = 4096
 _lock = threading.Lock()
 
 
-def _default_num_threads() -> int:
-    """Threads at import: ``EXACTBLOCKS_NUM_THREADS`` if set (int in [1, 4096]), else CPUs
-    available (at most 4096)."""
-    raw = os.environ.get(_ENV_THREADS)
-    if raw is not None and raw.strip():
-        try:
-            n = int(raw.strip())
-        except ValueError:
-            n = 0
-        if 1 <= n <= MAX_NUM_THREADS:
-            return n
-        shown = raw if len(raw) <= 40 else raw[:37] + "..."
-        warnings.warn(
-            f"exactblocks: {_ENV_THREADS}={shown!r} is not an integer in [1, "
-            f"{MAX_NUM_THREADS}]; using the CPUs available to the process instead",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+def usable_cpus() -> int:
+    """Return the CPUs this process may run on (its affinity mask), at least 1, at most 4096.
+
+    Returns
+    -------
+    int
+        ``len(os.sched_getaffinity(0))`` (``os.cpu_count()`` where there is no affinity mask).
+    """
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - platforms without affinity masks
         n = os.cpu_count() or 1
     return min(max(1, n), MAX_NUM_THREADS)
+
+
+def _env_threads(name: str) -> int | None:
+    """The thread count a variable asks for, or None (unset, empty, or invalid: warned).
+
+    ``OMP_NUM_THREADS`` may be a comma-separated list (one count per nesting level, OpenMP);
+    its first entry is used.
+    """
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    text = raw.strip().split(",")[0].strip() if name == _ENV_OMP else raw.strip()
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if 1 <= n <= MAX_NUM_THREADS:
+        return n
+    shown = raw if len(raw) <= 40 else raw[:37] + "..."
+    warnings.warn(
+        f"exactblocks: {name}={shown!r} is not an integer in [1, {MAX_NUM_THREADS}]; ignored",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+    return None
+
+
+def _default_num_threads() -> int:
+    """Threads at import: ``EXACTBLOCKS_NUM_THREADS``, else ``OMP_NUM_THREADS``, else the usable
+    CPUs; a value above the usable CPUs is capped to them (RuntimeWarning)."""
+    cpus = usable_cpus()
+    for name in (_ENV_THREADS, _ENV_OMP):
+        n = _env_threads(name)
+        if n is None:
+            continue
+        if n > cpus:
+            warnings.warn(
+                f"exactblocks: {name}={n} exceeds the {cpus} CPUs usable by this process "
+                f"(its affinity mask); using {cpus} threads",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return cpus
+        return n
+    return cpus
 
 
 _num_threads = _default_num_threads()
@@ -62,6 +100,60 @@ def _push_threads(core_module) -> None:
 
 
 _ext._register_on_load(_push_threads)
+
+
+def _set_threads(n: int) -> None:
+    global _num_threads
+    with _lock:
+        _num_threads = n
+        if _ext.is_loaded():
+            _ext.core().set_num_threads(n)
+
+
+def _register_threadpoolctl(core_module) -> None:
+    """Make ``threadpoolctl`` see and limit exactblocks' threads, when it is installed.
+
+    ``threadpool_info()`` then lists ``{'user_api': 'exactblocks', 'internal_api':
+    'exactblocks', ...}`` and ``with threadpool_limits(1): ...`` runs exactblocks' calls on one
+    thread (a limit above the usable CPUs is capped silently, as a limit). threadpoolctl finds
+    the controller through the extension's exported ``exactblocks_get_num_threads`` symbol.
+    """
+    try:
+        if importlib.util.find_spec("threadpoolctl") is None:
+            return
+        import threadpoolctl
+    except Exception:  # pragma: no cover - a broken threadpoolctl must not break exactblocks
+        return
+    base, register = (
+        getattr(threadpoolctl, "LibController", None),
+        getattr(threadpoolctl, "register", None),
+    )
+    if base is None or register is None:  # pragma: no cover - threadpoolctl < 3.5
+        return
+
+    class ExactblocksController(base):
+        """threadpoolctl's controller of exactblocks' thread count (runtime.set_num_threads)."""
+
+        user_api = "exactblocks"
+        internal_api = "exactblocks"
+        filename_prefixes = ("_core",)
+        check_symbols = ("exactblocks_get_num_threads",)
+
+        def get_num_threads(self):
+            return get_num_threads()
+
+        def set_num_threads(self, num_threads):
+            _set_threads(min(max(1, int(num_threads)), usable_cpus()))
+
+        def get_version(self):
+            from . import __version__
+
+            return __version__
+
+    register(ExactblocksController)
+
+
+_ext._register_on_load(_register_threadpoolctl)
 
 
 def _apply_isa_env(core_module) -> None:
@@ -95,8 +187,9 @@ def set_num_threads(n: int) -> None:
     Parameters
     ----------
     n : int
-        Threads, in [1, 4096] (Python int or NumPy integer). More threads than CPUs only adds
-        overhead; 4096 (``MAX_NUM_THREADS``) is a sanity bound.
+        Threads, in [1, 4096] (Python int or NumPy integer). A value above the CPUs usable by
+        the process (:func:`usable_cpus`, its affinity mask) is capped to them with a
+        RuntimeWarning: more threads than CPUs only adds overhead.
 
     Raises
     ------
@@ -105,10 +198,16 @@ def set_num_threads(n: int) -> None:
     ValueError
         ``n`` outside [1, 4096].
 
+    Warns
+    -----
+    RuntimeWarning
+        ``n`` exceeds the usable CPUs; the CPU count is used instead.
+
     Notes
     -----
     Outputs never depend on ``n`` (SPEC.md 3.1): work is split over independent output rows,
-    tokens, heads or features, and no reduction is split across threads.
+    tokens, heads or features, and no reduction is split across threads. With threadpoolctl
+    installed, ``threadpoolctl.threadpool_limits`` controls the same setting.
 
     Examples
     --------
@@ -119,12 +218,17 @@ def set_num_threads(n: int) -> None:
     1
     >>> exactblocks.set_num_threads(old)
     """
-    global _num_threads
     v = check_int(n, "n", "exactblocks.set_num_threads", min_value=1, max_value=MAX_NUM_THREADS)
-    with _lock:
-        _num_threads = v
-        if _ext.is_loaded():
-            _ext.core().set_num_threads(v)
+    cpus = usable_cpus()
+    if v > cpus:
+        warnings.warn(
+            f"exactblocks.set_num_threads: n={v} exceeds the {cpus} CPUs usable by this "
+            f"process (its affinity mask); using {cpus} threads",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        v = cpus
+    _set_threads(v)
 
 
 def get_num_threads() -> int:
@@ -133,8 +237,9 @@ def get_num_threads() -> int:
     Returns
     -------
     int
-        The value last given to :func:`set_num_threads`; by default the CPUs in the process's
-        affinity mask, or ``EXACTBLOCKS_NUM_THREADS`` read at import.
+        The value last set by :func:`set_num_threads` (or threadpoolctl); by default
+        ``EXACTBLOCKS_NUM_THREADS``, else ``OMP_NUM_THREADS`` (its first entry), else the CPUs
+        in the process's affinity mask, read at import and capped to those CPUs.
     """
     return _num_threads
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_bitwise_equal, make_mamba2_weights
+from helpers import assert_bitwise_equal, force_num_threads, make_mamba2_weights
 
 import exactblocks
 from exactblocks import Mamba2BlockInference, Mamba2State, TransformerState
@@ -858,7 +858,7 @@ def test_nonfinite_state_first_in_row_order(block):
     snap = snapshot(st)
     for n in (1, 2, 3):
         saved = exactblocks.get_num_threads()
-        exactblocks.set_num_threads(n)
+        force_num_threads(n)
         try:
             with raises(ValueError, "state.h[2, 1, 0, 2]"):
                 block.forward(x4, st, lengths=[5, 0, 5, 5])

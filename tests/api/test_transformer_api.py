@@ -20,7 +20,7 @@ import threading
 import numpy as np
 import pytest
 from helpers import API_SIZES as SIZES
-from helpers import assert_bitwise_equal, make_transformer_weights, to_hf_names
+from helpers import assert_bitwise_equal, force_num_threads, make_transformer_weights, to_hf_names
 
 import exactblocks
 from exactblocks import TransformerBlockInference, TransformerDecodeSession, TransformerState
@@ -91,8 +91,9 @@ def test_num_threads_roundtrip_and_checks(core):
     try:
         exactblocks.set_num_threads(1)
         assert exactblocks.get_num_threads() == 1 == core.get_num_threads()
-        exactblocks.set_num_threads(np.int64(3))
-        assert exactblocks.get_num_threads() == 3 == core.get_num_threads()
+        cpus = exactblocks.runtime.usable_cpus()
+        exactblocks.set_num_threads(np.int64(cpus))
+        assert exactblocks.get_num_threads() == cpus == core.get_num_threads()
         for bad in (True, 2.0, "2", None):
             with raises(TypeError, "n"):
                 exactblocks.set_num_threads(bad)
@@ -102,10 +103,11 @@ def test_num_threads_roundtrip_and_checks(core):
         for bad in (4097, 2**31, 10**30, 10**5000):
             with raises(ValueError, "exactblocks.set_num_threads: ", "n", "[1, 4096]"):
                 exactblocks.set_num_threads(bad)
-        assert exactblocks.get_num_threads() == 3 == core.get_num_threads()
-        exactblocks.set_num_threads(4096)  # the documented bound itself is accepted
-        assert exactblocks.get_num_threads() == 4096 == core.get_num_threads()
-        exactblocks.set_num_threads(3)
+        assert exactblocks.get_num_threads() == cpus == core.get_num_threads()
+        # The documented bound itself is accepted, and capped at the usable CPUs (issue #16).
+        with pytest.warns(RuntimeWarning, match="exceeds the"):
+            exactblocks.set_num_threads(4096)
+        assert exactblocks.get_num_threads() == cpus == core.get_num_threads()
     finally:
         exactblocks.set_num_threads(old)
 
@@ -124,11 +126,11 @@ def test_threads_do_not_change_bits(block, x):
 
 def test_env_threads_read_at_import(tmp_path):
     code = "import exactblocks; print(exactblocks.get_num_threads())"
-    env = {"EXACTBLOCKS_NUM_THREADS": "3", "PYTHONPATH": ":".join(sys.path)}
+    env = {"EXACTBLOCKS_NUM_THREADS": "1", "PYTHONPATH": ":".join(sys.path)}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
-    assert out.stdout.strip() == "3"
+    assert out.stdout.strip() == "1"
     # Beyond the 4096 bound: a warning naming the variable, then the CPU count (<= 4096).
     env["EXACTBLOCKS_NUM_THREADS"] = str(10**30)
     out = subprocess.run(
@@ -1091,7 +1093,7 @@ def test_nonfinite_slot_the_softmax_would_hide(core, weights, x, isa, softcap, b
     # On 3 threads the 4 (row, KV head) pairs are split into 8 tasks of one query head each.
     blk = build(weights, attn_softcap=softcap)
     saved = exactblocks.get_num_threads()
-    exactblocks.set_num_threads(threads)
+    force_num_threads(threads)
     try:
         for d in range(SIZES["head_dim"]):
             st = primed_state(blk, x)

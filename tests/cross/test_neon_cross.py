@@ -108,7 +108,7 @@ def core_sources():
     )
 
 
-def build_digest(cxx, arch, out_dir, static):
+def build_digest(cxx, arch, out_dir, static, extra=()):
     """Compile and link tests/cpp/digest_main.cpp with every kernel table of ``arch``.
 
     Parameters
@@ -121,6 +121,9 @@ def build_digest(cxx, arch, out_dir, static):
         Directory for the objects and the binary.
     static : bool
         Link statically (needed to run the aarch64 binary under qemu without a sysroot).
+    extra : sequence of str, default=()
+        Flags added last to every compile and to the link (tests/robust/test_sanitize.py: the
+        sanitizers and their optimisation level).
 
     Returns
     -------
@@ -138,6 +141,7 @@ def build_digest(cxx, arch, out_dir, static):
         *flags["EB_NUMERIC_FLAGS"],
         f"-I{CSRC}",
     ]
+    tail = list(extra)
     have = [f"-DEB_HAVE_{isa.upper()}=1" for isa in ISAS[arch]]
     jobs = []
     for isa in ISAS[arch]:
@@ -154,13 +158,14 @@ def build_digest(cxx, arch, out_dir, static):
                     str(CSRC / "dispatch" / "kernels_isa.cpp"),
                     "-o",
                     str(obj),
+                    *tail,
                 ],
                 obj,
             )
         )
     for src in [DIGEST_MAIN, *core_sources()]:
         obj = out_dir / f"{src.parent.name}_{src.stem}.o"
-        jobs.append((base + have + ["-c", str(src), "-o", str(obj)], obj))
+        jobs.append((base + have + ["-c", str(src), "-o", str(obj), *tail], obj))
 
     def compile_one(job):
         res = subprocess.run(job[0], capture_output=True, text=True, timeout=COMPILE_TIMEOUT)
@@ -176,6 +181,7 @@ def build_digest(cxx, arch, out_dir, static):
         *(str(o) for _, o in jobs),
         "-o",
         str(exe),
+        *tail,
     ]
     res = subprocess.run(link, capture_output=True, text=True, timeout=COMPILE_TIMEOUT)
     assert res.returncode == 0, f"{' '.join(link)}\n{res.stderr[-4000:]}"

@@ -21,7 +21,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from helpers import assert_bitwise_equal
+from helpers import assert_bitwise_equal, force_num_threads
 from helpers import make_mamba2_weights as make_weights
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -192,7 +192,7 @@ def test_threads_in_process(blk):
     try:
         res = []
         for n in (1, 2, 3):
-            eb.set_num_threads(n)
+            force_num_threads(n)
             s = blk.allocate_state(5)
             y = blk.forward(x, s, lengths=[7, 1, 0, 5, 7])
             res.append((y, s.h.copy(), s.conv_window.copy()))

@@ -17,7 +17,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from helpers import make_transformer_weights
+from helpers import force_num_threads, make_transformer_weights
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -278,7 +278,7 @@ def test_threads_do_not_change_bits(name):
     try:
         results = []
         for n in (1, 2, 3, 8):
-            eb.set_num_threads(n)
+            force_num_threads(n)
             st = blk.allocate_state(3, 40)
             y = blk.forward(x[:, :20], st)
             results.append(
@@ -426,7 +426,7 @@ def test_decode_heads_split_over_threads(n_kv, n_rep):
         for isa in core.available_isas():
             core.set_isa(isa)
             for n in (1, 2, 3, 8):
-                eb.set_num_threads(n)
+                force_num_threads(n)
                 st = blk.allocate_state(1, 24)
                 steps = np.concatenate([blk.step(x[:, t], st) for t in range(24)], axis=1)
                 assert_bitwise_equal(ref, steps, f"n_kv={n_kv} n_rep={n_rep} {isa} {n} threads")

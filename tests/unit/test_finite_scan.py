@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import make_transformer_weights
+from helpers import force_num_threads, make_transformer_weights
 
 import exactblocks as eb
 from exactblocks import _ext
@@ -20,7 +20,7 @@ def core():
 @pytest.fixture(params=[1, 2, 3])
 def threads(request):
     saved = eb.get_num_threads()
-    eb.set_num_threads(request.param)
+    force_num_threads(request.param)
     yield request.param
     eb.set_num_threads(saved)
 

@@ -350,13 +350,18 @@ class Mamba2BlockInference(BlockCommon):
             ``conv_window[b, :, 1:]`` or ``h[b]`` (buffer, index, value).
         RuntimeError
             The state is in use by another call.
+        MemoryError
+            The output or the scratch cannot be allocated (the message names the call and
+            the bytes); the state is unchanged and the scratch grown so far is released.
 
         Notes
         -----
         Every check completes before the state is touched (a failed call leaves
         ``conv_window``, ``h`` and ``row_tokens`` byte-identical); the native computation runs
-        with the GIL released. Output bits depend only on each row's own tokens and starting
-        state (SPEC.md 3.1).
+        with the GIL released and writes ``conv_window``, ``h`` and then ``row_tokens`` in one
+        step: an exception raised into the call (Ctrl-C, a signal handler) leaves the state
+        wholly before or wholly after the call (SPEC.md 2.5). Output bits depend only on each
+        row's own tokens and starting state (SPEC.md 3.1).
         """
         return self._call(x, state, lengths, f"{_CLS}.forward", step=False)
 
@@ -405,28 +410,40 @@ class Mamba2BlockInference(BlockCommon):
         )
         bsz = xa.shape[0]
         if state is None:
-            return impl.core.forward(
-                xa,
-                lens,
-                np.zeros((bsz, s["conv_dim"], s["conv_kernel"]), np.float32),
-                np.zeros((bsz, s["n_heads"], s["head_dim"], s["d_state"]), np.float32),
-            )
+            try:
+                return impl.core.forward(
+                    xa,
+                    lens,
+                    np.zeros((bsz, s["conv_dim"], s["conv_kernel"]), np.float32),
+                    np.zeros((bsz, s["n_heads"], s["head_dim"], s["d_state"]), np.float32),
+                )
+            except MemoryError as exc:
+                raise self._memory_error(where, exc, None) from None
         self._check_state_fits(impl, state, xa, where)
-        self._lock_state(state, where)
-        try:
+        with self._claim_state(state, where):
             start = _check_counters(state, lens, where)
             # The native call checks what it reads of each advancing row before writing and
-            # returns None when a value is not finite; the exact check then names it.
-            y = impl.core.forward(xa, lens, state.conv_window, state.h, check_state=True)
+            # returns None when a value is not finite; the exact check then names it. Once
+            # conv_window and h are written it sets row_tokens = start + lens in the same
+            # native step: an interrupt never falls between the buffers and the counters.
+            try:
+                y = impl.core.forward(
+                    xa,
+                    lens,
+                    state.conv_window,
+                    state.h,
+                    check_state=True,
+                    start=start,
+                    row_tokens=state.row_tokens,
+                )
+            except MemoryError as exc:
+                raise self._memory_error(where, exc, state) from None
             if y is None:
                 _check_finite(state, lens, where)
                 raise RuntimeError(
                     f"{where}: internal error: the native state check failed but no "
                     "non-finite value was found"
                 )
-            state.row_tokens[:] = start + lens
-        finally:
-            state._lock.release()
         return y
 
 

@@ -85,8 +85,9 @@ class Mamba2State(StateBase):
     unread) and idle rows are left untouched. Every call (and ``reset``) first re-checks that
     the three arrays keep their dtype and shape, are C-contiguous and writable and share no
     memory (ValueError before anything is written otherwise). A state serves one call at a
-    time; a second concurrent call raises RuntimeError. States pickle and deep-copy; a restored
-    state works with any block of the same fingerprint.
+    time; a second concurrent call raises RuntimeError. States pickle and deep-copy under the
+    state's lock (a copy taken during another thread's call waits for it, SPEC.md 2.6); a
+    restored state works with any block of the same fingerprint.
 
     Examples
     --------

@@ -475,12 +475,17 @@ class TransformerBlockInference(BlockCommon):
             retyped, made read-only or replaced in place (checked before anything is written).
         RuntimeError
             The state is in use by another call.
+        MemoryError
+            The output or the scratch cannot be allocated (the message names the call and
+            the bytes); the state is unchanged and the scratch grown so far is released.
 
         Notes
         -----
         Every check completes before the state is touched; the native computation runs with the
-        GIL released. Output bits depend only on each row's own tokens and starting state
-        (SPEC.md 3.1).
+        GIL released and writes the cache, then ``row_tokens``, in one step: an exception
+        raised into the call (Ctrl-C, a signal handler) leaves the state wholly before or
+        wholly after the call (SPEC.md 2.5). Output bits depend only on each row's own tokens
+        and starting state (SPEC.md 3.1).
         """
         return self._call(x, state, lengths, f"{_CLS}.forward", step=False, session=None)
 
@@ -547,7 +552,10 @@ class TransformerBlockInference(BlockCommon):
             v = np.zeros(shape, np.float32)
             # longrope: the set of a fresh allocate_state(B, L) (long iff L > original max)
             rope_set = int(rope_set_for(opts, n_tok) == "long")
-            return core.forward(xa, lens, np.zeros(bsz, np.int64), k, v, rope_set=rope_set)
+            try:
+                return core.forward(xa, lens, np.zeros(bsz, np.int64), k, v, rope_set=rope_set)
+            except MemoryError as exc:
+                raise self._memory_error(where, exc, None) from None
 
         self._check_state_fits(impl, state, xa, where)
         owner = state._open_session()
@@ -556,8 +564,7 @@ class TransformerBlockInference(BlockCommon):
                 f"{where}: state is claimed by an open decode session {owner!r}; "
                 "call the session's step/forward, or close it first"
             )
-        self._lock_state(state, where)
-        try:
+        with self._claim_state(state, where):
             start = _check_counters(state, where)
             for b in range(bsz):
                 held, asked = int(start[b]), int(lens[b])
@@ -584,25 +591,29 @@ class TransformerBlockInference(BlockCommon):
             # The native call checks the slots each row reads (SPEC 5) as it reads them, and
             # returns None before writing anything when one is not finite; the Python check
             # then names the first such element (the same rule, so it always finds one).
-            y = core.forward(
-                xa,
-                lens,
-                start,
-                state.k_cache,
-                state.v_cache,
-                ws,
-                check_cache=True,
-                rope_set=int(state.rope_factors == "long"),  # longrope: the state's set
-            )
+            # The native call also sets row_tokens = start + lens once the cache is written, in
+            # the same native step: an interrupt arrives before the call (nothing changed) or
+            # after it (the call completed), never between the buffers and the counters.
+            try:
+                y = core.forward(
+                    xa,
+                    lens,
+                    start,
+                    state.k_cache,
+                    state.v_cache,
+                    ws,
+                    check_cache=True,
+                    rope_set=int(state.rope_factors == "long"),  # longrope: the state's set
+                    row_tokens=state.row_tokens,
+                )
+            except MemoryError as exc:
+                raise self._memory_error(where, exc, state) from None
             if y is None:
                 _check_readable(state, start, lens, where)
                 raise RuntimeError(
                     f"{where}: internal error: the native cache check failed "
                     "but no non-finite slot was found"
                 )
-            state.row_tokens[:] = start + lens
-        finally:
-            state._lock.release()
         return y
 
 

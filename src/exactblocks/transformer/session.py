@@ -215,9 +215,7 @@ class TransformerDecodeSession:
         """
         where = f"{_CLS}.load_state"
         st = self._state
-        if not st._lock.acquire(blocking=False):
-            raise RuntimeError(f"{where}: state is in use by another call")
-        try:
+        with st._lock.claim(f"{where}: state is in use by another call"):
             start = _check_counters(st, where)
             _check_readable(
                 st,
@@ -226,8 +224,6 @@ class TransformerDecodeSession:
                 where,
                 reader="read by the session's next step",
             )
-        finally:
-            st._lock.release()
         return st
 
     def __repr__(self) -> str:

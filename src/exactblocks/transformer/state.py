@@ -99,8 +99,9 @@ class TransformerState(StateBase):
     C-contiguous and writable, and share no memory; an array reshaped, retyped or made
     read-only in place is refused with ValueError before anything is written.
 
-    States pickle (buffers, counters and fingerprint); a restored state works with any block of
-    the same fingerprint.
+    States pickle (buffers, counters and fingerprint) and copy under the state's lock, as do
+    ``keys`` and ``values``: taken during another thread's call, they wait for it (SPEC.md
+    2.6). A restored state works with any block of the same fingerprint.
 
     Examples
     --------
@@ -198,16 +199,12 @@ class TransformerState(StateBase):
     def cached_tokens(self, value) -> None:
         where = "TransformerState.cached_tokens"
         v = check_int(value, "cached_tokens", where, min_value=0, max_value=self.max_tokens)
-        if not self._lock.acquire(blocking=False):
-            raise RuntimeError(
-                f"{where}: state is in use by another call (a state serves one "
-                "call at a time); assign cached_tokens after it returns"
-            )
-        try:
+        with self._lock.claim(
+            f"{where}: state is in use by another call (a state serves one "
+            "call at a time); assign cached_tokens after it returns"
+        ):
             self._check_buffers(where)
             self.row_tokens[:] = v
-        finally:
-            self._lock.release()
 
     def _buffer_shapes(self) -> dict:
         shape = (self.batch_size, self.n_kv_heads, self.capacity, self.head_dim)
@@ -236,14 +233,15 @@ class TransformerState(StateBase):
         return rows, (counts[0] if counts else 0)
 
     def _gather(self, name: str, where: str, row) -> np.ndarray:
-        self._check_buffers(where)
-        buf = getattr(self, name)
-        rows, n = self._held(where, row)
-        start = max(0, n - self.capacity)
-        slots = np.arange(start, n, dtype=np.int64) % self.capacity
-        if row is None:
-            return np.ascontiguousarray(buf[:, :, slots, :])
-        return np.ascontiguousarray(buf[rows[0]][:, slots, :])
+        with self._snapshot(where):  # a running call of another thread finishes first
+            self._check_buffers(where)
+            buf = getattr(self, name)
+            rows, n = self._held(where, row)
+            start = max(0, n - self.capacity)
+            slots = np.arange(start, n, dtype=np.int64) % self.capacity
+            if row is None:
+                return np.ascontiguousarray(buf[:, :, slots, :])
+            return np.ascontiguousarray(buf[rows[0]][:, slots, :])
 
     def keys(self, row: int | None = None) -> np.ndarray:
         """Return a copy of the held keys in increasing position order.
