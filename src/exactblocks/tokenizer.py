@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-__all__ = ["GGUFTokenizer", "bytes_to_unicode"]
+__all__ = ["GGUFTokenizer", "bytes_to_unicode", "compile_chat_template"]
 
 # llama.cpp token types (gguf.TokenType): 3 = CONTROL (special), 4 = USER_DEFINED (added token)
 _CONTROL = 3
@@ -411,35 +411,9 @@ class GGUFTokenizer:
 
     def _compiled_template(self):
         if self._template is None:
-            try:
-                import jinja2
-                import jinja2.ext
-                from jinja2.sandbox import ImmutableSandboxedEnvironment
-            except ImportError as exc:  # pragma: no cover - depends on the environment
-                raise ImportError(
-                    "GGUFTokenizer.apply_chat_template: needs the `jinja2` package; install "
-                    "it with `pip install jinja2` (or `pip install exactblocks[demo]`)"
-                ) from exc
-
-            def raise_exception(message):
-                raise jinja2.exceptions.TemplateError(message)
-
-            def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-                return json.dumps(
-                    x,
-                    ensure_ascii=ensure_ascii,
-                    indent=indent,
-                    separators=separators,
-                    sort_keys=sort_keys,
-                )
-
-            env = ImmutableSandboxedEnvironment(
-                trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+            self._template = compile_chat_template(
+                self.chat_template, "GGUFTokenizer.apply_chat_template"
             )
-            env.filters["tojson"] = tojson
-            env.globals["raise_exception"] = raise_exception
-            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-            self._template = env.from_string(self.chat_template)
         return self._template
 
     def __repr__(self) -> str:
@@ -447,3 +421,51 @@ class GGUFTokenizer:
             f"GGUFTokenizer(vocab_size={self.vocab_size}, bos_token_id={self.bos_token_id}, "
             f"eos_token_id={self.eos_token_id}, add_bos_token={self.add_bos_token})"
         )
+
+
+def compile_chat_template(source: str, where: str):
+    """Compile a Hugging Face chat template as transformers does (a sandboxed jinja2 environment
+    with ``trim_blocks``, ``lstrip_blocks``, loop controls, ``tojson``, ``raise_exception`` and
+    ``strftime_now``), so rendered chats equal ``apply_chat_template``'s.
+
+    Parameters
+    ----------
+    source : str
+        The template text (``tokenizer.chat_template`` of a GGUF, ``chat_template`` of
+        tokenizer_config.json).
+    where : str
+        ``"Class.method"`` for the error message.
+
+    Returns
+    -------
+    jinja2.Template
+
+    Raises
+    ------
+    ImportError
+        ``jinja2`` is not installed.
+    """
+    try:
+        import jinja2
+        import jinja2.ext
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            f"{where}: needs the `jinja2` package; install it with `pip install jinja2`"
+        ) from exc
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 __all__ = ["HFTokenizer"]
@@ -210,29 +209,11 @@ class HFTokenizer:
 
     def _compiled(self):
         if self._template is None:
-            try:
-                import jinja2
-                import jinja2.ext
-                from jinja2.sandbox import ImmutableSandboxedEnvironment
-            except ImportError as exc:  # pragma: no cover - depends on the environment
-                raise ImportError(
-                    "HFTokenizer.apply_chat_template: needs `jinja2` (`pip install jinja2`)"
-                ) from exc
+            from ..tokenizer import compile_chat_template
 
-            def raise_exception(message):
-                raise jinja2.exceptions.TemplateError(message)
-
-            def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-                return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
-                                  separators=separators, sort_keys=sort_keys)  # fmt: skip
-
-            env = ImmutableSandboxedEnvironment(
-                trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+            self._template = compile_chat_template(
+                self.chat_template, "HFTokenizer.apply_chat_template"
             )
-            env.filters["tojson"] = tojson
-            env.globals["raise_exception"] = raise_exception
-            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-            self._template = env.from_string(self.chat_template)
         return self._template
 
     def __repr__(self) -> str:
