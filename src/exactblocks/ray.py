@@ -24,7 +24,7 @@ API note: ``Model`` has no public "hidden states" or "head on chosen rows" call,
 runs the embedding table (``Model._embed``), ``Model.blocks`` with their caller-owned states,
 and the output head (``Model._head``) itself, the same three steps as ``Model.forward``
 (models/base.py); the final norm alone (for :class:`Embed`) uses the core's ``norm`` with the
-weight read back from the model file.
+weight ``load_model`` kept (``Model._final_norm_weight``).
 """
 
 from __future__ import annotations
@@ -651,8 +651,7 @@ class Embed(_Actor):
     ModelLoadError, TypeError
         As :class:`Generate`.
     ValueError
-        ``layer`` outside the model's blocks, an unknown ``pooling``, or (``layer=None``) a
-        model whose final-norm weight cannot be read back from its file.
+        ``layer`` outside the model's blocks or an unknown ``pooling``.
 
     Notes
     -----
@@ -676,7 +675,7 @@ class Embed(_Actor):
             fn = self.model.spec.final_norm()
             self._norm_kind = getattr(self._core.NormKind, fn["norm"]).value
             self._norm_eps = float(fn["norm_eps"])
-            self._norm_w = _final_norm_weight(self.model, self.path, self._where)
+            self._norm_w = self.model._final_norm_weight  # kept by load_model
         else:
             layer = _int_arg(layer, "layer", self._where, minimum=-n_layers)
             if layer >= n_layers:
@@ -737,38 +736,3 @@ class Embed(_Actor):
         out["embedding"] = emb
         out["error"] = _object_array(errors)
         return out
-
-
-def _final_norm_weight(model, path: str, where: str) -> np.ndarray:
-    """The final norm's weight, read back from the model file (Model keeps it in its head)."""
-    name = model.spec.norm_name
-    try:
-        if path.endswith(".gguf"):
-            from exactblocks.loaders.gguf import _dequantize, open_gguf
-
-            reader = open_gguf(path)
-            gguf_name = {"model.norm.weight": "output_norm.weight"}.get(name, name)
-            for t in reader.tensors:
-                if t.name == gguf_name:
-                    w = _dequantize(t)
-                    break
-            else:
-                raise KeyError(gguf_name)
-        else:
-            from exactblocks.loaders.safetensors import SafetensorsSource
-
-            src = (
-                SafetensorsSource.from_folder(path)
-                if os.path.isdir(path)
-                else SafetensorsSource([path])
-            )
-            w = src[name]
-    except Exception as exc:
-        raise ValueError(
-            f"{where}: cannot read the final norm weight {name!r} from {path!r} ({exc}); "
-            "pass layer=-1 for the last block's output before the norm"
-        ) from exc
-    w = np.ascontiguousarray(w, dtype=np.float32)
-    if w.shape != (model.d_model,):
-        raise ValueError(f"{where}: final norm weight {name!r} has shape {w.shape}")
-    return w

@@ -379,7 +379,7 @@ class Model:
     """
 
     def __init__(self, token, *, spec, config, blocks, embed, head, tokenizer, eos_ids,
-                 max_positions, head_bytes, source):  # fmt: skip
+                 max_positions, head_bytes, source, final_norm_weight):  # fmt: skip
         if token is not _PRIVATE:
             raise TypeError("Model: models are made by exactblocks.load_model(source)")
         self.spec = spec
@@ -388,6 +388,9 @@ class Model:
         self._blocks = tuple(blocks)
         self._embed = embed
         self._head = head
+        # (d_model,) float32, as the file holds it: the head packs its own copy; kept for the
+        # final hidden state of exactblocks.ray.Embed without reading the file again
+        self._final_norm_weight = final_norm_weight
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_ids)
         self.vocab_size = int(spec.vocab_size)

@@ -408,4 +408,5 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
         max_positions=max_positions,
         head_bytes=head_bytes,
         source=origin,
+        final_norm_weight=norm_w,
     )
