@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from exactblocks._validation import check_choice
 from exactblocks.sampling import Detokenizer, pick_token
 
 __all__ = ["GenerateOutput", "GenerationStream", "Model", "ModelState"]
@@ -550,6 +551,18 @@ class Model:
         finally:
             state._lock.release()
 
+    def _last_logits(self, hidden: np.ndarray, lens) -> np.ndarray:
+        """(B, vocab_size): the head on each row's last real position only (+0.0 for a row
+        with no real token). The head is row by row, so these are the bits of ``_logits``."""
+        B, L, d = hidden.shape
+        if lens is None:
+            return self._head.forward(np.ascontiguousarray(hidden[:, L - 1]))
+        rows = np.flatnonzero(lens > 0)
+        out = np.zeros((B, self.vocab_size), np.float32)
+        if rows.size:
+            out[rows] = self._head.forward(np.ascontiguousarray(hidden[rows, lens[rows] - 1]))
+        return out
+
     def _logits(self, hidden: np.ndarray, lens) -> np.ndarray:
         B, L, d = hidden.shape
         if lens is None:
@@ -580,8 +593,10 @@ class Model:
             self._check_room(state, lens, L, where)
         return ids, lens
 
-    def forward(self, ids, state: ModelState | None = None, *, lengths=None) -> np.ndarray:
-        """Logits of every position: embedding, every block, final norm and output head.
+    def forward(
+        self, ids, state: ModelState | None = None, *, lengths=None, logits: str = "all"
+    ) -> np.ndarray:
+        """Logits of every position (or of each row's last): embedding, blocks, norm and head.
 
         Parameters
         ----------
@@ -593,28 +608,41 @@ class Model:
             the state advances by the row's real tokens.
         lengths : None or sequence of int, default=None
             Real tokens per row, in [0, n_tokens]; ``ids[b, lengths[b]:]`` is padding.
+        logits : {"all", "last"}, default="all"
+            ``"all"``: the logits of every position. ``"last"``: only those of each row's last
+            real position (``lengths[b] - 1``, or ``n_tokens - 1`` without lengths), for a
+            prefill whose next token is all that is sampled: the output head (final norm and
+            the ``(vocab_size, d_model)`` projection) then runs on one position per row
+            instead of all of them. The state advances the same way either way.
 
         Returns
         -------
         ndarray of shape (batch, n_tokens, vocab_size), dtype float32
-            Fresh; padding positions are +0.0. Row b, position t equals, bit for bit, the
-            logits of that token computed alone, token by token, or in any chunk split.
+            With ``logits="all"``. Fresh; padding positions are +0.0. Row b, position t equals,
+            bit for bit, the logits of that token computed alone, token by token, or in any
+            chunk split.
+        ndarray of shape (batch, vocab_size), dtype float32
+            With ``logits="last"``: row b equals, bit for bit, row b at position
+            ``lengths[b] - 1`` of the ``"all"`` output; a row with ``lengths[b] == 0`` is +0.0.
 
         Raises
         ------
         TypeError
             ``ids`` or ``lengths`` not integers (floats and bools are refused); ``state`` not a
-            ModelState.
+            ModelState; ``logits`` not a str.
         ValueError
             A shape or ``lengths`` out of range; an id outside the vocabulary (its index and
             value); a state of another model or batch size, without room, or inconsistent after
-            a failed call; more than max_positions tokens.
+            a failed call; more than max_positions tokens; ``logits`` neither "all" nor "last".
         RuntimeError
             The state is in use by another call.
         """
         where = "Model.forward"
+        which = check_choice(logits, "logits", where, ("all", "last"))
         ids, lens = self._prepare(ids, state, lengths, where)
         x = self._run_blocks(self._embed_rows(ids, lens), state, lens, step=False)
+        if which == "last":
+            return self._last_logits(x, lens)
         return self._logits(x, lens)
 
     __call__ = forward
@@ -710,8 +738,9 @@ class Model:
         own float32 exp (``_core.elementwise("exp")``, the same bits on every ISA), summed in
         float64 in (logit descending, id ascending) order; one ``Generator.random()`` draw per
         token picks the first token whose cumulative weight exceeds it. The prompt is prefilled
-        with one ``forward``; each new token is one ``step`` (transformer layers through decode
-        sessions), which equals the prefill bit for bit.
+        with one ``forward`` (the output head on its last position only); each new token is
+        one ``step`` (transformer layers through decode sessions), which equals the prefill bit
+        for bit.
         """
         where = "Model.generate"
         if isinstance(prompt, str):
@@ -777,7 +806,7 @@ class Model:
             ids = np.asarray([prompt_ids], np.int64)
             x = self._run_blocks(self._embed_rows(ids, None), state, None, step=False,
                                  sessions=sessions)  # fmt: skip
-            logits = self._head.forward(np.ascontiguousarray(x[0, -1:]))[0]
+            logits = self._last_logits(x, None)[0]  # the head on the last position only
             res.prefill_seconds = time.perf_counter() - t0
             t1 = time.perf_counter()
             while True:

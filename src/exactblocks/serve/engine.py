@@ -538,10 +538,11 @@ class Engine:
                     ids[row, :n] = seq.ids[seq.pos : seq.pos + n]
             t0 = time.perf_counter()
             try:
+                # (B, vocab_size): each row's last position is all that is sampled or cached
                 if (lens == 1).all():  # every row decodes: step (same bits, less overhead)
-                    logits = self.model.step(ids[:, 0], self.state)
+                    logits = self.model.step(ids[:, 0], self.state)[:, 0]
                 else:
-                    logits = self.model.forward(ids, self.state, lengths=lens)
+                    logits = self.model.forward(ids, self.state, lengths=lens, logits="last")
             except Exception as exc:  # non-finite activations: fail the rows of this call
                 self.state.reset([int(r) for r in np.flatnonzero(lens)])  # others untouched
                 for row in np.flatnonzero(lens):
@@ -554,13 +555,13 @@ class Engine:
                 seq, n = self._rows[row], int(lens[row])
                 if seq.next_token is not None:
                     seq.next_token = None
-                    seq.logits = logits[row, 0]
+                    seq.logits = logits[row]
                     continue
                 seq.pos += n
                 if seq.pos % chunk == 0 or seq.pos == len(seq.ids):
-                    self._save(seq, logits[row, n - 1])
+                    self._save(seq, logits[row])
                 if seq.pos == len(seq.ids):
-                    seq.logits = logits[row, n - 1]
+                    seq.logits = logits[row]
         for seq in list(self._rows):
             if seq is not None and seq.logits is not None:
                 self._sample(seq)
