@@ -26,6 +26,32 @@ from . import _ext
 
 __all__ = ["Detokenizer", "pick_token"]
 
+_U16 = np.uint32(0xFFFF)
+_SHIFT16 = np.uint32(16)
+_SHIFT31 = np.uint32(31)
+_SHIFT1 = np.uint32(1)
+_ONE = np.uint32(1)
+
+
+def _descending_order(z: np.ndarray) -> np.ndarray:
+    """Indices of float32 ``z`` by value descending, index ascending among equal values.
+
+    The same permutation as ``np.lexsort((np.arange(z.size), -z))`` (and as
+    ``np.argsort(-z, kind="stable")``), in about a tenth of the time: a least-significant-digit
+    radix sort, two stable passes of NumPy's radix argsort over 16-bit halves of a 32-bit key
+    that orders like the value, descending. Stability makes equal keys keep index order.
+    """
+    # +0.0 turns -0.0 into +0.0 (round to nearest), so the two zeros, equal as numbers, get one
+    # key and fall back to index order, as in a comparison sort. No NaN reaches here.
+    bits = (z + np.float32(0.0)).view(np.uint32)
+    # Descending key: a value with the sign bit clear (>= +0) maps to bits ^ 0x7FFFFFFF (larger
+    # value, smaller key, all below 0x80000000); a negative one keeps its bits (more negative,
+    # larger magnitude bits, larger key, all at or above 0x80000001).
+    key = bits ^ (((bits >> _SHIFT31) - _ONE) >> _SHIFT1)
+    order = np.argsort((key & _U16).astype(np.uint16), kind="stable")
+    hi = (key >> _SHIFT16).astype(np.uint16)[order]
+    return order[np.argsort(hi, kind="stable")]
+
 
 def _check_logits(logits) -> np.ndarray:
     if not isinstance(logits, np.ndarray):
@@ -92,6 +118,14 @@ def pick_token(logits, *, temperature, rng=None, top_k=None, top_p=None) -> int:
     6. ``u = rng.random() * c[n - 1]``; the token is ``order[i]`` for the first i with
        ``c[i] > u`` (``i = n - 1`` if none).
 
+    Cost: ``order`` comes from a radix sort (two stable 16-bit passes) instead of a
+    comparison sort, and top_k selects the k-th value with ``numpy.partition`` and orders only
+    the kept tokens. The full order of the kept tokens is still needed: a float64 addition
+    rounds, a rounding (ties to even above all) depends on the last bit of the running sum and
+    so on every earlier term, and ``c[-1]`` scales ``u`` and the top_p threshold. Only terms
+    below half an ulp of ``e[0]`` could be left out, and at temperatures near 1 real models
+    have almost none.
+
     Examples
     --------
     >>> import numpy as np
@@ -143,10 +177,12 @@ def pick_token(logits, *, temperature, rng=None, top_k=None, top_p=None) -> int:
         return int(np.argmax(logits))  # the first maximum: the lowest id on ties
     with np.errstate(over="ignore"):  # an overflow is refused below, with its reason
         z = logits if temp == 1.0 else logits / np.float32(temp)
-    order = np.lexsort((np.arange(z.size), -z))  # logit descending, id ascending
     if top_k is not None and top_k < z.size:
-        kth = z[order[top_k - 1]]
-        order = order[z[order] >= kth]
+        kth = np.partition(z, z.size - top_k)[z.size - top_k]  # the k-th largest value
+        kept = np.flatnonzero(z >= kth)  # ascending ids, ties at the k-th value included
+        order = kept[_descending_order(z[kept])]
+    else:
+        order = _descending_order(z)
     zs = z[order]
     if not math.isfinite(zs[0]):
         raise ValueError(
