@@ -175,7 +175,7 @@ class _Actor:
         m = self.model
         x = np.zeros((*ids.shape, m.d_model), np.float32)
         real = np.arange(ids.shape[1])[None, :] < lens[:, None]
-        x[real] = m._embed[ids[real]]
+        x[real] = m._lookup(ids[real])  # the rows times the family's scale (Gemma, Granite)
         return x
 
     def _blocks(self, x, state, lens, upto=None):
