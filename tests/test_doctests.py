@@ -27,6 +27,7 @@ MODULES = [
     "exactblocks.loaders.gguf",
     "exactblocks.tokenizer",
     "exactblocks.cli",
+    "exactblocks.sampling",
     "benchmarks.workloads",
     "benchmarks.checks",
     "benchmarks.timing",

@@ -9,7 +9,8 @@ compiled extension is loaded on first use.
 Layout: one folder per block (``transformer/``, ``mamba2/``: ``config``, ``weights``,
 ``state``, ``block``, and the Transformer's ``session``); ``models/`` (one file per family);
 shared private modules at the top (``_block``, ``_state``, ``_weights``, ``_options``,
-``_validation``, ``_ext``); ``runtime``, ``loaders``, ``tokenizer`` and ``cli`` beside them.
+``_validation``, ``_ext``); ``runtime``, ``loaders``, ``tokenizer``, ``sampling`` and ``cli``
+beside them.
 """
 
 __version__ = "0.1.0"

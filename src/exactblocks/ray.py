@@ -175,7 +175,7 @@ class _Actor:
         m = self.model
         x = np.zeros((*ids.shape, m.d_model), np.float32)
         real = np.arange(ids.shape[1])[None, :] < lens[:, None]
-        x[real] = m._embed[ids[real]]
+        x[real] = m._lookup(ids[real])  # the rows times the family's scale (Gemma, Granite)
         return x
 
     def _blocks(self, x, state, lens, upto=None):
@@ -346,12 +346,12 @@ class _Job:
     __slots__ = ("ids", "n_new", "temp", "k", "p", "rng", "out", "detok", "finish")
 
     def __init__(self, ids, n_new, temp, k, p, seed, tokenizer, stop_strs):
-        from exactblocks.models.base import _Detokenizer
+        from exactblocks.sampling import Detokenizer
 
         self.ids, self.n_new, self.temp, self.k, self.p = ids, n_new, temp, k, p
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.out: list[int] = []
-        self.detok = _Detokenizer(tokenizer, stop_strs) if tokenizer is not None else None
+        self.detok = Detokenizer(tokenizer, stop_strs) if tokenizer is not None else None
         self.finish = "length"
 
 
@@ -491,9 +491,8 @@ class Generate(_Actor):
 
     def _run(self, jobs: list[_Job]) -> None:
         """Continuous batching: every step feeds each busy slot its prompt or last token."""
-        from exactblocks.models.base import _pick
+        from exactblocks.sampling import pick_token
 
-        exp = self._core.elementwise
         n_slots = min(len(jobs), self.max_rows)
         cap = max(len(j.ids) + j.n_new for j in jobs)
         state = self.model.allocate_state(n_slots, cap)
@@ -514,7 +513,9 @@ class Generate(_Actor):
             logits = self._head(x[busy, lens[busy] - 1])
             for r, s in enumerate(busy.tolist()):
                 job = slot[s]
-                token = _pick(logits[r], job.temp, job.k, job.p, job.rng, exp)
+                token = pick_token(
+                    logits[r], temperature=job.temp, top_k=job.k, top_p=job.p, rng=job.rng
+                )
                 done = False
                 if token in self.stop_ids:
                     job.finish, done = "stop", True

@@ -101,3 +101,56 @@ def test_in_memory_object_equals_folder(tiny, name):
     assert a.family == FAMILY_OF.get(name, name)
     assert a.config["vocab_size"] == 320
     assert len(a.blocks) == N_BLOCKS.get(name, hf.config.num_hidden_layers)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_last_position_logits_equal_full_forward(tiny, name):
+    folder, _ = tiny(name)
+    model = exactblocks.load_model(folder)
+    V = model.vocab_size
+    ids = _ids((4, 12), seed=6)
+    lengths = [12, 5, 0, 9]
+    full = model.forward(ids, lengths=lengths)
+    last = model.forward(ids, lengths=lengths, logits="last")
+    assert last.shape == (4, V) and last.dtype == np.float32 and last.flags.c_contiguous
+    for b, n in enumerate(lengths):
+        if n:
+            assert np.array_equal(bits(last[b]), bits(full[b, n - 1])), (name, b)
+        else:
+            assert not last[b].any()  # a row without a real token: +0.0
+    assert np.array_equal(bits(model.forward(ids, logits="last")), bits(model.forward(ids)[:, -1]))
+
+    # chunk splits with a state, ragged: each chunk's last real position of each row equals
+    # that position in one stateless forward, and the state advances as with logits="all"
+    ids = _ids((3, 20), seed=7)
+    ref = model.forward(ids)
+    st_last, st_all = model.allocate_state(3, 21), model.allocate_state(3, 21)
+    pos = np.zeros(3, np.int64)
+    for chunk in ([5, 1, 0], [7, 6, 9], [0, 13, 1], [8, 0, 10]):
+        c = np.asarray(chunk)
+        part = np.zeros((3, int(c.max())), np.int64)
+        for b in range(3):
+            part[b, : c[b]] = ids[b, pos[b] : pos[b] + c[b]]
+        got = model.forward(part, st_last, lengths=c, logits="last")
+        every = model.forward(part, st_all, lengths=c)
+        for b in range(3):
+            if c[b]:
+                assert np.array_equal(bits(got[b]), bits(ref[b, pos[b] + c[b] - 1])), (name, b)
+                assert np.array_equal(bits(got[b]), bits(every[b, c[b] - 1]))
+            else:
+                assert not got[b].any()
+        pos += c
+    assert pos.tolist() == [20, 20, 20]
+    assert st_last.row_tokens.tolist() == st_all.row_tokens.tolist() == [20, 20, 20]
+    nxt = _ids((3,), seed=8)
+    assert np.array_equal(bits(model.step(nxt, st_last)), bits(model.step(nxt, st_all)))
+
+
+def test_forward_logits_option_is_checked_first(tiny):
+    model = exactblocks.load_model(tiny("llama")[0])
+    st = model.allocate_state(1, 8)
+    with pytest.raises(ValueError, match=r"Model.forward: logits='first' is not supported"):
+        model.forward([[1, 2]], st, logits="first")
+    with pytest.raises(TypeError, match=r"Model.forward: logits must be a str"):
+        model.forward([[1, 2]], st, logits=None)
+    assert st.row_tokens.tolist() == [0]  # nothing ran

@@ -2,9 +2,9 @@
 
 What lives here: :class:`Model` (``forward``/``step`` from token ids to float32 logits, and
 ``generate``), :class:`ModelState` (every layer's state in one caller-owned object),
-:class:`GenerateOutput` / :class:`GenerationStream`, the seeded sampler and the streaming
-detokeniser. What does not: reading files (``exactblocks.models.loading``) and what a family's
-config means (the family files).
+:class:`GenerateOutput` / :class:`GenerationStream`. What does not: reading files
+(``exactblocks.models.loading``), what a family's config means (the family files), and the
+sampler and the streaming detokeniser (``exactblocks.sampling``).
 
 Exactness: the embedding is a row copy, the blocks keep their promise (SPEC.md 3.1), and the
 head (final norm + vocabulary projection) runs in the core with the blocks' own arithmetic
@@ -21,13 +21,16 @@ import math
 import numbers
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import xxhash
+
+from exactblocks._validation import check_choice
+from exactblocks.sampling import Detokenizer, pick_token
 
 __all__ = ["GenerateOutput", "GenerationStream", "Model", "ModelState"]
 
@@ -258,49 +261,6 @@ class GenerationStream:
     def close(self) -> None:
         """Stop generating (releases the decode sessions at once)."""
         self._gen.close()
-
-
-class _Detokenizer:
-    """Incremental text of a growing id list: a piece is released only once it is final.
-
-    The whole new-id list is decoded at each token (exact for every tokenizer, whatever its
-    decoder's context rules); text ending in U+FFFD (an incomplete UTF-8 character) waits, and
-    the last ``len(longest stop string) - 1`` characters wait until they cannot start a stop
-    string.
-    """
-
-    def __init__(self, tokenizer, stop_strings: Sequence[str]):
-        self.tok = tokenizer
-        self.stop = list(stop_strings)
-        self.hold = max((len(s) for s in self.stop), default=1) - 1
-        self.ids: list[int] = []
-        self.text = ""
-        self.sent = 0
-        self.stopped = False
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        text = self.tok.decode(self.ids)
-        if text.endswith("\ufffd"):
-            return ""
-        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
-        if cut >= 0:
-            text, self.stopped = text[:cut], True
-        self.text = text
-        end = len(text) if self.stopped else max(self.sent, len(text) - self.hold)
-        piece = text[self.sent : end]
-        self.sent = end
-        return piece
-
-    def finish(self) -> str:
-        self.text = self.tok.decode(self.ids) if not self.stopped else self.text
-        if not self.stopped:
-            cut = min((i for i in (self.text.find(s) for s in self.stop) if i >= 0), default=-1)
-            if cut >= 0:
-                self.text = self.text[:cut]
-        piece = self.text[self.sent :] if len(self.text) > self.sent else ""
-        self.sent = max(self.sent, len(self.text))
-        return piece
 
 
 # -- the model ----------------------------------------------------------------------------------
@@ -591,6 +551,18 @@ class Model:
         finally:
             state._lock.release()
 
+    def _last_logits(self, hidden: np.ndarray, lens) -> np.ndarray:
+        """(B, vocab_size): the head on each row's last real position only (+0.0 for a row
+        with no real token). The head is row by row, so these are the bits of ``_logits``."""
+        B, L, d = hidden.shape
+        if lens is None:
+            return self._head.forward(np.ascontiguousarray(hidden[:, L - 1]))
+        rows = np.flatnonzero(lens > 0)
+        out = np.zeros((B, self.vocab_size), np.float32)
+        if rows.size:
+            out[rows] = self._head.forward(np.ascontiguousarray(hidden[rows, lens[rows] - 1]))
+        return out
+
     def _logits(self, hidden: np.ndarray, lens) -> np.ndarray:
         B, L, d = hidden.shape
         if lens is None:
@@ -621,8 +593,10 @@ class Model:
             self._check_room(state, lens, L, where)
         return ids, lens
 
-    def forward(self, ids, state: ModelState | None = None, *, lengths=None) -> np.ndarray:
-        """Logits of every position: embedding, every block, final norm and output head.
+    def forward(
+        self, ids, state: ModelState | None = None, *, lengths=None, logits: str = "all"
+    ) -> np.ndarray:
+        """Logits of every position (or of each row's last): embedding, blocks, norm and head.
 
         Parameters
         ----------
@@ -634,28 +608,41 @@ class Model:
             the state advances by the row's real tokens.
         lengths : None or sequence of int, default=None
             Real tokens per row, in [0, n_tokens]; ``ids[b, lengths[b]:]`` is padding.
+        logits : {"all", "last"}, default="all"
+            ``"all"``: the logits of every position. ``"last"``: only those of each row's last
+            real position (``lengths[b] - 1``, or ``n_tokens - 1`` without lengths), for a
+            prefill whose next token is all that is sampled: the output head (final norm and
+            the ``(vocab_size, d_model)`` projection) then runs on one position per row
+            instead of all of them. The state advances the same way either way.
 
         Returns
         -------
         ndarray of shape (batch, n_tokens, vocab_size), dtype float32
-            Fresh; padding positions are +0.0. Row b, position t equals, bit for bit, the
-            logits of that token computed alone, token by token, or in any chunk split.
+            With ``logits="all"``. Fresh; padding positions are +0.0. Row b, position t equals,
+            bit for bit, the logits of that token computed alone, token by token, or in any
+            chunk split.
+        ndarray of shape (batch, vocab_size), dtype float32
+            With ``logits="last"``: row b equals, bit for bit, row b at position
+            ``lengths[b] - 1`` of the ``"all"`` output; a row with ``lengths[b] == 0`` is +0.0.
 
         Raises
         ------
         TypeError
             ``ids`` or ``lengths`` not integers (floats and bools are refused); ``state`` not a
-            ModelState.
+            ModelState; ``logits`` not a str.
         ValueError
             A shape or ``lengths`` out of range; an id outside the vocabulary (its index and
             value); a state of another model or batch size, without room, or inconsistent after
-            a failed call; more than max_positions tokens.
+            a failed call; more than max_positions tokens; ``logits`` neither "all" nor "last".
         RuntimeError
             The state is in use by another call.
         """
         where = "Model.forward"
+        which = check_choice(logits, "logits", where, ("all", "last"))
         ids, lens = self._prepare(ids, state, lengths, where)
         x = self._run_blocks(self._embed_rows(ids, lens), state, lens, step=False)
+        if which == "last":
+            return self._last_logits(x, lens)
         return self._logits(x, lens)
 
     __call__ = forward
@@ -746,12 +733,14 @@ class Model:
 
         Notes
         -----
-        Probabilities: ``z = logits / float32(temperature)``, ``e = exp(z - max z)`` with the
-        library's own float32 exp (``_core.elementwise("exp")``, the same bits on every ISA),
-        summed in float64 in a fixed order; one ``Generator.random()`` draw per token picks the
-        first token whose cumulative weight exceeds it, in (logit descending, id ascending)
-        order. The prompt is prefilled with one ``forward``; each new token is one ``step``
-        (transformer layers through decode sessions), which equals the prefill bit for bit.
+        Each token is :func:`exactblocks.sampling.pick_token` of the logits (its Notes define
+        it): ``z = logits / float32(temperature)``, ``e = exp(z - max z)`` with the library's
+        own float32 exp (``_core.elementwise("exp")``, the same bits on every ISA), summed in
+        float64 in (logit descending, id ascending) order; one ``Generator.random()`` draw per
+        token picks the first token whose cumulative weight exceeds it. The prompt is prefilled
+        with one ``forward`` (the output head on its last position only); each new token is
+        one ``step`` (transformer layers through decode sessions), which equals the prefill bit
+        for bit.
         """
         where = "Model.generate"
         if isinstance(prompt, str):
@@ -805,11 +794,8 @@ class Model:
 
     def _generate_iter(self, prompt_ids, n_new, temp, k, p, rng, stop_ids, stop_strs, capacity,
                        holder):  # fmt: skip
-        from exactblocks import _ext
-
-        exp = _ext.core().elementwise
         res = GenerateOutput(prompt_ids=list(prompt_ids))
-        detok = _Detokenizer(self.tokenizer, stop_strs) if self.tokenizer is not None else None
+        detok = Detokenizer(self.tokenizer, stop_strs) if self.tokenizer is not None else None
         state = self.allocate_state(1, None if self._is_mamba else capacity)
         sessions = [
             None if rec else blk.decode_session(st)
@@ -820,11 +806,11 @@ class Model:
             ids = np.asarray([prompt_ids], np.int64)
             x = self._run_blocks(self._embed_rows(ids, None), state, None, step=False,
                                  sessions=sessions)  # fmt: skip
-            logits = self._head.forward(np.ascontiguousarray(x[0, -1:]))[0]
+            logits = self._last_logits(x, None)[0]  # the head on the last position only
             res.prefill_seconds = time.perf_counter() - t0
             t1 = time.perf_counter()
             while True:
-                token = _pick(logits, temp, k, p, rng, exp)
+                token = pick_token(logits, temperature=temp, top_k=k, top_p=p, rng=rng)
                 if token in stop_ids:
                     res.finish_reason = "stop"
                     break
@@ -855,34 +841,6 @@ class Model:
             for sess in sessions:
                 if sess is not None:
                     sess.close()
-
-
-def _pick(logits: np.ndarray, temp: float, top_k, top_p, rng, exp) -> int:
-    """The next token from float32 logits (greedy or sampled); see Model.generate Notes."""
-    if not np.isfinite(logits).all():
-        bad = int(np.flatnonzero(~np.isfinite(logits))[0])
-        raise ValueError(
-            f"Model.generate: logits[{bad}]={logits[bad]!r} is not finite (the model's "
-            "activations overflowed)"
-        )
-    if temp == 0.0:
-        return int(np.argmax(logits))  # first maximum: the lowest id on ties
-    z = logits if temp == 1.0 else logits / np.float32(temp)
-    order = np.lexsort((np.arange(z.size), -z))  # logit descending, id ascending
-    if top_k is not None and top_k < z.size:
-        kth = z[order[top_k - 1]]
-        order = order[z[order] >= kth]
-    zs = np.ascontiguousarray(z[order], dtype=np.float32)
-    e = exp("exp", np.ascontiguousarray(zs - zs[0])).astype(np.float64)
-    cum = np.cumsum(e)  # sequential float64 sums in the fixed order above
-    if top_p is not None and top_p < 1.0:
-        before = np.concatenate(([0.0], cum[:-1]))
-        n_keep = max(1, int(np.count_nonzero(before < top_p * cum[-1])))
-        cum = cum[:n_keep]
-        order = order[:n_keep]
-    u = rng.random() * cum[-1]
-    i = min(int(np.searchsorted(cum, u, side="right")), len(order) - 1)
-    return int(order[i])
 
 
 def _eos_from(config: Mapping, generation_config: Mapping | None) -> tuple[int, ...]:

@@ -10,7 +10,7 @@ nothing of them.
 Batch invariance: a row's logits never depend on the other rows, its slot, the chunk split or
 the thread count (SPEC.md 3.1), a prefix-cache hit restores the exact bits of a recompute, and
 each request samples from its own ``numpy.random.Generator(PCG64(seed))`` with
-``Model.generate``'s probability computation (``exactblocks.models.base._pick``). So a request
+``Model.generate``'s sampler (:func:`exactblocks.sampling.pick_token`). So a request
 with a seed gets the same tokens and logprobs, bit for bit, alone or among any others.
 """
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from exactblocks import _ext
-from exactblocks.models.base import _Detokenizer, _pick
+from exactblocks.sampling import Detokenizer, pick_token
 
 from .prefix_cache import PrefixCache, clear_row, restore_row, snapshot_row
 
@@ -220,7 +220,7 @@ class _Seq:
     handle: RequestHandle
     ids: np.ndarray  # prompt, int64
     rng: np.random.Generator
-    detok: _Detokenizer | None
+    detok: Detokenizer | None
     stop_ids: frozenset
     row: int = -1
     pos: int = 0  # prompt tokens in the row
@@ -395,7 +395,7 @@ class Engine:
             handle=handle,
             ids=ids,
             rng=np.random.Generator(np.random.PCG64(params.seed)),
-            detok=None if tok is None else _Detokenizer(tok, params.stop),
+            detok=None if tok is None else Detokenizer(tok, params.stop),
             stop_ids=frozenset(int(i) for i in stop_ids),
         )
         with self._cond:
@@ -538,10 +538,11 @@ class Engine:
                     ids[row, :n] = seq.ids[seq.pos : seq.pos + n]
             t0 = time.perf_counter()
             try:
+                # (B, vocab_size): each row's last position is all that is sampled or cached
                 if (lens == 1).all():  # every row decodes: step (same bits, less overhead)
-                    logits = self.model.step(ids[:, 0], self.state)
+                    logits = self.model.step(ids[:, 0], self.state)[:, 0]
                 else:
-                    logits = self.model.forward(ids, self.state, lengths=lens)
+                    logits = self.model.forward(ids, self.state, lengths=lens, logits="last")
             except Exception as exc:  # non-finite activations: fail the rows of this call
                 self.state.reset([int(r) for r in np.flatnonzero(lens)])  # others untouched
                 for row in np.flatnonzero(lens):
@@ -554,13 +555,13 @@ class Engine:
                 seq, n = self._rows[row], int(lens[row])
                 if seq.next_token is not None:
                     seq.next_token = None
-                    seq.logits = logits[row, 0]
+                    seq.logits = logits[row]
                     continue
                 seq.pos += n
                 if seq.pos % chunk == 0 or seq.pos == len(seq.ids):
-                    self._save(seq, logits[row, n - 1])
+                    self._save(seq, logits[row])
                 if seq.pos == len(seq.ids):
-                    seq.logits = logits[row, n - 1]
+                    seq.logits = logits[row]
         for seq in list(self._rows):
             if seq is not None and seq.logits is not None:
                 self._sample(seq)
@@ -598,7 +599,7 @@ class Engine:
         p = seq.handle.params
         logits, seq.logits = seq.logits, None
         try:
-            token = _pick(logits, p.temperature, None, p.top_p, seq.rng, self._exp)
+            token = pick_token(logits, temperature=p.temperature, top_p=p.top_p, rng=seq.rng)
         except ValueError as exc:
             self._finish(seq, "error", error=str(exc))
             return

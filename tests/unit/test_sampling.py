@@ -1,0 +1,198 @@
+"""exactblocks.sampling: pick_token against a plain reference, the Detokenizer on real UTF-8.
+
+The reference below is written from pick_token's documented definition with Python lists,
+``sorted`` and Python float (binary64) sums, one step per line of the Notes; the only library
+piece it uses is the float32 ``exp`` the definition names. pick_token must return the same
+token and leave the generator in the same state, over many random logits with ties, signed
+zeros, temperatures, top_k, top_p and seeds, and at real vocabulary sizes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from exactblocks import _ext
+from exactblocks.sampling import Detokenizer, pick_token
+
+
+def _exp32(x: np.ndarray) -> np.ndarray:
+    return _ext.core().elementwise("exp", np.ascontiguousarray(x, dtype=np.float32))
+
+
+def reference_pick(logits, temperature, top_k, top_p, rng) -> int:
+    """pick_token's Notes, step by step, without any cleverness."""
+    V = logits.size
+    if temperature == 0.0:
+        best = 0
+        for i in range(V):
+            if logits[i] > logits[best]:
+                best = i
+        return best
+    # 1. z in float32
+    z = logits if temperature == 1.0 else logits / np.float32(temperature)
+    # 2. ids by z descending, then id ascending (-0.0 == +0.0 as Python floats)
+    order = sorted(range(V), key=lambda i: (-float(z[i]), i))
+    # 3. top_k: z >= the k-th entry's z
+    if top_k is not None and top_k < V:
+        kth = z[order[top_k - 1]]
+        order = [i for i in order if z[i] >= kth]
+    # 4. e = exp(z - z[order[0]]) in float32, summed left to right in binary64
+    zs = np.array([z[i] for i in order], dtype=np.float32)
+    e = _exp32(zs - zs[0])
+    c, s = [], 0.0
+    for v in e.tolist():
+        s = s + v
+        c.append(s)
+    # 5. top_p: entries whose sum before them is < top_p * total, at least one
+    n = len(order)
+    if top_p is not None and top_p < 1.0:
+        n = max(1, sum(1 for j in range(len(c)) if (c[j - 1] if j else 0.0) < top_p * c[-1]))
+    # 6. one draw; the first entry whose running sum exceeds it
+    u = rng.random() * c[n - 1]
+    for i in range(n):
+        if c[i] > u:
+            return order[i]
+    return order[n - 1]
+
+
+def _random_logits(rs: np.random.Generator, V: int) -> np.ndarray:
+    kind = rs.integers(5)
+    if kind == 0:  # many ties
+        z = rs.integers(-4, 5, V).astype(np.float32)
+    elif kind == 1:  # real-model-like spread
+        z = rs.normal(0.0, 3.0, V).astype(np.float32) + np.float32(rs.normal(0, 5))
+    elif kind == 2:  # a peaked distribution
+        z = rs.normal(-10.0, 2.0, V).astype(np.float32)
+        z[rs.integers(0, V, 3)] = rs.normal(8.0, 1.0, 3).astype(np.float32)
+    elif kind == 3:  # a huge spread: exp underflows for most
+        z = rs.normal(0.0, 80.0, V).astype(np.float32)
+    else:  # signed zeros among ties and small values
+        z = rs.choice(np.array([0.0, -0.0, 1e-30, -1e-30, 0.5, -0.5], np.float32), V)
+    return np.ascontiguousarray(z, dtype=np.float32)
+
+
+@pytest.mark.parametrize("block", range(4))
+def test_pick_token_equals_reference_on_random_logits(block):
+    rs = np.random.default_rng(1000 + block)
+    for case in range(300):
+        V = int(rs.choice([1, 2, 3, 7, 16, 33, 100, 257, 1000]))
+        logits = _random_logits(rs, V)
+        temp = float(rs.choice([0.0, 0.05, 0.3, 0.7, 1.0, 1.3, 3.0]))
+        top_k = rs.choice([None, 1, 2, 5, int(rs.integers(1, V + 1)), V, V + 3])
+        top_k = None if top_k is None else int(top_k)
+        top_p = rs.choice([None, 1e-9, 0.1, 0.5, 0.9, 0.99, 1.0])
+        top_p = None if top_p is None else float(top_p)
+        seed = int(rs.integers(2**63))
+        ga, gb = np.random.default_rng(seed), np.random.default_rng(seed)
+        kw = dict(temperature=temp, top_k=top_k, top_p=top_p)
+        got = [pick_token(logits, rng=ga, **kw) for _ in range(4)]
+        want = [reference_pick(logits, temp, top_k, top_p, gb) for _ in range(4)]
+        cfg = dict(case=case, V=V, seed=seed, **kw)
+        assert got == want, cfg
+        assert ga.bit_generator.state == gb.bit_generator.state, cfg  # one draw per token
+
+
+@pytest.mark.parametrize("V", [49152, 262144])
+def test_pick_token_equals_reference_at_vocabulary_size(V):
+    """SmolLM2's and Gemma 3's vocabulary sizes, logits with a real model's spread."""
+    rs = np.random.default_rng(V)
+    logits = rs.normal(0.0, 3.5, V).astype(np.float32)
+    logits[rs.integers(0, V, 40)] = rs.normal(12.0, 2.0, 40).astype(np.float32)
+    logits[rs.integers(0, V, V // 50)] = np.float32(-1.5)  # a block of ties
+    for temp, top_k, top_p, seed in [(1.0, None, None, 1), (0.7, None, 0.95, 2), (1.3, 50, 0.9, 3)]:
+        ga, gb = np.random.default_rng(seed), np.random.default_rng(seed)
+        kw = dict(temperature=temp, top_k=top_k, top_p=top_p)
+        got = [pick_token(logits, rng=ga, **kw) for _ in range(2)]
+        want = [reference_pick(logits, temp, top_k, top_p, gb) for _ in range(2)]
+        assert got == want, kw
+
+
+def test_pick_token_known_values():
+    four = np.zeros(4, np.float32)  # e = 1, 1, 1, 1; c = 1, 2, 3, 4
+    # top_p=0.5: c[j-1] < 2 for j = 0, 1 only: ids 0 and 1, never 2 or 3
+    drawn = {pick_token(four, temperature=1.0, top_p=0.5, rng=np.random.default_rng(s))
+             for s in range(200)}  # fmt: skip
+    assert drawn == {0, 1}
+    drawn = {pick_token(four, temperature=1.0, rng=np.random.default_rng(s)) for s in range(200)}
+    assert drawn == {0, 1, 2, 3}
+    logits = np.array([2.0, 5.0, -1.0, 5.0, 4.0], np.float32)
+    assert pick_token(logits, temperature=0.0) == 1  # the lowest id among the maxima
+    # top_k=2 keeps both 5.0s and nothing else; top_k=3 adds the 4.0
+    drawn = {pick_token(logits, temperature=2.0, top_k=2, rng=np.random.default_rng(s))
+             for s in range(200)}  # fmt: skip
+    assert drawn == {1, 3}
+    drawn = {pick_token(logits, temperature=2.0, top_k=3, rng=np.random.default_rng(s))
+             for s in range(200)}  # fmt: skip
+    assert drawn == {1, 3, 4}
+    g = np.random.default_rng(5)
+    before = g.bit_generator.state
+    pick_token(logits, temperature=0.0, rng=g)
+    assert g.bit_generator.state == before  # greedy draws nothing
+
+
+def test_pick_token_errors_name_the_argument():
+    ok = np.zeros(3, np.float32)
+    g = np.random.default_rng(0)
+    cases = [
+        (TypeError, "logits has dtype float64", dict(logits=np.zeros(3), temperature=1.0)),
+        (TypeError, "logits must be a numpy.ndarray", dict(logits=[0.0], temperature=1.0)),
+        (ValueError, r"logits has shape \(1, 3\)", dict(logits=ok[None], temperature=1.0)),
+        (ValueError, r"logits has shape \(0,\)", dict(logits=ok[:0], temperature=1.0)),
+        (ValueError, "temperature=-1.0 must be", dict(logits=ok, temperature=-1.0)),
+        (TypeError, "temperature must be a real", dict(logits=ok, temperature=True)),
+        (ValueError, "top_k=0 must be >= 1", dict(logits=ok, temperature=1.0, top_k=0)),
+        (TypeError, "top_k must be an int", dict(logits=ok, temperature=1.0, top_k=2.0)),
+        (ValueError, r"top_p=1.5 must be in \(0, 1\]", dict(logits=ok, temperature=1.0, top_p=1.5)),
+        (ValueError, "pass rng=", dict(logits=ok, temperature=1.0, rng=None)),
+        (
+            TypeError,
+            "rng must be a numpy.random.Generator",
+            dict(logits=ok, temperature=1.0, rng=0),
+        ),
+    ]
+    for exc, match, kw in cases:
+        kw.setdefault("rng", g)
+        with pytest.raises(exc, match=match):
+            pick_token(kw.pop("logits"), **kw)
+    bad = np.array([0.0, 1.0, np.inf], np.float32)
+    with pytest.raises(ValueError, match=r"pick_token: logits\[2\]=.*inf.* is not finite"):
+        pick_token(bad, temperature=0.0)
+    before = g.bit_generator.state
+    big = np.array([0.0, 3e38], np.float32)
+    with pytest.raises(ValueError, match="temperature=1e-30 is too small"):
+        pick_token(big, temperature=1e-30, rng=g)
+    assert g.bit_generator.state == before  # nothing drawn on a refused call
+
+
+class _Utf8Bytes:
+    """A byte-level tokenizer: id = one byte, decode = UTF-8 with replacement (Python's codec)."""
+
+    def decode(self, ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_detokenizer_releases_final_text_only():
+    ids = list("naïve — done. END tail".encode())
+    d = Detokenizer(_Utf8Bytes(), ["END"])
+    pieces = []
+    for t in ids:
+        piece = d.push(t)
+        assert "\ufffd" not in piece  # an incomplete character waits
+        pieces.append(piece)
+        if d.stopped:
+            break
+    pieces.append(d.finish())
+    assert d.stopped and d.text == "naïve — done. "
+    assert "".join(pieces) == d.text
+    # without a stop string: everything, and the held-back tail comes with finish()
+    d = Detokenizer(_Utf8Bytes())
+    out = "".join(d.push(t) for t in "héllo".encode()) + d.finish()
+    assert out == d.text == "héllo" and not d.stopped
+    # a trailing incomplete character is decoded as it is by finish()
+    d = Detokenizer(_Utf8Bytes())
+    assert d.push(0xC3) == "" and d.finish() == "\ufffd"
+    with pytest.raises(ValueError, match="stop string is empty"):
+        Detokenizer(_Utf8Bytes(), [""])
+    with pytest.raises(TypeError, match="must be a str"):
+        Detokenizer(_Utf8Bytes(), [5])
