@@ -600,3 +600,72 @@ def test_direct_kquant_mixed_parts_fall_back_with_the_same_values():
         assert np.array_equal(u32(a._impl.weights[n]), u32(values[n])), n
     x = rng.standard_normal((1, 5, 256)).astype(np.float32)
     assert np.array_equal(u32(a.forward(x)), u32(b.forward(x)))
+
+
+def quantiser_like_q5_k(n_blocks: int, seed: int) -> np.ndarray:
+    """Random Q5_K blocks shaped as llama.cpp's quantiser leaves them: d >= 0 and code 0
+    somewhere in every sub-block of 32 (here: its first weight)."""
+    raw = random_blocks("Q5_K", n_blocks, seed)
+    d = raw[:, 0:2].copy().view(np.float16)
+    raw[:, 0:2] = np.abs(d).view(np.uint8)
+    raw[:, 16] = 0  # qh bit j of weight 0 of sub-block j
+    raw[:, [48, 80, 112, 144]] = 0  # both nibbles of weight 0 of sub-blocks 2i, 2i + 1
+    return raw
+
+
+def test_float32_search_finds_q5_k_and_q4_k_values(core):
+    """Q4_K / Q5_K values (d*sc a 17-bit scale, m = -(dmin*mn)) as the quantiser leaves them are
+    found by the float32 packer's search (m = the code-0 weight, d from the rounding bounds of
+    every weight), so a block rebuilt from float32 (pickle, set_params) keeps its format.
+    (With absurd scales, e.g. dmin = -65504 beside d*sc < 1, the rounding of m + d*q merges
+    codes and the search may miss a fit: such blocks stay float32 there; read as GGUF blocks
+    they are packed directly, see test_direct_kquant_block_equals_float32_storage.)"""
+    rng = np.random.default_rng(81)
+    for kind, raw, fmt in [
+        ("Q5_K", quantiser_like_q5_k(100 * 512 // 256, 82), "q5_1"),
+        ("Q4_K", random_blocks("Q4_K", 100 * 512 // 256, 83), "q4_1"),
+    ]:
+        t = getattr(T, kind)
+        if kind == "Q4_K":  # d >= 0 and code 0 in each sub-block's first weight, as above
+            raw[:, 0:2] = np.abs(raw[:, 0:2].copy().view(np.float16)).view(np.uint8)
+            raw[:, [16, 48, 80, 112]] = 0
+        w = np.ascontiguousarray(dequantize(raw.reshape(-1), t).reshape(100, 512), np.float32)
+        a = rng.standard_normal((9, 512)).astype(np.float32)
+        for isa, nt in each_isa_and_threads(core):
+            got, got_fmt = core.gemm(a, w)
+            assert got_fmt == fmt, (kind, isa, nt)
+            assert np.array_equal(u32(got), u32(core.gemm_ref(a, w, None))), (kind, isa, nt)
+
+
+def test_kquant_block_pickle_and_set_params_keep_storage():
+    """A block packed from Q5_K and Q6_K blocks keeps q5_1 / q6_k through pickling and
+    set_params (both rebuild from the float32 weights the core unpacks), with the same bits."""
+    import copy
+    import pickle
+
+    from exactblocks._weights import QuantizedMatrix
+
+    rng = np.random.default_rng(84)
+    opts = dict(n_heads=4, n_kv_heads=2, head_dim=64)
+    w = make_transformer_weights(rng, d_model=256, intermediate=512, **opts)
+    for n in ("q_proj.weight", "k_proj.weight", "v_proj.weight", "down_proj.weight"):
+        rows, cols = w[n].shape
+        raw = random_blocks("Q6_K", rows * cols // 256, rows + cols).reshape(rows, -1)
+        w[n] = QuantizedMatrix(int(T.Q6_K), raw, (rows, cols))
+    for i, n in enumerate(("o_proj.weight", "gate_proj.weight", "up_proj.weight")):
+        rows, cols = w[n].shape
+        raw = quantiser_like_q5_k(rows * cols // 256, 90 + i).reshape(rows, -1)
+        w[n] = QuantizedMatrix(int(T.Q5_K), raw, (rows, cols))
+    blk = eb.TransformerBlockInference(w, **opts, max_positions=64)
+    storage = blk.weight_storage()
+    assert [f for _, f, _ in storage] == ["q6_k", "q5_1", "q5_1", "q6_k"]
+    x = rng.standard_normal((2, 6, 256)).astype(np.float32)
+    y = blk.forward(x)
+    for back in (pickle.loads(pickle.dumps(blk)), copy.deepcopy(blk)):
+        assert back.weight_storage() == storage
+        assert back.fingerprint == blk.fingerprint
+        assert np.array_equal(u32(back.forward(x)), u32(y))
+    b2 = copy.deepcopy(blk)
+    b2.set_params(max_positions=32)
+    assert b2.weight_storage() == storage
+    assert np.array_equal(u32(b2.forward(x)), u32(y))

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "base/check.hpp"
@@ -35,33 +36,55 @@ int scale_candidates(float est, float* out) {
 }
 
 // One block of kQBlock consecutive weights x as w = fma(d, q, m), q in 0..qmax (15: kPanelQ4,
-// 31: kPanelQ5). m is the block's least value and d is tried near (max - min) / qmax, so a
-// block of GGUF Q4_1 / Q5_1 values (whose quantiser gives the least weight code 0 and the
-// greatest code qmax) is found; any fit is verified weight by weight.
+// 31: kPanelQ5), d >= 0. m is the block's least weight: llama.cpp's Q4_1 / Q5_1 quantisers give
+// the least weight code 0, and its Q4_K / Q5_K ones give code 0 in every sub-block of 32, so
+// then m = fma(d, 0, m) is that weight exactly. For d, each code t of the greatest weight is
+// tried, qmax first: with the codes r_i that the estimate (max - min) / t gives, every weight
+// x_i = round(d * r_i + m) bounds d to [(x_i - h_i - m) / r_i, (x_i + h_i - m) / r_i] (h_i half
+// an ulp of x_i; computed in binary64 and widened a little), and the float32 values in the
+// intersection are tried. Any fit is verified weight by weight with the kernels' operation.
 bool fit_affine(const float* x, int qmax, float* d_out, float* m_out, uint8_t* q_out) {
   float lo = x[0], hi = x[0];
   for (int i = 1; i < kQBlock; ++i) {
     lo = std::min(lo, x[i]);
     hi = std::max(hi, x[i]);
   }
-  const float top = static_cast<float>(qmax);
-  float cand[8];
-  const int nc = scale_candidates((hi - lo) / top, cand);
-  for (int c = 0; c < nc; ++c) {
-    const float d = cand[c];
-    if (!std::isfinite(d) || d < 0.0f) continue;
+  if (!std::isfinite(lo) || !std::isfinite(hi)) return false;
+  auto verify = [&](float d) {
+    for (int i = 0; i < kQBlock; ++i) {
+      const float q = d > 0.0f ? std::nearbyint((x[i] - lo) / d) : 0.0f;
+      q_out[i] = static_cast<uint8_t>(std::min(static_cast<float>(qmax), std::max(0.0f, q)));
+      if (bits(std::fma(d, static_cast<float>(q_out[i]), lo)) != bits(x[i])) return false;
+    }
+    *d_out = d;
+    *m_out = lo;
+    return true;
+  };
+  if (hi == lo) return verify(0.0f) || verify(-0.0f);  // fma(-0, 0, -0) keeps a -0.0 block
+  const double span = static_cast<double>(hi) - static_cast<double>(lo);
+  for (int t = qmax; t >= 1; --t) {
+    const double est = span / t;
+    double d_lo = 0.0, d_hi = std::numeric_limits<double>::infinity();
     bool ok = true;
     for (int i = 0; i < kQBlock && ok; ++i) {
-      const float v = x[i];
-      float q = d > 0.0f ? std::nearbyint((v - lo) / d) : 0.0f;
-      q_out[i] = static_cast<uint8_t>(std::min(top, std::max(0.0f, q)));
-      // verify with the stored code, exactly as the kernels rebuild the weight
-      ok = bits(std::fma(d, static_cast<float>(q_out[i]), lo)) == bits(v);
+      const double v = static_cast<double>(x[i]) - static_cast<double>(lo);  // exact
+      const double r = std::nearbyint(v / est);
+      if (r == 0.0) {
+        ok = x[i] == lo;
+        continue;
+      }
+      ok = r <= qmax;
+      const double h = std::ldexp(1.0, std::max(std::ilogb(x[i]), -126) - 24);
+      d_lo = std::max(d_lo, (v - h) / r);
+      d_hi = std::min(d_hi, (v + h) / r);
     }
-    if (ok) {
-      *d_out = d;
-      *m_out = lo;
-      return true;
+    const double slack = 0x1p-40 * d_hi;
+    if (!ok || !(d_lo - slack <= d_hi + slack)) continue;
+    // from the float32 just below d_lo (a cast may round up past a valid d)
+    float d = std::nextafter(static_cast<float>(d_lo - slack), 0.0f);
+    for (int c = 0; c < 64 && static_cast<double>(d) <= d_hi + slack; ++c) {
+      if (d > 0.0f && verify(d)) return true;
+      d = std::nextafter(d, std::numeric_limits<float>::infinity());
     }
   }
   return false;
