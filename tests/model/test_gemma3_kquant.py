@@ -101,6 +101,11 @@ def test_layer_with_real_q6_k_down_proj_equals_float32_panels(reader):
     # a byte per code and a float32 d per 16 inputs, for 640 outputs padded to 14 panels of 48
     assert down_bytes == 14 * 48 * 2048 * 5 // 4
 
+    import pickle
+
+    back = pickle.loads(pickle.dumps(compact))  # rebuilt from the unpacked float32 weights
+    assert back.weight_storage() == compact.weight_storage()
+
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 11, 640)).astype(np.float32)
     core = _ext.core()
