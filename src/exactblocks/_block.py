@@ -285,14 +285,16 @@ class BlockCommon:
         """How each packed projection matrix is stored in the compiled core.
 
         A matrix whose every weight is exactly a GGUF block-quantised value (the float32 values
-        of Q4_1, or of Q8_0, Q4_0 and Q5_0, as ``gguf`` dequantises them) is stored as 4- or
-        8-bit codes with one float32 scale (and offset) per 32 inputs, which the kernels turn
-        back into the same float32 weight before each use; one whose weights all have zero
-        low 16 bits (a bfloat16 checkpoint widened to float32) is stored as bfloat16. The
-        arithmetic, and every output bit, is the same as with float32 storage; a decode step
-        reads 5.3x (Q4_1), 3.6x (Q8_0) or 2x (bfloat16) fewer bytes. The fused q|k|v and
-        gate|up matrices are stored as one matrix each, so all their parts must fit one format.
-        Any other matrix, or one whose input size is not a multiple of 32, is stored as float32
+        ``gguf`` dequantises Q4_1, Q5_1, Q8_0, Q4_0, Q5_0 or Q6_K tensors to) is stored as 4-, 5-
+        or 8-bit codes with float32 scales (and offsets) per 32 inputs (per 16 for Q6_K), which
+        the kernels turn back into the same float32 weight before each use; one whose weights
+        all have zero low 16 bits (a bfloat16 checkpoint widened to float32) is stored as
+        bfloat16. Matrices given as GGUF blocks (``exactblocks.load_model`` on a GGUF file) are
+        packed from the blocks directly, Q4_K and Q5_K included. The arithmetic, and every
+        output bit, is the same as with float32 storage; a decode step reads 5.3x (Q4_1), 3.6x
+        (Q8_0), 3.2x (Q5_1, Q6_K) or 2x (bfloat16) fewer bytes. The fused q|k|v and gate|up
+        matrices are stored as one matrix each, so all their parts must fit one format. Any
+        other matrix, or one whose input size is not a multiple of 32, is stored as float32
         panels. The packer checks every weight against what the kernels rebuild, so what it
         picks never changes an output bit.
 
@@ -302,8 +304,10 @@ class BlockCommon:
             One ``(matrix, format, nbytes)`` per packed matrix, in call order: matrix names
             ``'qkv_proj'``, ``'o_proj'``, ``'gate_up_proj'`` (``'up_proj'`` for ungated MLPs)
             and ``'down_proj'`` for a Transformer block, ``'in_proj'`` and ``'out_proj'`` for
-            Mamba-2; format ``'q4_1'`` (w = d*q + m, q in 0..15), ``'q8_0'`` (w = d*q, q int8),
-            ``'bf16'`` or ``'float32'``; nbytes the bytes held, including scales and biases.
+            Mamba-2; format ``'q4_1'`` (w = d*q + m, q in 0..15), ``'q5_1'`` (the same, q in
+            0..31), ``'q8_0'`` (w = d*q, q int8), ``'q6_k'`` (w = d*q, q int8, d per 16
+            inputs), ``'bf16'`` or ``'float32'``; nbytes the bytes held, including scales and
+            biases.
 
         Examples
         --------

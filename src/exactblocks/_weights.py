@@ -237,7 +237,8 @@ class QuantizedMatrix:
     Parameters
     ----------
     ggml_type : int
-        ``gguf.GGMLQuantizationType`` value: Q4_0 (2), Q4_1 (3), Q5_0 (6), Q8_0 (8) or Q4_K (12).
+        ``gguf.GGMLQuantizationType`` value: Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7), Q8_0 (8),
+        Q4_K (12), Q5_K (13) or Q6_K (14).
     blocks : ndarray of uint8, shape (rows, row_bytes)
         The tensor's bytes as the file stores them (a read-only memory-map view is fine: it is
         read while the core packs and not kept).
@@ -309,11 +310,26 @@ class QuantizedMatrix:
         """
         _, ts = _ext_layout(self.ggml_type)
         raw = self.blocks.reshape(-1, ts)
-        n_scales = 2 if self.ggml_type in (3, 12) else 1  # Q4_1 and Q4_K: d and m / dmin
-        scales = np.ascontiguousarray(raw[:, : 2 * n_scales]).view(np.float16)
+        first, count = _SCALES[self.ggml_type]
+        scales = np.ascontiguousarray(raw[:, first : first + 2 * count]).view(np.float16)
         if np.isfinite(scales).all():
             return
         check_finite(self.dequantize(), name, where, flat=True)
+
+
+# Where each block keeps its binary16 scales: ggml type -> (first byte, count). Q4_1, Q5_1: d, m;
+# Q4_K, Q5_K: d, dmin (then the 6-bit sub-block scales, which are finite integers); Q6_K: d
+# after ql, qh and the int8 sub-block scales (llama.cpp ggml-common.h block_q6_K).
+_SCALES = {
+    2: (0, 1),
+    3: (0, 2),
+    6: (0, 1),
+    7: (0, 2),
+    8: (0, 1),
+    12: (0, 2),
+    13: (0, 2),
+    14: (208, 1),
+}
 
 
 def _ext_layout(ggml_type: int) -> tuple:

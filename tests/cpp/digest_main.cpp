@@ -497,15 +497,28 @@ uint64_t run_gemm(int n_threads) {
   return f.h;
 }
 
-// Compact exact storage (ops/gemm/format.hpp PanelFormat): matrices built as GGUF Q4_1 / Q8_0
-// values or bfloat16 values (d with 10 fraction bits, like binary16; each block holds its extreme
-// codes, as llama.cpp's quantiser makes them) must pack compactly and give the float32 panels' bits
-// at every row count (1 and 8: rebuilt in registers; 9 and 20: rebuilt K block by K block).
+// Compact exact storage (ops/gemm/format.hpp PanelFormat): matrices built as GGUF Q4_1 / Q8_0 /
+// Q5_1 / Q6_K values or bfloat16 values (d with 10 fraction bits, like binary16; each block holds
+// its extreme codes, as llama.cpp's quantiser makes them) must pack compactly and give the float32
+// panels' bits at every row count (1 and 8: rebuilt in registers; 9 and 20: rebuilt K block by K
+// block). Then GGUF Q5_K and Q6_K blocks of hashed bytes, packed straight from the blocks
+// (pack_sources), against float32 panels of their dequantised values.
 uint64_t run_gemm_compact(int n_threads, const std::string& isa) {
-  const int64_t k = 2048 + 64, n = 100, m = 20;
+  const int64_t k = 2048 + 256, n = 100, m = 20;
   const std::vector<float> a = tensor("gemmq.a", m * k, 1.0f);
   Fnv1a f;
-  for (int format : {eb::ops::kPanelQ4, eb::ops::kPanelQ8, eb::ops::kPanelBF16}) {
+  auto check = [&](const eb::ops::PackedMatrix& pq, const eb::ops::PackedMatrix& pf) {
+    for (int64_t rows : {1, 8, 9, 20}) {
+      std::vector<float> cq(static_cast<size_t>(rows * n)), cf(cq.size());
+      eb::kernels().gemm(a.data(), rows, k, pq, cq.data(), n, n_threads);
+      eb::kernels().gemm(a.data(), rows, k, pf, cf.data(), n, n_threads);
+      if (std::memcmp(cq.data(), cf.data(), cq.size() * sizeof(float)) != 0)
+        fail(isa, std::string("gemm_compact: ") + pq.format_name() + " != float32 panels");
+      f.floats(cq);
+    }
+  };
+  for (int format : {eb::ops::kPanelQ4, eb::ops::kPanelQ8, eb::ops::kPanelBF16, eb::ops::kPanelQ5,
+                     eb::ops::kPanelQ6}) {
     std::vector<float> w(static_cast<size_t>(n * k));
     if (format == eb::ops::kPanelBF16) {  // bfloat16 values: the top halves of float32 values
       w = tensor("gemmq.bf16", n * k, inv_sqrt(k));
@@ -516,7 +529,8 @@ uint64_t run_gemm_compact(int n_threads, const std::string& isa) {
         std::memcpy(&x, &u, sizeof u);
       }
     }
-    const uint64_t id = name_id(format == eb::ops::kPanelQ4 ? "gemmq.q4" : "gemmq.q8");
+    const char* names[] = {"", "gemmq.q8", "gemmq.q4", "", "gemmq.q6", "gemmq.q5"};
+    const uint64_t id = name_id(names[format]);
     for (int64_t r = 0; r < n; ++r)
       for (int64_t b = 0; b < k / 32; ++b) {
         const uint64_t hb = mix(id + static_cast<uint64_t>(r * k + b));
@@ -530,6 +544,13 @@ uint64_t run_gemm_compact(int n_threads, const std::string& isa) {
           } else if (format == eb::ops::kPanelQ4) {
             const int q = i == 0 ? 0 : (i == 1 ? 15 : static_cast<int>(hq % 16));
             x = std::fma(d, static_cast<float>(q), mn);
+          } else if (format == eb::ops::kPanelQ5) {
+            const int q = i == 0 ? 0 : (i == 1 ? 31 : static_cast<int>(hq % 32));
+            x = std::fma(d, static_cast<float>(q), mn);
+          } else if (format == eb::ops::kPanelQ6) {  // (d * sc) * (q - 32), sc int8, per 16
+            const int sc = static_cast<int>((hb >> (22 + 8 * (i / 16))) % 255) - 127;
+            const int q = i % 16 == 0 ? -32 : static_cast<int>(hq % 64) - 32;
+            x = (d * static_cast<float>(sc)) * static_cast<float>(q);
           } else {
             const int q = i == 0 ? 127 : static_cast<int>(hq % 255) - 127;
             x = d * static_cast<float>(q);
@@ -540,14 +561,32 @@ uint64_t run_gemm_compact(int n_threads, const std::string& isa) {
     const eb::ops::PackedMatrix pf = eb::ops::pack_matrices({w.data()}, {n}, k, {nullptr}, false);
     if (pq.format != format || pf.format != eb::ops::kPanelF32)
       fail(isa, std::string("gemm_compact: packed as ") + pq.format_name());
-    for (int64_t rows : {1, 8, 9, 20}) {
-      std::vector<float> cq(static_cast<size_t>(rows * n)), cf(cq.size());
-      eb::kernels().gemm(a.data(), rows, k, pq, cq.data(), n, n_threads);
-      eb::kernels().gemm(a.data(), rows, k, pf, cf.data(), n, n_threads);
-      if (std::memcmp(cq.data(), cf.data(), cq.size() * sizeof(float)) != 0)
-        fail(isa, std::string("gemm_compact: ") + pq.format_name() + " != float32 panels");
-      f.floats(cq);
+    check(pq, pf);
+  }
+  for (int type : {eb::ops::kGgmlQ5_K, eb::ops::kGgmlQ6_K}) {
+    const int64_t row_bytes = k / 256 * eb::ops::ggml_type_size(type);
+    std::vector<uint8_t> blocks(static_cast<size_t>(n * row_bytes));
+    const uint64_t id = name_id(type == eb::ops::kGgmlQ5_K ? "gemmq.q5k" : "gemmq.q6k");
+    for (size_t i = 0; i < blocks.size(); ++i)
+      blocks[i] = static_cast<uint8_t>(mix(id + i) & 0xFFu);
+    for (int64_t sb = 0; sb < n * k / 256; ++sb) {  // binary16 scales in [2^-11, 2^-10)
+      uint8_t* blk = blocks.data() + sb * eb::ops::ggml_type_size(type);
+      for (int s = 0; s < (type == eb::ops::kGgmlQ5_K ? 2 : 1); ++s) {
+        uint8_t* h = type == eb::ops::kGgmlQ6_K ? blk + 208 : blk + 2 * s;
+        h[1] = 0x10;  // exponent field 4 (2^-11), sign +, hashed low mantissa bits
+      }
     }
+    std::vector<float> wf(static_cast<size_t>(n * k));
+    eb::ops::dequantize_gguf(blocks.data(), type, n * k, wf.data());
+    eb::ops::MatrixSource src;
+    src.blocks = blocks.data();
+    src.type = type;
+    src.rows = n;
+    const eb::ops::PackedMatrix pq = eb::ops::pack_sources({src}, k, {nullptr});
+    const eb::ops::PackedMatrix pf = eb::ops::pack_matrices({wf.data()}, {n}, k, {nullptr}, false);
+    const int want = type == eb::ops::kGgmlQ5_K ? eb::ops::kPanelQ5 : eb::ops::kPanelQ6;
+    if (pq.format != want) fail(isa, std::string("gemm_compact: blocks as ") + pq.format_name());
+    check(pq, pf);
   }
   return f.h;
 }

@@ -112,14 +112,15 @@ def test_what_is_not_exactly_compact_stays_float32(core):
     q8_neg_zero = gguf_values(0.05 * rng.standard_normal((50, 64)), "Q8_0")
     q8_neg_zero[q8_neg_zero == 0] = -0.0  # Q8_0 scales are positive: code 0 rebuilds +0.0
     assert (np.signbit(q8_neg_zero) & (q8_neg_zero == 0)).any()
-    cases["-0.0 in a Q8_0 matrix"] = q8_neg_zero
+    cases["-0.0 in a Q8_0 matrix"] = q8_neg_zero  # but q6_k's d < 0 per 16 rebuilds -0.0
     neg_zero = np.zeros((4, 32), np.float32)
-    neg_zero[2, 5] = -0.0  # not d*q (+ m) of any block, but a bfloat16 value
+    neg_zero[2, 5] = -0.0  # d * q with d = +0.0 and q = -1 (q6_k; a bfloat16 value too)
     cases["a -0.0 among zeros"] = neg_zero
     for what, m in cases.items():
         aa = np.ascontiguousarray(a[:, : m.shape[1]])
         got, fmt = core.gemm(aa, np.ascontiguousarray(m))
-        assert fmt == ("bf16" if what.startswith("a -0.0") else "float32"), what
+        want = {"a -0.0 among zeros": "q6_k", "-0.0 in a Q8_0 matrix": "q6_k"}.get(what, "float32")
+        assert fmt == want, what
         assert np.array_equal(u32(got), u32(core.gemm_ref(aa, np.ascontiguousarray(m), None))), what
 
 
@@ -250,21 +251,39 @@ def test_transformer_block_bf16_equals_float32():
 # ---- GGUF blocks packed directly (ops/gemm/pack.cpp pack_sources) ---------------------------
 
 # GGUF type -> the format its blocks are packed into, straight from the file's bytes
-DIRECT = {"Q4_0": "q8_0", "Q4_1": "q4_1", "Q5_0": "q8_0", "Q8_0": "q8_0", "Q4_K": "q4_1"}
+DIRECT = {
+    "Q4_0": "q8_0",
+    "Q4_1": "q4_1",
+    "Q5_0": "q8_0",
+    "Q5_1": "q5_1",
+    "Q8_0": "q8_0",
+    "Q4_K": "q4_1",
+    "Q5_K": "q5_1",
+    "Q6_K": "q6_k",
+}
 
 
-def random_blocks(kind: str, n_blocks: int, seed: int) -> np.ndarray:
+def random_blocks(kind: str, n_blocks: int, seed: int, extreme: bool = False) -> np.ndarray:
     """Random GGUF blocks of ``kind`` (uint8, (n_blocks, type_size)) with finite binary16 scales,
-    some of them subnormal, -0.0 or negative: every code and scale bit pattern is exercised."""
+    some of them subnormal, -0.0 or negative: every code and scale bit pattern is exercised.
+    ``extreme`` also puts +-65504 (binary16's largest), +-2^-24 (its least subnormal) and +0.0
+    among the scales."""
+    from exactblocks._weights import _SCALES
+
     rng = np.random.default_rng(seed)
     _, ts = gguf.GGML_QUANT_SIZES[getattr(T, kind)]
     raw = rng.integers(0, 256, (n_blocks, ts), dtype=np.uint8)
-    n_scales = 2 if kind in ("Q4_1", "Q4_K") else 1
+    first, n_scales = _SCALES[int(getattr(T, kind))]
     for j in range(n_scales):
         h = (0.05 * rng.standard_normal(n_blocks)).astype(np.float16)
         h[::7] = (1e-6 * rng.standard_normal(n_blocks)[::7]).astype(np.float16)  # subnormal
         h[::11] = -0.0
-        raw[:, 2 * j : 2 * j + 2] = h.view(np.uint8).reshape(n_blocks, 2)
+        if extreme:
+            for step, v in [(3, 65504.0), (5, -65504.0), (13, 2.0**-24), (17, -(2.0**-24))]:
+                h[j::step] = v
+            h[2 + j :: 19] = 0.0
+        o = first + 2 * j
+        raw[:, o : o + 2] = h.view(np.uint8).reshape(n_blocks, 2)
     return raw
 
 
@@ -279,12 +298,15 @@ def quantized(kind: str, rows: int, cols: int, seed: int):
     return QuantizedMatrix(int(t), raw, (rows, cols)), values
 
 
+@pytest.mark.parametrize("extreme", [False, True])
 @pytest.mark.parametrize("kind", sorted(DIRECT))
-def test_dequantize_gguf_equals_gguf_quants(core, kind):
-    """The core's reading of GGUF blocks gives gguf.quants.dequantize's float32 bits."""
+def test_dequantize_gguf_equals_gguf_quants(core, kind, extreme):
+    """The core's reading of GGUF blocks gives gguf.quants.dequantize's float32 bits, with
+    scales anywhere in binary16's range (largest, subnormal, +-0.0, negative)."""
     t = getattr(T, kind)
-    raw = random_blocks(kind, 3000, 21)
+    raw = random_blocks(kind, 3000, 21, extreme=extreme)
     want = dequantize(raw.reshape(-1), t).reshape(-1).astype(np.float32)
+    assert np.isfinite(want).all()
     got = core.dequantize_gguf(int(t), raw)
     assert np.array_equal(u32(got), u32(want)), kind
 
@@ -307,7 +329,7 @@ def test_direct_packed_block_equals_dequantised_block(kind):
     b = eb.TransformerBlockInference(values, **opts, max_positions=64)
     fa = [f for _, f, _ in a.weight_storage()]
     assert fa == [DIRECT[kind]] * 4, fa
-    assert all(f in (DIRECT[kind], "float32") for _, f, _ in b.weight_storage())
+    assert all(f in (*DIRECT.values(), "float32") for _, f, _ in b.weight_storage())
     assert a.fingerprint == b.fingerprint
     for n in values:
         assert np.array_equal(u32(a._impl.weights[n]), u32(values[n])), n
@@ -407,3 +429,243 @@ def test_resident_block_set_params_rebuilds_from_packed_form(q4_block):
     assert np.array_equal(u32(b2.forward(x)), u32(y))
     b2.set_params(max_positions=64)
     assert b2.fingerprint == blk.fingerprint
+
+
+# ---- K-quant formats: Q6_K (q6_k: int8 codes, d per 16) and Q5_1 / Q5_K (q5_1: 5-bit codes) --
+
+
+def block_values(kind: str, rows: int, cols: int, seed: int, extreme: bool = True) -> np.ndarray:
+    """gguf's float32 values of random ``kind`` blocks, (rows, cols)."""
+    t = getattr(T, kind)
+    bs, _ = gguf.GGML_QUANT_SIZES[t]
+    raw = random_blocks(kind, rows * cols // bs, seed, extreme=extreme)
+    return np.ascontiguousarray(dequantize(raw.reshape(-1), t).reshape(rows, cols), np.float32)
+
+
+# Q6_K values (no gguf quantiser: random blocks, scales at binary16's extremes included) and
+# Q5_1 values of gguf's own quantiser, through the float32 packer's search: found, and every row
+# count (1, 8: rebuilt in registers; 9, 17, 40: rebuilt panels), tail of n and K past one K
+# block gives gemm_ref's and the float32 panels' bits on every ISA. (Random Q5_1 blocks, whose
+# least code is not always 0, are found by the search only sometimes; they are packed directly
+# below.)
+KQ_VALUES = {
+    "Q6_K": lambda rng, n, k, seed: block_values("Q6_K", n, k, seed),
+    "Q5_1": lambda rng, n, k, seed: gguf_values(0.05 * rng.standard_normal((n, k)), "Q5_1"),
+}
+KQ_FORMAT = {"Q6_K": "q6_k", "Q5_1": "q5_1"}
+
+
+@pytest.mark.parametrize("kind", sorted(KQ_VALUES))
+@pytest.mark.parametrize(
+    "m,n,k", [(1, 70, 256), (8, 48, 512), (9, 100, 256), (17, 49, 2048 + 256), (40, 130, 256)]
+)
+def test_kquant_gemm_equals_float32_panels_and_reference(core, kind, m, n, k):
+    rng = np.random.default_rng(m * 1000 + n + k)
+    w = KQ_VALUES[kind](rng, n, k, m + n + k)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    ref = core.gemm_ref(a, w, bias)
+    for isa, nt in each_isa_and_threads(core):
+        got, fmt = core.gemm(a, w, bias, compact=True)
+        plain, plain_fmt = core.gemm(a, w, bias, compact=False)
+        assert (fmt, plain_fmt) == (KQ_FORMAT[kind], "float32"), (isa, nt)
+        assert np.array_equal(u32(got), u32(ref)), f"{kind} {isa} {nt} threads: compact != gemm_ref"
+        assert np.array_equal(u32(plain), u32(ref)), f"{isa} {nt} threads: float32 != gemm_ref"
+
+
+def test_kquant_packed_linear_bytes(core):
+    """q6_k and q5_1 keep one byte per code and two float32 scales per 32 inputs and output."""
+    for kind, fmt in [("Q6_K", "q6_k"), ("Q5_1", "q5_1")]:
+        w = KQ_VALUES[kind](np.random.default_rng(3), 96, 256, 3)
+        lin = core.PackedLinear(w)
+        assert (lin.format, lin.nbytes) == (fmt, 96 * 256 + 96 * 8 * 2 * 4), kind
+        x = np.random.default_rng(4).standard_normal((3, 256)).astype(np.float32)
+        assert np.array_equal(u32(lin.forward(x)), u32(core.gemm_ref(x, w, None))), kind
+
+
+def test_kquant_values_that_are_not_exact_stay_float32(core):
+    """The search refuses whatever the kernels would not rebuild bit for bit: one weight one ulp
+    off anywhere, zeros of both signs beside non-zero weights in one group of 16 (d * 0 has d's
+    sign), a code ratio past int8 in a group, and Q5_1 values off by one ulp."""
+    rng = np.random.default_rng(61)
+    a = rng.standard_normal((2, 256)).astype(np.float32)
+    q6 = block_values("Q6_K", 50, 256, 62, extreme=False)
+    q5 = gguf_values(0.05 * rng.standard_normal((50, 256)), "Q5_1")
+    assert core.gemm(a, q6)[1] == "q6_k" and core.gemm(a, q5)[1] == "q5_1"
+    cases = {}
+    for base, name in [(q6, "Q6_K"), (q5, "Q5_1")]:
+        for r, c in [(0, 0), (49, 255), (17, 31), (3, 16)]:
+            bad = base.copy()
+            bad[r, c] = np.nextafter(bad[r, c], np.float32(np.inf))
+            cases[f"{name}: one ulp at ({r}, {c})"] = bad
+    both_zeros = q6.copy()
+    both_zeros[5, 32:48] = np.float32(0.5) * np.arange(-8, 8, dtype=np.float32)
+    both_zeros[5, 33] = -0.0  # with +0.0 at column 40 and d > 0 as the other values need
+    cases["zeros of both signs in a group"] = both_zeros
+    wide = q6.copy()
+    wide[7, 64:80] = 0.0
+    wide[7, 64] = 1.0
+    wide[7, 65] = np.float32(1.0 / 256.0)  # ratio 256: q would be 256 and 1, past int8
+    cases["ratio past int8"] = wide
+    for what, mat in cases.items():
+        got, fmt = core.gemm(a, mat)
+        assert fmt == "float32", (what, fmt)
+        assert np.array_equal(u32(got), u32(core.gemm_ref(a, mat, None))), what
+
+
+def test_kquant_zero_groups_pack_exactly(core):
+    """Q6_K groups whose d * sc is +-0.0 hold +0.0 and -0.0 as the codes' signs make them; the
+    packer stores d = +0.0 with codes -1 / 0 (or d = -0.0): every sign comes back."""
+    rng = np.random.default_rng(64)
+    w = block_values("Q6_K", 48, 256, 65, extreme=False)
+    w[:, :16] = 0.0
+    w[::2, 5] = -0.0
+    w[1::2, 16:32] = -0.0
+    a = rng.standard_normal((1, 256)).astype(np.float32)
+    got, fmt = core.gemm(a, w)
+    assert fmt == "q6_k"
+    assert np.array_equal(u32(got), u32(core.gemm_ref(a, w, None)))
+    lin = core.PackedLinear(w)
+    assert lin.format == "q6_k"
+
+
+@pytest.mark.parametrize("kind", ["Q5_1", "Q5_K", "Q6_K"])
+def test_direct_kquant_block_equals_float32_storage(kind):
+    """A block built from Q5_1 / Q5_K / Q6_K blocks (scales at binary16's extremes included)
+    stores them as q5_1 / q6_k and computes the bits of the same block with float32 panels:
+    ragged prefill (rebuilt panels), decode steps (rebuilt in registers), on every ISA and
+    1, 2 and 3 threads; output sizes 1024 (gate|up) and 256 leave partial panels of 48."""
+    from exactblocks._weights import QuantizedMatrix
+
+    rng = np.random.default_rng(71)
+    d, it, hd = 256, 512, 32
+    opts = dict(n_heads=8, n_kv_heads=2, head_dim=hd)
+    w = make_transformer_weights(rng, d_model=d, intermediate=it, **opts)
+    t = getattr(T, kind)
+    bs, ts = gguf.GGML_QUANT_SIZES[t]
+    for i, n in enumerate(sorted(w)):
+        if w[n].ndim == 2:
+            rows, cols = w[n].shape
+            raw = random_blocks(kind, rows * cols // bs, 200 + i, extreme=True)
+            w[n] = QuantizedMatrix(int(t), raw.reshape(rows, cols // bs * ts), (rows, cols))
+    compact, plain = build_twice(lambda: eb.TransformerBlockInference(w, **opts, max_positions=64))
+    assert [f for _, f, _ in compact.weight_storage()] == [DIRECT[kind]] * 4
+    assert [f for _, f, _ in plain.weight_storage()] == ["float32"] * 4
+    ratio = sum(b for *_, b in plain.weight_storage()) / sum(
+        b for *_, b in compact.weight_storage()
+    )
+    assert ratio > 3.0, ratio  # 4 bytes -> 1.25 bytes per weight (biases are float32 in both)
+    x = rng.standard_normal((3, 20, d)).astype(np.float32)
+    lengths = np.array([20, 7, 13])
+    for isa, nt in each_isa_and_threads(_ext.core()):
+        outs = []
+        for blk in (compact, plain):
+            st = blk.allocate_state(3, 32)
+            y = blk.forward(x[:, :12], st, lengths=np.minimum(lengths, 12))
+            ys = [blk.step(x[:, 12 + i], st) for i in range(3)]
+            outs.append((y, *ys, st.k_cache, st.v_cache))
+        for got, want in zip(*outs):
+            assert np.array_equal(u32(got), u32(want)), (kind, isa, nt)
+
+
+def test_direct_kquant_non_finite_d_is_refused():
+    """Q6_K keeps its d at the end of the block (byte 208): an infinite one is found there."""
+    from exactblocks._weights import QuantizedMatrix
+
+    rng = np.random.default_rng(72)
+    opts = dict(n_heads=2, n_kv_heads=1, head_dim=32)
+    w = make_transformer_weights(rng, d_model=256, intermediate=256, **opts)
+    raw = random_blocks("Q6_K", 256, 1).reshape(256, 210)
+    raw[2, 208:210] = np.array([np.inf], np.float16).view(np.uint8)  # row 2's only block
+    raw[2, 192:208] = 1  # every sub-block scale non-zero: inf * sc * q is +-inf or NaN
+    w["up_proj.weight"] = QuantizedMatrix(int(T.Q6_K), raw, (256, 256))
+    with pytest.raises(ValueError, match=r"weights\['up_proj.weight'\].*index 512"):
+        eb.TransformerBlockInference(w, **opts)
+
+
+def test_direct_kquant_mixed_parts_fall_back_with_the_same_values():
+    """q (Q6_K) with k and v (Q5_K) fit no one compact format: dequantised in the core and packed
+    as the float32 packer decides, with gguf's values and the same outputs."""
+    rng = np.random.default_rng(73)
+    opts = dict(n_heads=2, n_kv_heads=1, head_dim=128)
+    w = make_transformer_weights(rng, d_model=256, intermediate=256, **opts)
+    direct, values = dict(w), dict(w)
+    for i, n in enumerate(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+        direct[n], values[n] = quantized(("Q6_K", "Q5_K", "Q5_K")[i], *w[n].shape, seed=i)
+    a = eb.TransformerBlockInference(direct, **opts)
+    b = eb.TransformerBlockInference(values, **opts)
+    assert a.weight_storage() == b.weight_storage()
+    assert a.fingerprint == b.fingerprint
+    for n in values:
+        assert np.array_equal(u32(a._impl.weights[n]), u32(values[n])), n
+    x = rng.standard_normal((1, 5, 256)).astype(np.float32)
+    assert np.array_equal(u32(a.forward(x)), u32(b.forward(x)))
+
+
+def quantiser_like_q5_k(n_blocks: int, seed: int) -> np.ndarray:
+    """Random Q5_K blocks shaped as llama.cpp's quantiser leaves them: d >= 0 and code 0
+    somewhere in every sub-block of 32 (here: its first weight)."""
+    raw = random_blocks("Q5_K", n_blocks, seed)
+    d = raw[:, 0:2].copy().view(np.float16)
+    raw[:, 0:2] = np.abs(d).view(np.uint8)
+    raw[:, 16] = 0  # qh bit j of weight 0 of sub-block j
+    raw[:, [48, 80, 112, 144]] = 0  # both nibbles of weight 0 of sub-blocks 2i, 2i + 1
+    return raw
+
+
+def test_float32_search_finds_q5_k_and_q4_k_values(core):
+    """Q4_K / Q5_K values (d*sc a 17-bit scale, m = -(dmin*mn)) as the quantiser leaves them are
+    found by the float32 packer's search (m = the code-0 weight, d from the rounding bounds of
+    every weight), so a block rebuilt from float32 (pickle, set_params) keeps its format.
+    (With absurd scales, e.g. dmin = -65504 beside d*sc < 1, the rounding of m + d*q merges
+    codes and the search may miss a fit: such blocks stay float32 there; read as GGUF blocks
+    they are packed directly, see test_direct_kquant_block_equals_float32_storage.)"""
+    rng = np.random.default_rng(81)
+    for kind, raw, fmt in [
+        ("Q5_K", quantiser_like_q5_k(100 * 512 // 256, 82), "q5_1"),
+        ("Q4_K", random_blocks("Q4_K", 100 * 512 // 256, 83), "q4_1"),
+    ]:
+        t = getattr(T, kind)
+        if kind == "Q4_K":  # d >= 0 and code 0 in each sub-block's first weight, as above
+            raw[:, 0:2] = np.abs(raw[:, 0:2].copy().view(np.float16)).view(np.uint8)
+            raw[:, [16, 48, 80, 112]] = 0
+        w = np.ascontiguousarray(dequantize(raw.reshape(-1), t).reshape(100, 512), np.float32)
+        a = rng.standard_normal((9, 512)).astype(np.float32)
+        for isa, nt in each_isa_and_threads(core):
+            got, got_fmt = core.gemm(a, w)
+            assert got_fmt == fmt, (kind, isa, nt)
+            assert np.array_equal(u32(got), u32(core.gemm_ref(a, w, None))), (kind, isa, nt)
+
+
+def test_kquant_block_pickle_and_set_params_keep_storage():
+    """A block packed from Q5_K and Q6_K blocks keeps q5_1 / q6_k through pickling and
+    set_params (both rebuild from the float32 weights the core unpacks), with the same bits."""
+    import copy
+    import pickle
+
+    from exactblocks._weights import QuantizedMatrix
+
+    rng = np.random.default_rng(84)
+    opts = dict(n_heads=4, n_kv_heads=2, head_dim=64)
+    w = make_transformer_weights(rng, d_model=256, intermediate=512, **opts)
+    for n in ("q_proj.weight", "k_proj.weight", "v_proj.weight", "down_proj.weight"):
+        rows, cols = w[n].shape
+        raw = random_blocks("Q6_K", rows * cols // 256, rows + cols).reshape(rows, -1)
+        w[n] = QuantizedMatrix(int(T.Q6_K), raw, (rows, cols))
+    for i, n in enumerate(("o_proj.weight", "gate_proj.weight", "up_proj.weight")):
+        rows, cols = w[n].shape
+        raw = quantiser_like_q5_k(rows * cols // 256, 90 + i).reshape(rows, -1)
+        w[n] = QuantizedMatrix(int(T.Q5_K), raw, (rows, cols))
+    blk = eb.TransformerBlockInference(w, **opts, max_positions=64)
+    storage = blk.weight_storage()
+    assert [f for _, f, _ in storage] == ["q6_k", "q5_1", "q5_1", "q6_k"]
+    x = rng.standard_normal((2, 6, 256)).astype(np.float32)
+    y = blk.forward(x)
+    for back in (pickle.loads(pickle.dumps(blk)), copy.deepcopy(blk)):
+        assert back.weight_storage() == storage
+        assert back.fingerprint == blk.fingerprint
+        assert np.array_equal(u32(back.forward(x)), u32(y))
+    b2 = copy.deepcopy(blk)
+    b2.set_params(max_positions=32)
+    assert b2.weight_storage() == storage
+    assert np.array_equal(u32(b2.forward(x)), u32(y))

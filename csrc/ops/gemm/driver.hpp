@@ -108,6 +108,10 @@ void gemm(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, float* 
     gemm_fmt<V, kPanelQ4>(a, m, lda, w, c, ldc, n_threads, scratch);
   } else if (w.format == kPanelQ8) {
     gemm_fmt<V, kPanelQ8>(a, m, lda, w, c, ldc, n_threads, scratch);
+  } else if (w.format == kPanelQ5) {
+    gemm_fmt<V, kPanelQ5>(a, m, lda, w, c, ldc, n_threads, scratch);
+  } else if (w.format == kPanelQ6) {
+    gemm_fmt<V, kPanelQ6>(a, m, lda, w, c, ldc, n_threads, scratch);
   } else if (w.format == kPanelBF16) {
     gemm_fmt<V, kPanelBF16>(a, m, lda, w, c, ldc, n_threads, scratch);
   } else {

@@ -24,15 +24,36 @@ constexpr int kGemmNR = 48;
 //   kPanelQ4:  per block: w = fma(d, q, m), q in 0..15 (GGUF Q4_1's values: d*q + m, where
 //              d*q is exact, so fma and mul-then-add agree; the packer checks every weight).
 //   kPanelBF16: w's top 16 bits (weights whose low 16 bits are zero: bfloat16 checkpoints).
-enum PanelFormat : int { kPanelF32 = 0, kPanelQ8 = 1, kPanelQ4 = 2, kPanelBF16 = 3 };
+//   kPanelQ6:  per half block of 16 k's: w = d * q, q int8 (GGUF Q6_K's values: (d*sc)*(q-32),
+//              which is exact: d is binary16 (<= 11 significant bits), sc int8 (|sc| <= 128:
+//              <= 7 bits), |q-32| <= 32 (<= 5 bits), so both products have <= 23 significant
+//              bits, and |w| lies in [2^-24, 2^28): no rounding, no subnormal; the stored d is
+//              the float32 d*sc and the kernels' d * q is that exact product).
+//   kPanelQ5:  per block: w = fma(d, q, m), q in 0..31 in whole bytes (GGUF Q5_1's d*q + m and
+//              Q5_K's (d*sc)*q - (dmin*mn): d*q has <= 11 + 5 bits, (d*sc)*q <= 11 + 6 + 5 =
+//              22 bits, dmin*mn <= 17 bits, all exact and >= 2^-24 in magnitude, so the one
+//              rounding is the final add, which fma(d, q, m) with m = -(dmin*mn) makes too:
+//              x - y is x + (-y) in IEEE arithmetic, signed zeros included).
+// kPanelQ6 and kPanelQ5 keep codes as whole bytes (1.25 bytes per weight): the kernels
+// rebuild them with the int8 load kPanelQ8 uses, no bit unpacking in the inner loop.
+enum PanelFormat : int {
+  kPanelF32 = 0,
+  kPanelQ8 = 1,
+  kPanelQ4 = 2,
+  kPanelBF16 = 3,
+  kPanelQ6 = 4,
+  kPanelQ5 = 5
+};
 constexpr int64_t kQBlock = 32;
+constexpr int64_t kQHalf = kQBlock / 2;  // kPanelQ6's scale group
 
 // W (n_out, k_in) row-major (torch [out, in]) packed into ceil(n_out / kGemmNR) panels of
 // kGemmNR output features, zero past n_out. Bias optional (empty when absent).
-// F32: data holds each panel as (k_in, kGemmNR) floats. Q8/Q4: per (panel, k block) in panel
-// order, data holds d[kGemmNR] (Q4: then m[kGemmNR]) and codes the block's codes, k-major:
-// Q8 kQBlock rows of kGemmNR int8; Q4 kQBlock/2 rows of kGemmNR bytes, byte (i, n) = code of
-// k = 2i in the low nibble, of k = 2i+1 in the high nibble. BF16: no scales; codes hold
+// F32: data holds each panel as (k_in, kGemmNR) floats. Q8/Q4/Q6/Q5: per (panel, k block) in
+// panel order, data holds d[kGemmNR] (Q4, Q5: then m[kGemmNR]; Q6: d of k 0..15, then d of
+// k 16..31) and codes the block's codes, k-major: Q8, Q6 kQBlock rows of kGemmNR int8; Q5
+// kQBlock rows of kGemmNR bytes 0..31; Q4 kQBlock/2 rows of kGemmNR bytes, byte (i, n) = code
+// of k = 2i in the low nibble, of k = 2i+1 in the high nibble. BF16: no scales; codes hold
 // kQBlock rows of kGemmNR uint16 per block, so a panel's rows are contiguous and k-major.
 // Compact formats need k_in % kQBlock == 0.
 struct PackedMatrix {
@@ -46,7 +67,8 @@ struct PackedMatrix {
   int64_t scale_floats() const { return scale_floats_of(format); }  // per block
   int64_t code_bytes() const { return code_bytes_of(format); }
   static constexpr int64_t scale_floats_of(int f) {
-    return f == kPanelQ4 ? 2 * kGemmNR : (f == kPanelQ8 ? kGemmNR : 0);
+    return f == kPanelQ4 || f == kPanelQ5 || f == kPanelQ6 ? 2 * kGemmNR
+                                                           : (f == kPanelQ8 ? kGemmNR : 0);
   }
   static constexpr int64_t code_bytes_of(int f) {
     return f == kPanelQ4 ? kQBlock / 2 * kGemmNR : kQBlock * kGemmNR * code_col_bytes_of(f);
@@ -54,9 +76,14 @@ struct PackedMatrix {
   // Bytes per output column in one code row (the offset of a tile's first column).
   static constexpr int64_t code_col_bytes_of(int f) { return f == kPanelBF16 ? 2 : 1; }
   const char* format_name() const {
-    return format == kPanelQ4
-               ? "q4_1"
-               : (format == kPanelQ8 ? "q8_0" : (format == kPanelBF16 ? "bf16" : "float32"));
+    switch (format) {
+      case kPanelQ4: return "q4_1";
+      case kPanelQ8: return "q8_0";
+      case kPanelBF16: return "bf16";
+      case kPanelQ6: return "q6_k";
+      case kPanelQ5: return "q5_1";
+      default: return "float32";
+    }
   }
   int64_t bytes() const {
     return static_cast<int64_t>(data.size() * sizeof(float) + codes.size() +
@@ -76,14 +103,19 @@ PackedMatrix pack_matrices(const std::vector<const float*>& parts, const std::ve
 //   Q4_1: d * q + m (d * q exact)      -> kPanelQ4 (d, m)
 //   Q4_K: (d*sc) * q - (dmin*m) per 32 -> kPanelQ4 (d*sc, -(dmin*m)): both products exact
 //   Q8_0: d * q; Q4_0: d * (q - 8); Q5_0: d * (q - 16) -> kPanelQ8 (d, int8 code)
+//   Q5_1: d * q + m; Q5_K: (d*sc) * q - (dmin*m) per 32 -> kPanelQ5 (as Q4_1 and Q4_K)
+//   Q6_K: (d*sc) * (q - 32) per 16     -> kPanelQ6 (d*sc, int8 code q - 32): exact product
 // Any other type is dequantised by the caller (Python, with gguf) and handed over as float32.
 enum GgmlType : int {
   kGgmlF32 = 0,
   kGgmlQ4_0 = 2,
   kGgmlQ4_1 = 3,
   kGgmlQ5_0 = 6,
+  kGgmlQ5_1 = 7,
   kGgmlQ8_0 = 8,
-  kGgmlQ4_K = 12
+  kGgmlQ4_K = 12,
+  kGgmlQ5_K = 13,
+  kGgmlQ6_K = 14
 };
 // Weights per block and bytes per block of a GGUF type read here; 0 for any other type.
 int64_t ggml_block_size(int type);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "base/check.hpp"
@@ -34,29 +35,99 @@ int scale_candidates(float est, float* out) {
   return n;
 }
 
-// One block of kQBlock consecutive weights x as w = fma(d, q, m), q in 0..15.
-bool fit_q4(const float* x, float* d_out, float* m_out, uint8_t* q_out) {
+// One block of kQBlock consecutive weights x as w = fma(d, q, m), q in 0..qmax (15: kPanelQ4,
+// 31: kPanelQ5), d >= 0. m is the block's least weight: llama.cpp's Q4_1 / Q5_1 quantisers give
+// the least weight code 0, and its Q4_K / Q5_K ones give code 0 in every sub-block of 32, so
+// then m = fma(d, 0, m) is that weight exactly. For d, each code t of the greatest weight is
+// tried, qmax first: with the codes r_i that the estimate (max - min) / t gives, every weight
+// x_i = round(d * r_i + m) bounds d to [(x_i - h_i - m) / r_i, (x_i + h_i - m) / r_i] (h_i half
+// an ulp of x_i; computed in binary64 and widened a little), and the float32 values in the
+// intersection are tried. Any fit is verified weight by weight with the kernels' operation.
+bool fit_affine(const float* x, int qmax, float* d_out, float* m_out, uint8_t* q_out) {
   float lo = x[0], hi = x[0];
   for (int i = 1; i < kQBlock; ++i) {
     lo = std::min(lo, x[i]);
     hi = std::max(hi, x[i]);
   }
-  float cand[8];
-  const int nc = scale_candidates((hi - lo) / 15.0f, cand);
-  for (int c = 0; c < nc; ++c) {
-    const float d = cand[c];
-    if (!std::isfinite(d) || d < 0.0f) continue;
+  if (!std::isfinite(lo) || !std::isfinite(hi)) return false;
+  auto verify = [&](float d) {
+    for (int i = 0; i < kQBlock; ++i) {
+      const float q = d > 0.0f ? std::nearbyint((x[i] - lo) / d) : 0.0f;
+      q_out[i] = static_cast<uint8_t>(std::min(static_cast<float>(qmax), std::max(0.0f, q)));
+      if (bits(std::fma(d, static_cast<float>(q_out[i]), lo)) != bits(x[i])) return false;
+    }
+    *d_out = d;
+    *m_out = lo;
+    return true;
+  };
+  if (hi == lo) return verify(0.0f) || verify(-0.0f);  // fma(-0, 0, -0) keeps a -0.0 block
+  const double span = static_cast<double>(hi) - static_cast<double>(lo);
+  for (int t = qmax; t >= 1; --t) {
+    const double est = span / t;
+    double d_lo = 0.0, d_hi = std::numeric_limits<double>::infinity();
     bool ok = true;
     for (int i = 0; i < kQBlock && ok; ++i) {
-      const float v = x[i];
-      float q = d > 0.0f ? std::nearbyint((v - lo) / d) : 0.0f;
-      q_out[i] = static_cast<uint8_t>(std::min(15.0f, std::max(0.0f, q)));
-      // verify with the stored code, exactly as the kernels rebuild the weight
-      ok = bits(std::fma(d, static_cast<float>(q_out[i]), lo)) == bits(v);
+      const double v = static_cast<double>(x[i]) - static_cast<double>(lo);  // exact
+      const double r = std::nearbyint(v / est);
+      if (r == 0.0) {
+        ok = x[i] == lo;
+        continue;
+      }
+      ok = r <= qmax;
+      const double h = std::ldexp(1.0, std::max(std::ilogb(x[i]), -126) - 24);
+      d_lo = std::max(d_lo, (v - h) / r);
+      d_hi = std::min(d_hi, (v + h) / r);
+    }
+    const double slack = 0x1p-40 * d_hi;
+    if (!ok || !(d_lo - slack <= d_hi + slack)) continue;
+    // from the float32 just below d_lo (a cast may round up past a valid d)
+    float d = std::nextafter(static_cast<float>(d_lo - slack), 0.0f);
+    for (int c = 0; c < 64 && static_cast<double>(d) <= d_hi + slack; ++c) {
+      if (d > 0.0f && verify(d)) return true;
+      d = std::nextafter(d, std::numeric_limits<float>::infinity());
+    }
+  }
+  return false;
+}
+
+// kQHalf consecutive weights x as w = d * q (the kernels' float32 product), q int8: the half
+// blocks of kPanelQ6. Where a fit exists, the weight of largest magnitude is d * t for some
+// t in 1..128 and then |d| = amax / t exactly (a quotient that is representable is exact),
+// so every t is tried (GGUF Q6_K's quantiser gives |t| near 32 first). The sign of d is that
+// of the block's zeros (d * 0 keeps d's sign: -0.0 needs d < 0); a block with zeros of both
+// signs has a fit only when it is all zeros (Q6_K's d * sc = +0.0 times codes of either sign:
+// d = +0.0, q = -1 or 0).
+bool fit_q6(const float* x, float* d_out, int8_t* q_out) {
+  float amax = 0.0f;
+  bool pos_zero = false, neg_zero = false;
+  for (int i = 0; i < kQHalf; ++i) {
+    amax = std::max(amax, std::fabs(x[i]));
+    if (x[i] == 0.0f) (std::signbit(x[i]) ? neg_zero : pos_zero) = true;
+  }
+  if (amax == 0.0f) {  // zeros, or NaN (which fails the check)
+    *d_out = 0.0f;
+    for (int i = 0; i < kQHalf; ++i) {
+      q_out[i] = static_cast<int8_t>(std::signbit(x[i]) ? -1 : 0);
+      if (bits(0.0f * static_cast<float>(q_out[i])) != bits(x[i])) return false;
+    }
+    return true;
+  }
+  if (pos_zero && neg_zero) return false;
+  const float sign = neg_zero ? -1.0f : 1.0f;
+  if (!std::isfinite(amax)) return false;
+  for (int k = 0; k < 128; ++k) {
+    const int t = k < 32 ? 32 - k : k + 1;  // 32, 31, ..., 1, then 33, ..., 128
+    const float d = sign * (amax / static_cast<float>(t));
+    if (!(std::fabs(d) > 0.0f) || !std::isfinite(d)) continue;
+    bool ok = true;
+    for (int i = 0; i < kQHalf && ok; ++i) {
+      const float q = std::nearbyint(x[i] / d);
+      ok = q >= -128.0f && q <= 127.0f;
+      q_out[i] = static_cast<int8_t>(ok ? q : 0.0f);
+      ok = ok && bits(d * static_cast<float>(q_out[i])) == bits(x[i]);
     }
     if (ok) {
       *d_out = d;
-      *m_out = lo;
       return true;
     }
   }
@@ -119,9 +190,18 @@ bool pack_compact(PackedMatrix& pm, const Rows& rows, int format) {
         }
       } else if (format == kPanelQ4) {
         uint8_t q[kQBlock];
-        if (!fit_q4(x, sc + col, sc + kGemmNR + col, q)) return false;
+        if (!fit_affine(x, 15, sc + col, sc + kGemmNR + col, q)) return false;
         for (int i = 0; i < kQBlock / 2; ++i)
           cb[i * kGemmNR + col] = static_cast<uint8_t>(q[2 * i] | (q[2 * i + 1] << 4));
+      } else if (format == kPanelQ5) {
+        uint8_t q[kQBlock];
+        if (!fit_affine(x, 31, sc + col, sc + kGemmNR + col, q)) return false;
+        for (int i = 0; i < kQBlock; ++i) cb[i * kGemmNR + col] = q[i];
+      } else if (format == kPanelQ6) {
+        int8_t q[kQBlock];
+        for (int h = 0; h < 2; ++h)
+          if (!fit_q6(x + h * kQHalf, sc + h * kGemmNR + col, q + h * kQHalf)) return false;
+        for (int i = 0; i < kQBlock; ++i) cb[i * kGemmNR + col] = static_cast<uint8_t>(q[i]);
       } else {
         int8_t q[kQBlock];
         if (!fit_q8(x, sc + col, q)) return false;
@@ -166,6 +246,9 @@ int direct_format(int type) {
     case kGgmlQ4_0:
     case kGgmlQ5_0:
     case kGgmlQ8_0: return kPanelQ8;
+    case kGgmlQ5_1:
+    case kGgmlQ5_K: return kPanelQ5;
+    case kGgmlQ6_K: return kPanelQ6;
     default: return kPanelF32;
   }
 }
@@ -181,13 +264,16 @@ void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
   }
 }
 
-// Block b (kQBlock weights) of one row of GGUF blocks as the compact format's d, m and codes:
-// Q4 codes 0..15 (w = fma(d, q, m)), Q8 int8 codes (w = d * q), exactly gguf's values.
+// Block b (kQBlock weights) of one row of GGUF blocks as the compact format's scales and
+// codes, exactly gguf's values: d[0] and m (affine formats: w = fma(d[0], q, m), q 0..15 or
+// 0..31), or d[0] for k 0..15 and d[1] for k 16..31 (w = d[h] * q, q int8; d[1] = d[0] for
+// every type but Q6_K). Layouts and operations: llama.cpp ggml-quants.c dequantize_row_*,
+// gguf-py gguf/quants.py (the same values).
 void gguf_block(const uint8_t* row, int type, int64_t b, float* d, float* m, int* q) {
   switch (type) {
     case kGgmlQ4_1: {
       const uint8_t* blk = row + b * 20;
-      *d = half_to_float(blk);
+      d[0] = d[1] = half_to_float(blk);
       *m = half_to_float(blk + 2);
       for (int i = 0; i < 16; ++i) {
         q[i] = blk[4 + i] & 0x0F;
@@ -201,16 +287,63 @@ void gguf_block(const uint8_t* row, int type, int64_t b, float* d, float* m, int
       int sc = 0, mn = 0;
       q4k_scale_min(blk + 4, j, &sc, &mn);
       // (d * sc) and (dmin * mn) are exact float32 products (11 x 6 significant bits)
-      *d = half_to_float(blk) * static_cast<float>(sc);
+      d[0] = d[1] = half_to_float(blk) * static_cast<float>(sc);
       *m = -(half_to_float(blk + 2) * static_cast<float>(mn));
       const uint8_t* qs = blk + 16 + (j / 2) * 32;
       const int shift = (j % 2) * 4;
       for (int i = 0; i < 32; ++i) q[i] = (qs[i] >> shift) & 0x0F;
       return;
     }
+    case kGgmlQ5_1: {  // d (f16), m (f16), qh (32 high bits), qs (16 bytes of two nibbles)
+      const uint8_t* blk = row + b * 24;
+      d[0] = d[1] = half_to_float(blk);
+      *m = half_to_float(blk + 2);
+      const uint32_t qh = static_cast<uint32_t>(blk[4]) | (static_cast<uint32_t>(blk[5]) << 8) |
+                          (static_cast<uint32_t>(blk[6]) << 16) |
+                          (static_cast<uint32_t>(blk[7]) << 24);
+      for (int i = 0; i < 16; ++i) {
+        q[i] = static_cast<int>((blk[8 + i] & 0x0F) | (((qh >> i) & 1u) << 4));
+        q[i + 16] = static_cast<int>((blk[8 + i] >> 4) | (((qh >> (i + 16)) & 1u) << 4));
+      }
+      return;
+    }
+    case kGgmlQ5_K: {  // d, dmin (f16), scales (12, as Q4_K), qh (32), qs (128)
+      const uint8_t* blk = row + (b / 8) * 176;
+      const int j = static_cast<int>(b % 8);
+      int sc = 0, mn = 0;
+      q4k_scale_min(blk + 4, j, &sc, &mn);
+      // (d * sc) and (dmin * mn) are exact float32 products (11 x 6 significant bits)
+      d[0] = d[1] = half_to_float(blk) * static_cast<float>(sc);
+      *m = -(half_to_float(blk + 2) * static_cast<float>(mn));
+      const uint8_t* qh = blk + 16;
+      const uint8_t* qs = blk + 48 + (j / 2) * 32;
+      const int shift = (j % 2) * 4;
+      for (int i = 0; i < 32; ++i) q[i] = ((qs[i] >> shift) & 0x0F) | (((qh[i] >> j) & 1) << 4);
+      return;
+    }
+    case kGgmlQ6_K: {  // ql (128), qh (64), scales (16 int8), d (f16) at byte 208
+      const uint8_t* blk = row + (b / 8) * 210;
+      const int j = static_cast<int>(b % 8);  // 32 weights e = 32 j + i of the 256
+      const float dd = half_to_float(blk + 208);
+      const int8_t* scales = reinterpret_cast<const int8_t*>(blk + 192);
+      // (d * sc): an exact float32 product (11 x 7 significant bits; format.hpp kPanelQ6)
+      d[0] = dd * static_cast<float>(scales[2 * j]);
+      d[1] = dd * static_cast<float>(scales[2 * j + 1]);
+      *m = 0.0f;
+      // e = 128 half + 32 s + i (s = j % 4): low nibble of ql[64 half + 32 (s % 2) + i]
+      // shifted by 4 (s / 2), high two bits of qh[32 half + i] shifted by 2 s
+      const int half = j / 4, s = j % 4;
+      const uint8_t* ql = blk + 64 * half + 32 * (s % 2);
+      const uint8_t* qh = blk + 128 + 32 * half;
+      for (int i = 0; i < 32; ++i)
+        q[i] =
+            static_cast<int>(((ql[i] >> (4 * (s / 2))) & 0x0F) | (((qh[i] >> (2 * s)) & 3) << 4)) -
+            32;
+      return;
+    }
     case kGgmlQ4_0: {
       const uint8_t* blk = row + b * 18;
-      *d = half_to_float(blk);
+      d[0] = d[1] = half_to_float(blk);
       for (int i = 0; i < 16; ++i) {
         q[i] = (blk[2 + i] & 0x0F) - 8;
         q[i + 16] = (blk[2 + i] >> 4) - 8;
@@ -219,7 +352,7 @@ void gguf_block(const uint8_t* row, int type, int64_t b, float* d, float* m, int
     }
     case kGgmlQ5_0: {
       const uint8_t* blk = row + b * 22;
-      *d = half_to_float(blk);
+      d[0] = d[1] = half_to_float(blk);
       const uint32_t qh = static_cast<uint32_t>(blk[2]) | (static_cast<uint32_t>(blk[3]) << 8) |
                           (static_cast<uint32_t>(blk[4]) << 16) |
                           (static_cast<uint32_t>(blk[5]) << 24);
@@ -231,7 +364,7 @@ void gguf_block(const uint8_t* row, int type, int64_t b, float* d, float* m, int
     }
     default: {  // kGgmlQ8_0
       const uint8_t* blk = row + b * 34;
-      *d = half_to_float(blk);
+      d[0] = d[1] = half_to_float(blk);
       for (int i = 0; i < 32; ++i) q[i] = static_cast<int8_t>(blk[2 + i]);
       return;
     }
@@ -245,8 +378,11 @@ int64_t ggml_block_size(int type) {
     case kGgmlQ4_0:
     case kGgmlQ4_1:
     case kGgmlQ5_0:
+    case kGgmlQ5_1:
     case kGgmlQ8_0: return 32;
-    case kGgmlQ4_K: return 256;
+    case kGgmlQ4_K:
+    case kGgmlQ5_K:
+    case kGgmlQ6_K: return 256;
     default: return 0;
   }
 }
@@ -256,8 +392,11 @@ int64_t ggml_type_size(int type) {
     case kGgmlQ4_0: return 18;
     case kGgmlQ4_1: return 20;
     case kGgmlQ5_0: return 22;
+    case kGgmlQ5_1: return 24;
     case kGgmlQ8_0: return 34;
     case kGgmlQ4_K: return 144;
+    case kGgmlQ5_K: return 176;
+    case kGgmlQ6_K: return 210;
     default: return 0;
   }
 }
@@ -267,16 +406,17 @@ void dequantize_gguf(const uint8_t* blocks, int type, int64_t n, float* out) {
   const int fmt = direct_format(type);
   EB_CHECK(fmt != kPanelF32 && n % ggml_block_size(type) == 0,
            "dequantize_gguf: unsupported type or size");
-  float d = 0.0f, m = 0.0f;
+  float d[2] = {0.0f, 0.0f}, m = 0.0f;
   int q[kQBlock];
   for (int64_t b = 0; b < n / kQBlock; ++b) {
-    gguf_block(blocks, type, b, &d, &m, q);
+    gguf_block(blocks, type, b, d, &m, q);
     float* o = out + b * kQBlock;
-    // gguf.quants' operations: d * q + m (Q4_1; d * q exact), d*sc * q - dmin*m (Q4_K),
-    // d * q (Q8_0, Q4_0, Q5_0): the same roundings as the kernels' fma(d, q, m) and d * q
+    // gguf.quants' operations: d * q + m (Q4_1, Q5_1; d * q exact), d*sc * q - dmin*m (Q4_K,
+    // Q5_K), d * q (Q8_0, Q4_0, Q5_0), (d*sc) * q (Q6_K, per 16): the same roundings as the
+    // kernels' fma(d, q, m) and d * q (format.hpp)
     for (int i = 0; i < kQBlock; ++i)
-      o[i] =
-          fmt == kPanelQ4 ? std::fma(d, static_cast<float>(q[i]), m) : d * static_cast<float>(q[i]);
+      o[i] = fmt == kPanelQ4 || fmt == kPanelQ5 ? std::fma(d[0], static_cast<float>(q[i]), m)
+                                                : d[i / kQHalf] * static_cast<float>(q[i]);
   }
 }
 
@@ -339,13 +479,18 @@ PackedMatrix pack_sources(const std::vector<MatrixSource>& parts, int64_t k_in,
       for (int64_t b = 0; b < nkb; ++b) {
         float* sc = pm.data.data() + (p * nkb + b) * pm.scale_floats();
         uint8_t* cb = pm.codes.data() + (p * nkb + b) * pm.code_bytes();
-        float m = 0.0f;
-        gguf_block(row, s.type, b, sc + col, &m, q);
+        float d[2], m = 0.0f;
+        gguf_block(row, s.type, b, d, &m, q);
+        sc[col] = d[0];
         if (fmt == kPanelQ4) {
           sc[kGemmNR + col] = m;
           for (int i = 0; i < kQBlock / 2; ++i)
             cb[i * kGemmNR + col] = static_cast<uint8_t>(q[2 * i] | (q[2 * i + 1] << 4));
+        } else if (fmt == kPanelQ5) {
+          sc[kGemmNR + col] = m;
+          for (int i = 0; i < kQBlock; ++i) cb[i * kGemmNR + col] = static_cast<uint8_t>(q[i]);
         } else {
+          if (fmt == kPanelQ6) sc[kGemmNR + col] = d[1];
           for (int i = 0; i < kQBlock; ++i)
             cb[i * kGemmNR + col] = static_cast<uint8_t>(static_cast<int8_t>(q[i]));
         }
@@ -378,10 +523,15 @@ void unpack_rows(const PackedMatrix& w, int64_t r0, int64_t r1, float* out) {
           ob[2 * i] = std::fma(d, static_cast<float>(byte & 0x0F), m);
           ob[2 * i + 1] = std::fma(d, static_cast<float>(byte >> 4), m);
         }
-      } else if (w.format == kPanelQ8) {
-        const float d = sc[col];
+      } else if (w.format == kPanelQ5) {
+        const float d = sc[col], m = sc[kGemmNR + col];
         for (int i = 0; i < kQBlock; ++i)
-          ob[i] = d * static_cast<float>(static_cast<int8_t>(cb[i * kGemmNR + col]));
+          ob[i] = std::fma(d, static_cast<float>(static_cast<int8_t>(cb[i * kGemmNR + col])), m);
+      } else if (w.format == kPanelQ8 || w.format == kPanelQ6) {
+        const int64_t group = w.format == kPanelQ6 ? kQHalf : kQBlock;
+        for (int i = 0; i < kQBlock; ++i)
+          ob[i] = sc[(i / group) * kGemmNR + col] *
+                  static_cast<float>(static_cast<int8_t>(cb[i * kGemmNR + col]));
       } else {  // kPanelBF16
         const uint16_t* cw = reinterpret_cast<const uint16_t*>(cb);
         for (int i = 0; i < kQBlock; ++i) {
@@ -414,7 +564,8 @@ PackedMatrix pack_matrices(const std::vector<const float*>& parts, const std::ve
         if (biases[part]) pm.bias[static_cast<size_t>(n)] = biases[part][r];
   }
   if (allow_compact && k_in > 0 && k_in % kQBlock == 0 && pm.n_out > 0) {
-    for (int format : {kPanelQ4, kPanelQ8, kPanelBF16})
+    // smallest first: 0.75, 1.125, 1.25, 1.25 and 2 bytes per weight
+    for (int format : {kPanelQ4, kPanelQ8, kPanelQ5, kPanelQ6, kPanelBF16})
       if (pack_compact(pm, all, format)) return pm;
     pm.codes = AlignedVector<uint8_t>();
   }

@@ -1,8 +1,8 @@
-// GEMM microkernels: MR x kCols tiles over packed panels (float32, compact q4_1/q8_0 rebuilt
-// in registers, bf16), the compact-block unpacker and the row-count dispatcher. Every tile runs
-// c[m][n] = SEQ_k fma(a[m][k], w[n][k]) from +0.0 (or the stored partial sums), + bias last, so
-// every output is the same in-order FMA chain whatever MR, the tile-mates or the ISA.
-// Reference twin: gemm_ref (ref.hpp). The threaded driver is driver.hpp.
+// GEMM microkernels: MR x kCols tiles over packed panels (float32, compact q4_1/q5_1/q8_0/q6_k
+// rebuilt in registers, bf16), the compact-block unpacker and the row-count dispatcher. Every tile
+// runs c[m][n] = SEQ_k fma(a[m][k], w[n][k]) from +0.0 (or the stored partial sums), + bias last,
+// so every output is the same in-order FMA chain whatever MR, the tile-mates or the ISA. Reference
+// twin: gemm_ref (ref.hpp). The threaded driver is driver.hpp.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -123,7 +123,8 @@ inline void gemm_tile_q(const float* a, int64_t lda, const float* scales, const 
   constexpr int64_t kScale = PackedMatrix::scale_floats_of(FMT);
   constexpr int64_t kCodes = PackedMatrix::code_bytes_of(FMT);
   constexpr int64_t kRowBytes = kGemmNR;  // one code row
-  static_assert(FMT == kPanelQ4 || FMT == kPanelQ8, "bfloat16 panels run gemm_tile_bf16");
+  static_assert(FMT == kPanelQ4 || FMT == kPanelQ8 || FMT == kPanelQ6 || FMT == kPanelQ5,
+                "bfloat16 panels run gemm_tile_bf16");
   V acc[MR][NV];
   tile_begin<V, MR>(acc, first, c, ldc, nr_valid);
   for (int64_t b = 0; b < nb; ++b) {
@@ -148,12 +149,24 @@ inline void gemm_tile_q(const float* a, int64_t lda, const float* scales, const 
                          V::load(sc + kGemmNR + j * L));
         tile_fma_k<V, MR>(acc, ab, lda, 2 * i + 1, bk);
       }
-    } else {
+    } else if constexpr (FMT == kPanelQ5) {
       for (int i = 0; i < kQBlock; ++i) {
         prefetch_row<kRowBytes>(cb + i * kGemmNR + kPfBlocks * kCodes);
         const int8_t* row = reinterpret_cast<const int8_t*>(cb + i * kGemmNR);
         V bk[NV];
-        for (int j = 0; j < NV; ++j) bk[j] = V::mul(V::load(sc + j * L), V::from_i8(row + j * L));
+        for (int j = 0; j < NV; ++j)
+          bk[j] =
+              V::fma(V::load(sc + j * L), V::from_i8(row + j * L), V::load(sc + kGemmNR + j * L));
+        tile_fma_k<V, MR>(acc, ab, lda, i, bk);
+      }
+    } else {  // kPanelQ8 (one d per block) and kPanelQ6 (one d per half block): w = d * q
+      constexpr int kGroup = FMT == kPanelQ6 ? static_cast<int>(kQHalf) : static_cast<int>(kQBlock);
+      for (int i = 0; i < kQBlock; ++i) {
+        prefetch_row<kRowBytes>(cb + i * kGemmNR + kPfBlocks * kCodes);
+        const int8_t* row = reinterpret_cast<const int8_t*>(cb + i * kGemmNR);
+        const float* d = sc + (i / kGroup) * kGemmNR;
+        V bk[NV];
+        for (int j = 0; j < NV; ++j) bk[j] = V::mul(V::load(d + j * L), V::from_i8(row + j * L));
         tile_fma_k<V, MR>(acc, ab, lda, i, bk);
       }
     }
@@ -179,18 +192,25 @@ inline void unpack_blocks(const PackedMatrix& w, int64_t p, int64_t b0, int64_t 
       const uint8_t* cb = codes + (b - b0) * w.code_bytes();
       float* o = out + (b - b0) * kQBlock * kGemmNR;
       for (int j = 0; j < kGemmNR; j += L) {
-        const V d = V::load(sc + j);
         if constexpr (FMT == kPanelQ4) {
-          const V m = V::load(sc + kGemmNR + j);
+          const V d = V::load(sc + j), m = V::load(sc + kGemmNR + j);
           for (int i = 0; i < kQBlock / 2; ++i) {
             V::fma(d, V::template from_u4<0>(cb + i * kGemmNR + j), m)
                 .store(o + 2 * i * kGemmNR + j);
             V::fma(d, V::template from_u4<4>(cb + i * kGemmNR + j), m)
                 .store(o + (2 * i + 1) * kGemmNR + j);
           }
-        } else {
+        } else if constexpr (FMT == kPanelQ5) {
+          const V d = V::load(sc + j), m = V::load(sc + kGemmNR + j);
           for (int i = 0; i < kQBlock; ++i)
-            V::mul(d, V::from_i8(reinterpret_cast<const int8_t*>(cb + i * kGemmNR + j)))
+            V::fma(d, V::from_i8(reinterpret_cast<const int8_t*>(cb + i * kGemmNR + j)), m)
+                .store(o + i * kGemmNR + j);
+        } else {  // kPanelQ8, kPanelQ6: w = d * q, d per block or per half block
+          constexpr int kGroup =
+              FMT == kPanelQ6 ? static_cast<int>(kQHalf) : static_cast<int>(kQBlock);
+          for (int i = 0; i < kQBlock; ++i)
+            V::mul(V::load(sc + (i / kGroup) * kGemmNR + j),
+                   V::from_i8(reinterpret_cast<const int8_t*>(cb + i * kGemmNR + j)))
                 .store(o + i * kGemmNR + j);
         }
       }

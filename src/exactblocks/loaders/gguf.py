@@ -559,8 +559,10 @@ def _dequantize(tensor, direct: bool = False):
 
 
 # ggml types the core packs directly (exactblocks._weights.QuantizedMatrix): Q4_0, Q4_1, Q5_0,
-# Q8_0, Q4_K. Others (F16, Q5_1, Q5_K, Q6_K, ...) are dequantised by gguf to float32.
-_DIRECT_TYPES = frozenset({2, 3, 6, 8, 12})
+# Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (ops/gemm/format.hpp GgmlType: Q4_1/Q4_K as 4-bit codes, Q5_1/Q5_K
+# as 5-bit codes in bytes, Q6_K as int8 codes with a scale per 16, the rest as int8 codes).
+# Others (F16, BF16, Q2_K, Q3_K, IQ*, ...) are dequantised by gguf to float32.
+_DIRECT_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})
 
 
 def _unpermute(w, n_heads: int):
