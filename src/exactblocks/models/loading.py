@@ -10,6 +10,7 @@ built, then the blocks, the embedding and the output head. What does not: file f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -97,7 +98,7 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
           (or ``model.safetensors.index.json`` and its shards), float32/bf16/fp16; its
           ``tokenizer.json`` and chat template when present;
         - a ``.safetensors`` file (its config from ``config=`` or a ``config.json`` beside it);
-        - a ``.gguf`` file (architectures llama, qwen2, qwen3; its own tokenizer);
+        - a ``.gguf`` file (architectures llama, qwen2, qwen3, gemma3; its own tokenizer);
         - a transformers model object (``model.state_dict()`` and ``model.config``; float32
           tensors are read without copying, bf16/fp16 widened exactly);
         - a state dict (``config=`` required).
@@ -196,7 +197,7 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
 def _load_gguf(path: str, max_positions) -> Model:
     import warnings
 
-    from exactblocks.loaders.gguf import load_gguf_model
+    from exactblocks.loaders.gguf import GGUF_SPEC_CHANGES, gguf_field, load_gguf_model
     from exactblocks.loaders.torch import ArraySource
     from exactblocks.tokenizer import GGUFTokenizer
 
@@ -212,9 +213,11 @@ def _load_gguf(path: str, max_positions) -> Model:
         warnings.warn(f"load_model: {path!r}: no tokenizer ({exc})", stacklevel=3)
         tokenizer = None
     release = getattr(reader, "release", None)
+    changes = GGUF_SPEC_CHANGES.get(gguf_field(reader, "general.architecture"))
     del reader
     return build_model(cfg, ArraySource(arrays, path, release), tokenizer=tokenizer,
-                       max_positions=max_positions, origin=path)  # fmt: skip
+                       max_positions=max_positions, origin=path,
+                       spec_changes=changes)  # fmt: skip
 
 
 class _Renamed(Mapping):
@@ -257,7 +260,7 @@ class _Renamed(Mapping):
 
 
 def build_model(config, tensors, *, tokenizer=None, max_positions=None, generation_config=None,
-                origin: str = "the source") -> Model:  # fmt: skip
+                origin: str = "the source", spec_changes=None) -> Model:  # fmt: skip
     """The one build path of every source: config -> family spec -> checked tensors -> Model.
 
     Parameters
@@ -272,6 +275,11 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
         generation_config.json (its eos_token_id is the default stop set).
     origin : str
         For messages.
+    spec_changes : Mapping or None, default=None
+        Spec fields the source's format fixes differently from the HF config of the same model
+        (``exactblocks.loaders.gguf.GGUF_SPEC_CHANGES``: a GGUF's Gemma 3 norm weights are
+        stored as ``1 + w``, so its norms are plain RMSNorms), applied with
+        ``dataclasses.replace`` before any tensor is checked.
 
     Returns
     -------
@@ -286,6 +294,8 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
 
     family = family_for_config(config)
     spec, resolved = family.spec_from_config(config)
+    if spec_changes:
+        spec = dataclasses.replace(spec, **spec_changes)
     if max_positions is None:
         max_positions = spec.max_position_embeddings
     elif isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 1:
