@@ -863,8 +863,11 @@ def load_gguf_model(path: Any = None, *, direct: bool = False) -> tuple[dict, di
     """A whole GGUF model: an HF-style config and float32 tensors under HF names.
 
     Architectures: ``llama`` (also Mistral and SmolLM2 files; q/k rows un-permuted as
-    transformers does), ``qwen2`` and ``qwen3`` (no permutation). Every tensor is dequantised
-    once with ``gguf.dequantize`` (the values transformers' GGUF loader produces).
+    transformers does), ``qwen2`` and ``qwen3`` (no permutation), and those of
+    :data:`exactblocks.loaders.gguf_archs.GGUF_ARCHS` (``gemma2``, ``phi3``, ``stablelm``,
+    ``starcoder2``, ``olmo2``, ``granite``, ``smollm3``, ``mamba2``; each undoing what
+    llama.cpp's converter did to its tensors). Every tensor is dequantised once with
+    ``gguf.dequantize`` (the values transformers' GGUF loader produces).
 
     Parameters
     ----------
@@ -890,13 +893,18 @@ def load_gguf_model(path: Any = None, *, direct: bool = False) -> tuple[dict, di
     FileNotFoundError
         The file is missing.
     ValueError
-        An architecture other than llama/qwen2/qwen3, a missing field, an unexpected tensor
-        name or a wrong shape (named).
+        An architecture not listed above, a missing field, a key or value the reader does not
+        interpret, an unexpected tensor name or a wrong shape (named).
     """
     if direct and path is None:
         path = default_smollm2_path()
     reader = GGUFFile(path) if direct and isinstance(path, (str, os.PathLike)) else open_gguf(path)
     arch = gguf_field(reader, "general.architecture", None)
+    from .gguf_archs import GGUF_ARCHS, read_arch
+
+    if arch in GGUF_ARCHS:  # one table entry per architecture (config reader + tensor map)
+        config, tensors = read_arch(reader, arch, direct)
+        return config, tensors, reader
     if arch == "llama":
         config, layers, top = load_gguf_llama(reader, direct=direct)
         tensors = hf_state_dict(layers, top)
@@ -932,7 +940,7 @@ def load_gguf_model(path: Any = None, *, direct: bool = False) -> tuple[dict, di
     else:
         raise ValueError(
             f"load_gguf_model: general.architecture={arch!r} is not supported; supported: "
-            f"{sorted(_HF_ARCH)}"
+            f"{sorted([*_HF_ARCH, *GGUF_ARCHS])}"
         )
     config["architectures"] = [_HF_ARCH[arch]]
     config["model_type"] = arch

