@@ -27,6 +27,7 @@ pre-tokenizer by hash: ``smollm``), with a 49152-token vocabulary.
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -49,7 +50,7 @@ import exactblocks
 
 RTOL = ATOL = 2e-4
 BPE_VOCAB = 49152  # SmolLM2's tokenizer
-SPM_ARCHS = {"gemma2", "phi3", "granite", "smollm3", "mamba2"}
+SPM_ARCHS = {"gemma2", "phi3", "granite", "smollm3", "mamba2", "granitehybrid"}
 
 #: architecture -> (models_helpers family, config overrides: llama.cpp's fixed values)
 ARCHS = {
@@ -61,10 +62,15 @@ ARCHS = {
     "granite": ("granite", {}),
     "smollm3": ("smollm3", {"no_rope_layer_interval": 4}),  # smollm3.cpp: step 4, fixed
     "mamba2": ("mamba2", {}),
+    # dense Granite-4.0-H: no experts (llama.cpp asserts expert_used_count == 0 then) and the
+    # dense MLP width as intermediate_size (granite-hybrid.cpp reads feed_forward_length)
+    "granitehybrid": ("granitemoehybrid", {"num_experts_per_tok": 0, "intermediate_size": 96}),
 }
+#: architectures whose HF family has another name
+FAMILY = {"granitehybrid": "granitemoehybrid"}
 #: architectures whose converter changes invert bit for bit (Mamba-2 stores A = -exp(A_log);
 #: Phi-3 stores its longrope factors as float32, the HF config as binary64 decimals)
-EXACT = set(ARCHS) - {"mamba2", "phi3"}
+EXACT = set(ARCHS) - {"mamba2", "granitehybrid", "phi3"}
 
 _DRIVER = """
 import os, runpy, sys
@@ -127,6 +133,20 @@ def _spm_tokenizer(folder: str) -> None:
         f.write(buf.getvalue())
 
 
+def _legacy_layer_types(folder: str) -> None:
+    """Granite-4.0-H checkpoints on the Hub name layer types 'mamba' / 'attention', which is
+    what conversion/granite.py ``get_attn_layers`` looks for; transformers 5 saves the new
+    names ('linear_attention' / 'full_attention'), which the 0.94 converter would read as
+    all-Mamba. Write the legacy names back (HF reads both: the same model)."""
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    legacy = {"linear_attention": "mamba", "full_attention": "attention"}
+    cfg["layer_types"] = [legacy[t] for t in cfg["layer_types"]]
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2)
+
+
 def _hf_model(arch: str):
     torch = require("torch", "torch runs the HF oracle")
     transformers = require("transformers", "transformers is the oracle")
@@ -137,7 +157,7 @@ def _hf_model(arch: str):
         kw["vocab_size"] = BPE_VOCAB
     cfg = getattr(transformers, cls_name)(**kw)
     torch.manual_seed(0)
-    extra = {} if arch == "mamba2" else {"attn_implementation": "eager"}
+    extra = {"attn_implementation": "eager"} if arch != "mamba2" else {}
     model = transformers.AutoModelForCausalLM.from_config(cfg, **extra).float().eval()
     if family in PERTURBED:
         perturb_constants(model)
@@ -165,6 +185,8 @@ def converted(tmp_path_factory):
         folder = str(root / arch)
         model = _hf_model(arch)
         model.save_pretrained(folder)
+        if arch == "granitehybrid":
+            _legacy_layer_types(folder)
         if arch in SPM_ARCHS:
             _spm_tokenizer(folder)
         else:
@@ -194,7 +216,7 @@ def _ids(shape, seed=1, vocab=320):
 def test_logits_close_to_hf_and_equal_to_folder(converted, arch):
     folder, path, hf = converted[arch]
     model = _load(path)
-    assert model.family == arch
+    assert model.family == FAMILY.get(arch, arch)
     ids = _ids((2, 16))
     got = model.forward(ids)
     want = hf_logits(hf, ids)

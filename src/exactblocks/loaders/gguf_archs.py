@@ -3,9 +3,10 @@ HF-named tensors, one table entry per ``general.architecture``.
 
 What lives here: :data:`GGUF_ARCHS`, the table ``load_gguf_model`` dispatches through for these
 architectures (``gemma2``, ``phi3``, ``stablelm``, ``starcoder2``, ``olmo2``, ``granite``,
-``smollm3``, ``mamba2``): for each, the HF class it becomes, the config reader (GGUF keys -> HF
-config fields, with the values llama.cpp fixes when the file does not state them) and the tensor
-map (llama.cpp name -> HF name, with the inverse of every change llama.cpp's converter made).
+``smollm3``, ``mamba2``, ``granitehybrid``): for each, the HF class it becomes, the config
+reader (GGUF keys -> HF config fields, with the values llama.cpp fixes when the file does not
+state them) and the tensor map (llama.cpp name -> HF name, with the inverse of every change
+llama.cpp's converter made).
 What does not: reading the file (``exactblocks.loaders.gguf``), what an HF field means (the
 family files in ``exactblocks.models``).
 
@@ -97,6 +98,9 @@ class GGUFArch:
         HF's prefix of layer N.
     consumed : frozenset of str
         Whole-model tensors the config reader takes in (Phi-3's RoPE factors).
+    finish : callable or None
+        ``(tensors, config) -> tensors`` after every tensor is read: joins what the converter
+        split (Granite-4.0-H's gate and up halves).
     """
 
     hf_class: str
@@ -107,6 +111,7 @@ class GGUFArch:
     convert: Callable | None = None
     layer_prefix: str = "model.layers.{}."
     consumed: frozenset = field(default_factory=frozenset)
+    finish: Callable | None = None
 
 
 # -- shared pieces -------------------------------------------------------------------------------
@@ -568,37 +573,43 @@ def _mamba2_convert(name: str, w, config: dict):
     of it is within an ulp or two of the file's A); ``D`` (1, heads) -> (heads,); the conv
     weight (conv_dim, kernel) -> HF's (conv_dim, 1, kernel); the gated norm's (groups,
     d_inner / groups) -> (d_inner,)."""
+    if not name.endswith(_SSM_RESHAPED):
+        return [(name, w)]
     a = np.asarray(w, dtype=np.float32)
-    if name.endswith("A_log"):
+    if name.endswith(".A_log"):
         if not (a < 0).all():
             raise ValueError("load_gguf_model: a Mamba-2 ssm_a tensor holds values >= 0")
         return [(name, np.log(-a.astype(np.float64)).astype(np.float32).reshape(-1))]
-    if name.endswith((".D", "dt_bias")):
-        return [(name, a.reshape(-1))]
     if name.endswith("conv1d.weight"):
         return [(name, a.reshape(a.shape[0], 1, a.shape[-1]))]
-    if name.endswith("mixer.norm.weight"):
-        return [(name, a.reshape(-1))]
-    return [(name, w)]
+    return [(name, a.reshape(-1))]  # D, dt_bias, the gated norm
+
+
+_SSM_RESHAPED = (".A_log", ".D", ".dt_bias", "conv1d.weight", "mixer.norm.weight",
+                 "mamba.norm.weight")  # fmt: skip
+
+
+def _ssm_map(prefix: str) -> dict:
+    """llama.cpp's Mamba-2 tensors -> HF's under ``prefix`` (``mixer.`` / ``mamba.``)."""
+    return {
+        "ssm_in.weight": prefix + "in_proj.weight",
+        "ssm_in.bias": prefix + "in_proj.bias",
+        "ssm_conv1d.weight": prefix + "conv1d.weight",
+        "ssm_conv1d.bias": prefix + "conv1d.bias",
+        "ssm_dt.bias": prefix + "dt_bias",
+        "ssm_a": prefix + "A_log",
+        "ssm_d": prefix + "D",
+        "ssm_norm.weight": prefix + "norm.weight",
+        "ssm_out.weight": prefix + "out_proj.weight",
+        "ssm_out.bias": prefix + "out_proj.bias",
+    }
 
 
 _MAMBA2 = GGUFArch(
     "Mamba2ForCausalLM",
     "mamba2",
     _mamba2_config,
-    {
-        "attn_norm.weight": "norm.weight",
-        "ssm_in.weight": "mixer.in_proj.weight",
-        "ssm_in.bias": "mixer.in_proj.bias",
-        "ssm_conv1d.weight": "mixer.conv1d.weight",
-        "ssm_conv1d.bias": "mixer.conv1d.bias",
-        "ssm_dt.bias": "mixer.dt_bias",
-        "ssm_a": "mixer.A_log",
-        "ssm_d": "mixer.D",
-        "ssm_norm.weight": "mixer.norm.weight",
-        "ssm_out.weight": "mixer.out_proj.weight",
-        "ssm_out.bias": "mixer.out_proj.bias",
-    },
+    {"attn_norm.weight": "norm.weight", **_ssm_map("mixer.")},
     {
         "token_embd.weight": "backbone.embeddings.weight",
         "output_norm.weight": "backbone.norm_f.weight",
@@ -606,6 +617,142 @@ _MAMBA2 = GGUFArch(
     },
     convert=_mamba2_convert,
     layer_prefix="backbone.layers.{}.",
+)
+
+
+# -- granitehybrid (Granite-4.0-H, dense) ------------------------------------------------------
+
+
+def _granitehybrid_config(k: _Keys, names) -> dict:
+    """src/models/granite-hybrid.cpp: a layer is Mamba-2 iff its ``attention.head_count_kv`` is
+    0; d_inner = 2 * embedding_length (asserted there); logit/residual/embedding scale 0
+    (absent) = none, attention.scale 0 = 1/sqrt(head_dim); rope.scaling.finetuned is the RoPE
+    switch (conversion/granite.py writes false for hybrids: HF ``position_embedding_type``
+    'nope'); no time-step clamp. MoE (expert_count > 0) is refused, as the HF family does."""
+    d = k.need("embedding_length")
+    n = k.need("block_count")
+    n_heads = k.need("attention.head_count")
+    kv = k.get("attention.head_count_kv", n_heads)
+    kv = kv if isinstance(kv, list) else [kv] * n
+    if isinstance(n_heads, list) or len(kv) != n:
+        k.fail("attention.head_count_kv", kv, f"one count per layer ({n} layers)")
+    kv_heads = sorted({h for h in kv if h})
+    if len(kv_heads) > 1:
+        k.fail("attention.head_count_kv", kv, "one KV head count for every attention layer")
+    head_dim = k.get("attention.key_length", d // n_heads)
+    if head_dim != d // n_heads or k.get("attention.value_length", head_dim) != head_dim:
+        k.fail("attention.key_length", head_dim, f"embedding_length / head_count = {d // n_heads}")
+    for key in ("expert_count", "expert_used_count"):
+        if k.get(key, 0):
+            k.fail(key, k.get(key), "0: MoE is out of scope (llama.cpp asserts expert_used_count "
+                   "== 0 when expert_count is 0)")  # fmt: skip
+    ff = k.need("feed_forward_length")  # the dense MLP's width in granite-hybrid.cpp (n_ff)
+    shared = k.get("expert_shared_feed_forward_length", ff)
+    if shared != ff or isinstance(ff, list):
+        k.fail("expert_shared_feed_forward_length", shared, f"feed_forward_length={ff}, the "
+               "dense MLP width llama.cpp reads")  # fmt: skip
+    d_inner = k.need("ssm.inner_size")
+    if d_inner != 2 * d:
+        k.fail("ssm.inner_size", d_inner, f"2 * embedding_length = {2 * d} (granite-hybrid.cpp)")
+    mh = k.need("ssm.time_step_rank")
+    rope = k.get("rope.scaling.finetuned", True)
+    c = {
+        "hidden_size": d,
+        "num_hidden_layers": n,
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": kv_heads[0] if kv_heads else n_heads,
+        "layer_types": ["full_attention" if h else "linear_attention" for h in kv],
+        "rms_norm_eps": float(k.need("attention.layer_norm_rms_epsilon")),
+        "max_position_embeddings": k.need("context_length"),
+        "shared_intermediate_size": ff,
+        "num_local_experts": 0,
+        "position_embedding_type": "rope" if rope else "nope",
+        "mamba_n_heads": mh,
+        "mamba_d_head": d_inner // mh,
+        "mamba_expand": 2,
+        "mamba_d_state": k.need("ssm.state_size"),
+        "mamba_n_groups": k.need("ssm.group_count"),
+        "mamba_d_conv": k.need("ssm.conv_kernel"),
+        "mamba_conv_bias": _has_any(names, "ssm_conv1d.bias"),
+        "mamba_proj_bias": False,
+        "time_step_limit": [0.0, math.inf],
+        "attention_bias": _has_any(names, "attn_q.bias"),
+        "logits_scaling": float(k.get("logit_scale", 0.0)) or 1.0,
+        "residual_multiplier": float(k.get("residual_scale", 0.0)) or 1.0,
+        "embedding_multiplier": float(k.get("embedding_scale", 0.0)) or 1.0,
+        "attention_multiplier": float(k.get("attention.scale", 0.0)) or head_dim**-0.5,
+        "hidden_act": "silu",
+        "tie_word_embeddings": "output.weight" not in names,
+    }
+    if rope:
+        c.update(_rope(k, head_dim))
+    else:
+        k.get("rope.freq_base")
+        k.get("rope.dimension_count")
+    return c
+
+
+def _has_any(names, suffix: str) -> bool:
+    return any(n.startswith("blk.") and n.endswith("." + suffix) for n in names)
+
+
+def _granitehybrid_convert(name: str, w, config: dict):
+    if ".mamba." in name:
+        return _mamba2_convert(name, w, config)
+    return _unpermute_qk(name, w, config)
+
+
+def _join_gate_up(tensors: dict, config: dict) -> dict:
+    """conversion/granite.py ``GraniteMoeModel.modify_tensors`` split HF's
+    ``shared_mlp.input_linear`` into ``ffn_gate`` (first half) and ``ffn_up``: stack them back
+    (GGUF blocks row-wise, no value changes)."""
+    from exactblocks._weights import QuantizedMatrix
+
+    out = {}
+    for name, w in tensors.items():
+        if not name.endswith("#gate"):
+            if not name.endswith("#up"):
+                out[name] = w
+            continue
+        stem = name[: -len("#gate")]
+        up = tensors.get(stem + "#up")
+        if up is None:
+            layer = stem.split(".")[2]
+            raise ValueError(f"load_gguf_model: blk.{layer}.ffn_gate.weight has no ffn_up.weight")
+        if (
+            isinstance(w, QuantizedMatrix)
+            and isinstance(up, QuantizedMatrix)
+            and w.ggml_type == up.ggml_type
+        ):
+            both = np.concatenate([w.blocks, up.blocks])
+            out[stem] = QuantizedMatrix(w.ggml_type, both, (w.shape[0] + up.shape[0], w.shape[1]))
+        else:
+            parts = [x.dequantize() if isinstance(x, QuantizedMatrix) else x for x in (w, up)]
+            out[stem] = np.concatenate([np.asarray(x, dtype=np.float32) for x in parts])
+    stray = [n for n in tensors if n.endswith("#up") and n[: -len("#up")] + "#gate" not in tensors]
+    if stray:
+        layer = stray[0].split(".")[2]
+        raise ValueError(f"load_gguf_model: blk.{layer}.ffn_up.weight has no ffn_gate.weight")
+    return out
+
+
+_GRANITEHYBRID = GGUFArch(
+    "GraniteMoeHybridForCausalLM",
+    "granitemoehybrid",
+    _granitehybrid_config,
+    {
+        "attn_norm.weight": "input_layernorm.weight",
+        **_ssm_map("mamba."),
+        **_ATTN,
+        **_ATTN_BIAS,
+        "ffn_norm.weight": "post_attention_layernorm.weight",
+        "ffn_gate.weight": "shared_mlp.input_linear.weight#gate",
+        "ffn_up.weight": "shared_mlp.input_linear.weight#up",
+        "ffn_down.weight": "shared_mlp.output_linear.weight",
+    },
+    _TOP,
+    convert=_granitehybrid_convert,
+    finish=_join_gate_up,
 )
 
 
@@ -619,6 +766,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "granite": _GRANITE,
     "smollm3": _SMOLLM3,
     "mamba2": _MAMBA2,
+    "granitehybrid": _GRANITEHYBRID,
 }
 
 
@@ -685,6 +833,8 @@ def read_arch(reader, arch: str, direct: bool = False) -> tuple[dict, dict]:
         w = _dequantize(tensor, direct)
         pairs = entry.convert(hf, w, config) if entry.convert else [(hf, w)]
         tensors.update(pairs)
+    if entry.finish is not None:
+        tensors = entry.finish(tensors, config)
     embed = tensors.get(entry.top["token_embd.weight"])
     if embed is None:
         raise ValueError(f"load_gguf_model: the {arch} GGUF file has no token_embd.weight")
