@@ -65,20 +65,32 @@ ARCHS = {
     # dense Granite-4.0-H: no experts (llama.cpp asserts expert_used_count == 0 then) and the
     # dense MLP width as intermediate_size (granite-hybrid.cpp reads feed_forward_length)
     "granitehybrid": ("granitemoehybrid", {"num_experts_per_tok": 0, "intermediate_size": 96}),
+    "nemotron_h": ("nemotron_h", {}),  # no dt clamp (mamba-base.cpp): see _no_dt_clamp
 }
 #: architectures whose HF family has another name
 FAMILY = {"granitehybrid": "granitemoehybrid"}
 #: architectures whose converter changes invert bit for bit (Mamba-2 stores A = -exp(A_log);
 #: Phi-3 stores its longrope factors as float32, the HF config as binary64 decimals)
-EXACT = set(ARCHS) - {"mamba2", "granitehybrid", "phi3"}
+EXACT = set(ARCHS) - {"mamba2", "granitehybrid", "nemotron_h", "phi3"}
+#: architectures converted from config.json as written (the converter's own fallback when
+#: AutoConfig cannot read a config), see _hub_style_nemotron_h
+FROM_JSON = {"nemotron_h"}
 
 _DRIVER = """
-import os, runpy, sys
+import json, os, runpy, sys
 conv = sys.argv[1]
 sys.path.insert(0, os.path.dirname(conv))  # as when the script itself is run: its conversion/
 main = runpy.run_path(conv, run_name="convert_hf_to_gguf")["main"]
+from conversion.base import ModelBase
+auto = ModelBase.load_hparams
+
+def from_json(dir_model, is_mistral_format):  # load_hparams' fallback path, taken always
+    with open(dir_model / "config.json", encoding="utf-8") as f:
+        return json.load(f)
+
 jobs = sys.argv[2:]
-for folder, out in zip(jobs[::2], jobs[1::2]):
+for folder, out, how in zip(jobs[::3], jobs[1::3], jobs[2::3]):
+    ModelBase.load_hparams = staticmethod(from_json if how == "json" else auto)
     sys.argv = [conv, folder, "--outtype", "f32", "--outfile", out]
     main()
 """
@@ -147,6 +159,40 @@ def _legacy_layer_types(folder: str) -> None:
         json.dump(cfg, f, indent=2)
 
 
+def _hub_style_nemotron_h(folder: str) -> None:
+    """config.json as dense Nemotron-H checkpoints on the Hub have it, for conversion/nemotron.py:
+    ``hybrid_override_pattern`` and ``num_hidden_layers`` (transformers 5 saves
+    ``layers_block_type``, whose list path in the converter knows no dense MLP), no MoE fields
+    (transformers 5 saves their defaults, and the converter takes ``num_experts_per_tok`` /
+    ``n_routed_experts`` as an MoE model), and ``rms_norm_eps`` (the key llama.cpp's
+    nemotron-h.cpp requires is written from it only). The converter reads this file as it
+    stands (FROM_JSON): through AutoConfig it would get the MoE defaults back."""
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    letters = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
+    types = cfg.pop("layers_block_type")
+    cfg["hybrid_override_pattern"] = "".join(letters[t] for t in types)
+    cfg["num_hidden_layers"] = len(types)
+    moe = ("n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor",
+           "num_nextn_predict_layers")  # fmt: skip
+    for key in [k for k in cfg if "expert" in k or k.startswith(("moe_", "mtp_")) or k in moe]:
+        del cfg[key]
+    cfg["rms_norm_eps"] = cfg["layer_norm_epsilon"]
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2)
+
+
+def _no_dt_clamp(model) -> None:
+    """llama.cpp's Mamba-2 graph (mamba-base.cpp) clamps no dt; HF Nemotron-H clamps at
+    ``time_step_min`` (0.001 by default, and its weight init takes its log): set it to 0 after
+    the init, so that the HF oracle computes what the GGUF file defines."""
+    model.config.time_step_min = 0.0
+    for layer in model.model.layers:
+        if hasattr(layer.mixer, "time_step_limit"):
+            layer.mixer.time_step_limit = (0.0, float("inf"))
+
+
 def _hf_model(arch: str):
     torch = require("torch", "torch runs the HF oracle")
     transformers = require("transformers", "transformers is the oracle")
@@ -167,6 +213,8 @@ def _hf_model(arch: str):
                 layer.mixer.D.uniform_(0.5, 1.5)
                 layer.mixer.norm.weight.uniform_(0.5, 1.5)
                 layer.norm.weight.uniform_(0.5, 1.5)
+    if arch == "nemotron_h":
+        _no_dt_clamp(model)
     return model
 
 
@@ -187,13 +235,15 @@ def converted(tmp_path_factory):
         model.save_pretrained(folder)
         if arch == "granitehybrid":
             _legacy_layer_types(folder)
+        if arch == "nemotron_h":
+            _hub_style_nemotron_h(folder)
         if arch in SPM_ARCHS:
             _spm_tokenizer(folder)
         else:
             for name in os.listdir(bpe):
                 shutil.copy(os.path.join(bpe, name), folder)
         path = os.path.join(folder, "m.gguf")
-        jobs += [folder, path]
+        jobs += [folder, path, "json" if arch in FROM_JSON else "auto"]
         out[arch] = (folder, path, model)
     run = subprocess.run(
         [sys.executable, "-c", _DRIVER, conv, *jobs], capture_output=True, text=True, timeout=900

@@ -3,10 +3,10 @@ HF-named tensors, one table entry per ``general.architecture``.
 
 What lives here: :data:`GGUF_ARCHS`, the table ``load_gguf_model`` dispatches through for these
 architectures (``gemma2``, ``phi3``, ``stablelm``, ``starcoder2``, ``olmo2``, ``granite``,
-``smollm3``, ``mamba2``, ``granitehybrid``): for each, the HF class it becomes, the config
-reader (GGUF keys -> HF config fields, with the values llama.cpp fixes when the file does not
-state them) and the tensor map (llama.cpp name -> HF name, with the inverse of every change
-llama.cpp's converter made).
+``smollm3``, ``mamba2``, ``granitehybrid``, ``nemotron_h``): for each, the HF class it
+becomes, the config reader (GGUF keys -> HF config fields, with the values llama.cpp fixes when
+the file does not state them) and the tensor map (llama.cpp name -> HF name, with the inverse
+of every change llama.cpp's converter made).
 What does not: reading the file (``exactblocks.loaders.gguf``), what an HF field means (the
 family files in ``exactblocks.models``).
 
@@ -271,8 +271,10 @@ def _gemma2_config(k: _Keys, names) -> dict:
 def _gemma_norm(name: str, w, config: dict):
     """The converter stores Gemma's RMSNorm weights as ``w + 1`` (conversion/gemma.py
     ``Gemma2Model.modify_tensors``: every ``norm.weight``); HF's ``Gemma2RMSNorm`` holds ``w``
-    and computes ``1 + w``. ``s - 1`` is exact for every stored ``s = float32(1 + w)`` (checked
-    over all float32 ``w``), and the block rounds ``1 + (s - 1)`` back to ``s``."""
+    and computes ``1 + w``. ``s - 1`` is exact when ``s = float32(1 + w)`` lies in [0.5, 2]
+    (Sterbenz), and the block's ``float32(1 + (s - 1))`` is then ``s`` again: the model
+    computes with the file's values, bit for bit (an exhaustive check over every float32 ``w``
+    found one exception, ``w = -16777218``; test_models_gguf_archs checks the bits)."""
     if name.endswith("norm.weight"):
         s = np.asarray(w, dtype=np.float32)
         return [(name, s - np.float32(1.0))]
@@ -756,6 +758,110 @@ _GRANITEHYBRID = GGUFArch(
 )
 
 
+# -- nemotron_h (dense Nemotron-H) ---------------------------------------------------------------
+
+
+def _nemotron_h_config(k: _Keys, names) -> dict:
+    """src/models/nemotron-h.cpp: a layer is Mamba-2 iff its head_count_kv and
+    feed_forward_length are both 0, attention iff only feed_forward_length is 0, else a
+    squared-ReLU MLP (``LLM_FFN_RELU_SQR``); attention has no RoPE (the graph rotates nothing,
+    so the rope.* keys the converter writes change nothing) and scores scaled by
+    attention.scale or 1/sqrt(head_dim); dt is not clamped (mamba-base.cpp), i.e. HF
+    ``time_step_min`` 0. MoE and NextN (MTP) heads are refused."""
+    d = k.need("embedding_length")
+    n = k.need("block_count")
+    n_heads = k.need("attention.head_count")
+    kv = k.get("attention.head_count_kv", n_heads)
+    ff = k.need("feed_forward_length")
+    kv = kv if isinstance(kv, list) else [kv] * n
+    ff = ff if isinstance(ff, list) else [ff] * n
+    if isinstance(n_heads, list) or len(kv) != n or len(ff) != n:
+        k.fail("attention.head_count_kv", kv, f"one count per layer ({n} layers)")
+    for key in ("expert_count", "expert_used_count", "nextn_predict_layers"):
+        if k.get(key, 0):
+            k.fail(key, k.get(key), "0: MoE layers and MTP heads are out of scope")
+    pattern = "".join("M" if not h and not f else "*" if not f else "-" for h, f in zip(kv, ff))
+    kv_heads, widths = sorted({h for h in kv if h}), sorted({f for f in ff if f})
+    if len(kv_heads) > 1:
+        k.fail("attention.head_count_kv", kv, "one KV head count for every attention layer")
+    if len(widths) > 1:
+        k.fail("feed_forward_length", ff, "one width for every MLP layer")
+    head_dim = k.get("attention.key_length", d // n_heads)
+    if k.get("attention.value_length", head_dim) != head_dim:
+        k.fail("attention.value_length", k.get("attention.value_length"), f"key_length={head_dim}")
+    scale = k.get("attention.scale", 0.0)
+    if scale and np.float32(scale) != np.float32(head_dim**-0.5):
+        k.fail("attention.scale", scale, f"head_dim ** -0.5 (HF NemotronHAttention, {head_dim})")
+    for key in ("logit_scale", "residual_scale", "embedding_scale"):
+        if k.get(key, 0.0) not in (0.0, 1.0):
+            k.fail(key, k.get(key), "none: Nemotron-H has no Granite multipliers")
+    for key in ("rope.freq_base", "rope.dimension_count", "rope.scaling.finetuned",
+                "attention.layer_norm_epsilon", "expert_shared_feed_forward_length"):  # fmt: skip
+        k.get(key)  # no effect in nemotron-h.cpp's dense layers (see above)
+    d_inner, mh = k.need("ssm.inner_size"), k.need("ssm.time_step_rank")
+    if d_inner % mh:
+        k.fail("ssm.inner_size", d_inner, f"a multiple of ssm.time_step_rank={mh}")
+    return {
+        "hidden_size": d,
+        "num_hidden_layers": n,
+        "hybrid_override_pattern": pattern,
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": kv_heads[0] if kv_heads else n_heads,
+        "head_dim": head_dim,
+        "intermediate_size": widths[0] if widths else 0,
+        "mlp_hidden_act": "relu2",
+        "mlp_bias": _has_any(names, "ffn_up.bias"),
+        "attention_bias": False,
+        "ssm_state_size": k.need("ssm.state_size"),
+        "mamba_num_heads": mh,
+        "mamba_head_dim": d_inner // mh,
+        "mamba_hidden_act": "silu",
+        "n_groups": k.need("ssm.group_count"),
+        "conv_kernel": k.need("ssm.conv_kernel"),
+        "time_step_min": 0.0,
+        "use_conv_bias": _has_any(names, "ssm_conv1d.bias"),
+        "use_bias": False,
+        "layer_norm_epsilon": float(k.need("attention.layer_norm_rms_epsilon")),
+        "max_position_embeddings": k.need("context_length"),
+        "tie_word_embeddings": "output.weight" not in names,
+    }
+
+
+def _nemotron_h_convert(name: str, w, config: dict):
+    """Mamba-2 mixers as :func:`_mamba2_convert`; q/k rows as :func:`_unpermute_qk`
+    (conversion/nemotron.py ``NemotronHModel`` extends ``GraniteHybridModel``,
+    ``undo_permute = True``: permuted although Nemotron-H has no RoPE)."""
+    if name.endswith(_SSM_RESHAPED):
+        return _mamba2_convert(name, w, config)
+    return _unpermute_qk(name, w, config)
+
+
+_NEMOTRON_H = GGUFArch(
+    "NemotronHForCausalLM",
+    "nemotron_h",
+    _nemotron_h_config,
+    {
+        "attn_norm.weight": "norm.weight",
+        **_ssm_map("mixer."),
+        "attn_q.weight": "mixer.q_proj.weight",
+        "attn_k.weight": "mixer.k_proj.weight",
+        "attn_v.weight": "mixer.v_proj.weight",
+        "attn_output.weight": "mixer.o_proj.weight",
+        "ffn_up.weight": "mixer.up_proj.weight",
+        "ffn_up.bias": "mixer.up_proj.bias",
+        "ffn_down.weight": "mixer.down_proj.weight",
+        "ffn_down.bias": "mixer.down_proj.bias",
+    },
+    {
+        "token_embd.weight": "backbone.embeddings.weight",
+        "output_norm.weight": "backbone.norm_f.weight",
+        "output.weight": "lm_head.weight",
+    },
+    convert=_nemotron_h_convert,
+    layer_prefix="backbone.layers.{}.",
+)
+
+
 #: ``general.architecture`` -> its entry (the architectures beyond llama / qwen2 / qwen3).
 GGUF_ARCHS: dict[str, GGUFArch] = {
     "gemma2": _GEMMA2,
@@ -767,6 +873,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "smollm3": _SMOLLM3,
     "mamba2": _MAMBA2,
     "granitehybrid": _GRANITEHYBRID,
+    "nemotron_h": _NEMOTRON_H,
 }
 
 
