@@ -17,9 +17,9 @@ per module (one converter process for all of them), then:
 - token-by-token ``step`` == one ``forward``, bit for bit.
 
 Tokenizers (the converter insists on one): where the converter reads a SentencePiece
-``tokenizer.model`` (Gemma 2 only reads that; Phi-3, Granite and SmolLM3 as Llama, Mamba-2 try
+``tokenizer.model`` (Gemma 2 only reads that; Llama, Phi-3, Granite, SmolLM3 and the Mambas try
 it first), a 200-piece one trained here with ``sentencepiece`` (so those models have a
-320-token vocabulary); the others (StableLM, StarCoder2, OLMo 2) read only byte-level BPE:
+320-token vocabulary); the others (StableLM, StarCoder2, OLMo 2, Nemotron-H) read byte-level BPE:
 SmolLM2-135M's, rebuilt by transformers from its GGUF and saved (the converter knows its
 pre-tokenizer by hash: ``smollm``), with a 49152-token vocabulary.
 """
@@ -50,10 +50,12 @@ import exactblocks
 
 RTOL = ATOL = 2e-4
 BPE_VOCAB = 49152  # SmolLM2's tokenizer
-SPM_ARCHS = {"gemma2", "phi3", "granite", "smollm3", "mamba2", "granitehybrid"}
+SPM_ARCHS = {"llama", "gemma2", "phi3", "granite", "smollm3", "mamba2", "granitehybrid"}
 
 #: architecture -> (models_helpers family, config overrides: llama.cpp's fixed values)
 ARCHS = {
+    # biases on q/k/v/o and the MLP: conversion/llama.py permutes the q/k biases with the rows
+    "llama": ("llama", {"attention_bias": True, "mlp_bias": True}),
     "gemma2": ("gemma2", {"query_pre_attn_scalar": 16}),  # head_dim (gemma2.cpp, not 27B)
     "phi3": ("phi3", {}),
     "stablelm": ("stablelm", {}),
@@ -205,7 +207,7 @@ def _hf_model(arch: str):
     torch.manual_seed(0)
     extra = {"attn_implementation": "eager"} if arch != "mamba2" else {}
     model = transformers.AutoModelForCausalLM.from_config(cfg, **extra).float().eval()
-    if family in PERTURBED:
+    if family in PERTURBED or arch == "llama":  # HF inits norms to 1, biases to 0
         perturb_constants(model)
     if arch == "mamba2":  # as models_helpers.make_hf_model: spread what HF inits to constants
         with torch.no_grad():

@@ -1,10 +1,10 @@
-"""GGUF architectures beyond Llama/Qwen: llama.cpp's metadata and tensors -> an HF config and
-HF-named tensors, one table entry per ``general.architecture``.
+"""GGUF architectures: llama.cpp's metadata and tensors -> an HF config and HF-named tensors,
+one table entry per ``general.architecture``.
 
-What lives here: :data:`GGUF_ARCHS`, the table ``load_gguf_model`` dispatches through for these
-architectures (``gemma2``, ``phi3``, ``stablelm``, ``starcoder2``, ``olmo2``, ``granite``,
-``smollm3``, ``mamba2``, ``granitehybrid``, ``nemotron_h``): for each, the HF class it
-becomes, the config reader (GGUF keys -> HF config fields, with the values llama.cpp fixes when
+What lives here: :data:`GGUF_ARCHS`, the table ``load_gguf_model`` dispatches through
+(``llama``, ``qwen2``, ``qwen3``, ``gemma2``, ``phi3``, ``stablelm``, ``starcoder2``, ``olmo2``,
+``granite``, ``smollm3``, ``mamba2``, ``granitehybrid``, ``nemotron_h``): for each, the HF class
+it becomes, the config reader (GGUF keys -> HF config fields, with the values llama.cpp fixes when
 the file does not state them) and the tensor map (llama.cpp name -> HF name, with the inverse
 of every change llama.cpp's converter made).
 What does not: reading the file (``exactblocks.loaders.gguf``), what an HF field means (the
@@ -235,6 +235,60 @@ def _unpermute_qk(name: str, w, config: dict):
     if name.endswith(("k_proj.weight", "k_proj.bias")):
         return [(name, _unpermute(w, config["num_key_value_heads"]))]
     return [(name, w)]
+
+
+# -- llama, qwen2, qwen3 -------------------------------------------------------------------------
+
+
+def _llama_config(k: _Keys, names) -> dict:
+    """``read_llama_config`` (the Llama reader the SmolLM2 demo uses, with its own refusals:
+    partial RoPE, RoPE scaling, rope_freqs), plus the optional biases conversion/llama.py
+    permutes with their rows. It reads the llama.* keys it knows and ignores the others, as
+    before this table."""
+    from .gguf import read_llama_config
+
+    c = read_llama_config(k.reader)
+    c.pop("name", None)
+    k.read |= k.present
+    bias = _has(names, "attn_q.bias")
+    c["attention_bias"] = bias
+    c["mlp_bias"] = _has(names, "ffn_up.bias")
+    return c
+
+
+def _qwen_config(k: _Keys, names) -> dict:
+    """src/models/qwen2.cpp / qwen3.cpp: the common keys; no sliding window in either graph.
+    Qwen2's q/k/v biases are part of HF's class (always there); Qwen3's are optional."""
+    c = _common(k, names, eps_key="rms_norm_eps")
+    c.update(_rope(k, c["head_dim"]))
+    c["hidden_act"] = "silu"
+    c["use_sliding_window"] = False
+    if k.arch == "qwen3":
+        c["attention_bias"] = _has(names, "attn_q.bias")
+    return c
+
+
+_QWEN_BLOCK = {
+    **_ATTN,
+    **{k: v for k, v in _ATTN_BIAS.items() if k != "attn_output.bias"},
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    **_GLU,
+    **_PRE_NORMS,
+}
+
+_LLAMA = GGUFArch(
+    "LlamaForCausalLM",
+    "llama",
+    _llama_config,
+    {**_ATTN, **_ATTN_BIAS, **_GLU, **_GLU_BIAS, **_PRE_NORMS},
+    _TOP,
+    convert=_unpermute_qk,
+)
+# llama.cpp's converter permutes q/k rows for the llama architecture only (LlamaModel and its
+# subclasses); Qwen2Model / Qwen3Model do not
+_QWEN2 = GGUFArch("Qwen2ForCausalLM", "qwen2", _qwen_config, _QWEN_BLOCK, _TOP)
+_QWEN3 = GGUFArch("Qwen3ForCausalLM", "qwen3", _qwen_config, _QWEN_BLOCK, _TOP)
 
 
 # -- gemma2 --------------------------------------------------------------------------------------
@@ -862,8 +916,11 @@ _NEMOTRON_H = GGUFArch(
 )
 
 
-#: ``general.architecture`` -> its entry (the architectures beyond llama / qwen2 / qwen3).
+#: ``general.architecture`` -> its entry.
 GGUF_ARCHS: dict[str, GGUFArch] = {
+    "llama": _LLAMA,
+    "qwen2": _QWEN2,
+    "qwen3": _QWEN3,
     "gemma2": _GEMMA2,
     "phi3": _PHI3,
     "stablelm": _STABLELM,
