@@ -958,6 +958,11 @@ def read_arch(reader, arch: str, direct: bool = False) -> tuple[dict, dict]:
         A missing required key, an ``<arch>.*`` key no reader consumes, a value the family
         cannot express, a tensor outside the map or naming a layer past ``block_count``: each
         named.
+    Examples
+    --------
+    >>> [arch for arch in GGUF_ARCHS if GGUF_ARCHS[arch].model_type != arch]
+    ['granitehybrid']
+    >>> config, tensors = read_arch(GGUFFile("m.gguf"), "olmo2")  # doctest: +SKIP
     """
     from .gguf import _dequantize
 
