@@ -16,6 +16,10 @@ per module (one converter process for all of them), then:
 - greedy ``generate`` equal to HF ``generate`` for 16 tokens;
 - token-by-token ``step`` == one ``forward``, bit for bit.
 
+StableLM's per-head q/k norms with the parallel residual (``stablelm_qk``) are converted
+without the norms, which the 0.94 converter cannot write, and the stacked tensors added as its
+``_stack_qk_norm`` means to (see the fixture).
+
 Tokenizers (the converter insists on one): where the converter reads a SentencePiece
 ``tokenizer.model`` (Gemma 2 only reads that; Llama, Phi-3, Granite, SmolLM3 and the Mambas try
 it first), a 200-piece one trained here with ``sentencepiece`` (so those models have a
@@ -26,6 +30,7 @@ pre-tokenizer by hash: ``smollm``), with a 49152-token vocabulary.
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -69,11 +74,13 @@ ARCHS = {
     "granitehybrid": ("granitemoehybrid", {"num_experts_per_tok": 0, "intermediate_size": 96}),
     "nemotron_h": ("nemotron_h", {}),  # no dt clamp (mamba-base.cpp): see _no_dt_clamp
 }
+#: further files of an architecture above: name -> (models_helpers family, overrides)
+EXTRA = {"stablelm_qk": ("stablelm_parallel", {})}  # per-head q/k norms, parallel residual
 #: architectures whose HF family has another name
-FAMILY = {"granitehybrid": "granitemoehybrid"}
+FAMILY = {"granitehybrid": "granitemoehybrid", "stablelm_qk": "stablelm"}
 #: architectures whose converter changes invert bit for bit (Mamba-2 stores A = -exp(A_log);
 #: Phi-3 stores its longrope factors as float32, the HF config as binary64 decimals)
-EXACT = set(ARCHS) - {"mamba2", "granitehybrid", "nemotron_h", "phi3"}
+EXACT = (set(ARCHS) | {"stablelm_qk"}) - {"mamba2", "granitehybrid", "nemotron_h", "phi3"}
 #: architectures converted from config.json as written (the converter's own fallback when
 #: AutoConfig cannot read a config), see _hub_style_nemotron_h
 FROM_JSON = {"nemotron_h"}
@@ -198,7 +205,7 @@ def _no_dt_clamp(model) -> None:
 def _hf_model(arch: str):
     torch = require("torch", "torch runs the HF oracle")
     transformers = require("transformers", "transformers is the oracle")
-    family, overrides = ARCHS[arch]
+    family, overrides = {**ARCHS, **EXTRA}[arch]
     cls_name, kw = family_configs()[family]
     kw = {**kw, **overrides}
     if arch not in SPM_ARCHS:
@@ -247,10 +254,39 @@ def converted(tmp_path_factory):
         path = os.path.join(folder, "m.gguf")
         jobs += [folder, path, "json" if arch in FROM_JSON else "auto"]
         out[arch] = (folder, path, model)
+    # StableLM 2 12B's per-head q/k LayerNorms (and its parallel residual): conversion/
+    # stablelm.py means to stack them (_stack_qk_norm) but in 0.94 returns the stacking
+    # generator unconsumed and stops with "Unprocessed norms". The model is converted without
+    # them and the stacked tensors are added as that function writes them: (heads, head_dim).
+    full = _hf_model("stablelm_qk")
+    full_folder, bare_folder = str(root / "stablelm_qk"), str(root / "stablelm_qk_bare")
+    full.save_pretrained(full_folder)
+    bare_cfg = copy.deepcopy(full.config)
+    bare_cfg.qk_layernorm = False
+    transformers = require("transformers", "transformers is the oracle")
+    bare = transformers.AutoModelForCausalLM.from_config(bare_cfg, attn_implementation="eager")
+    sd = full.state_dict()
+    bare.load_state_dict({k: v for k, v in sd.items() if "layernorm.norms." not in k})
+    bare.save_pretrained(bare_folder)
+    for name in os.listdir(bpe):
+        shutil.copy(os.path.join(bpe, name), bare_folder)
+    jobs += [bare_folder, os.path.join(bare_folder, "m.gguf"), "auto"]
+
     run = subprocess.run(
         [sys.executable, "-c", _DRIVER, conv, *jobs], capture_output=True, text=True, timeout=900
     )
     assert run.returncode == 0, run.stderr[-4000:]
+
+    norms = {}
+    for i in range(full.config.num_hidden_layers):
+        for kind, heads in (("q", full.config.num_attention_heads),
+                            ("k", full.config.num_key_value_heads)):  # fmt: skip
+            rows = [sd[f"model.layers.{i}.self_attn.{kind}_layernorm.norms.{h}.weight"]
+                    for h in range(heads)]  # fmt: skip
+            norms[f"blk.{i}.attn_{kind}_norm.weight"] = torch.stack(rows).numpy()
+    path = _rewrite(os.path.join(bare_folder, "m.gguf"), os.path.join(full_folder, "m.gguf"),
+                    add_tensors=norms)  # fmt: skip
+    out["stablelm_qk"] = (full_folder, path, full)
     return out
 
 
@@ -264,11 +300,13 @@ def _ids(shape, seed=1, vocab=320):
     return np.random.default_rng(seed).integers(0, vocab, shape)
 
 
-@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("arch", [*ARCHS, *EXTRA])
 def test_logits_close_to_hf_and_equal_to_folder(converted, arch):
     folder, path, hf = converted[arch]
     model = _load(path)
     assert model.family == FAMILY.get(arch, arch)
+    if arch == "stablelm_qk":
+        assert model.config["qk_layernorm"] and model.config["use_parallel_residual"]
     ids = _ids((2, 16))
     got = model.forward(ids)
     want = hf_logits(hf, ids)
@@ -279,7 +317,7 @@ def test_logits_close_to_hf_and_equal_to_folder(converted, arch):
         assert np.array_equal(bits(got), bits(exactblocks.load_model(folder).forward(ids)))
 
 
-@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("arch", [*ARCHS, *EXTRA])
 def test_greedy_generate_equals_hf_and_decode_equals_prefill(converted, arch):
     import torch
 

@@ -444,9 +444,26 @@ def _stablelm_config(k: _Keys, names) -> dict:
         k.fail("use_parallel_residual", stated, f"{parallel}, as the file's ffn_norm tensors say")
     c["use_parallel_residual"] = parallel
     c["use_qkv_bias"] = _has(names, "attn_q.bias")
-    c["qk_layernorm"] = False
+    c["qk_layernorm"] = _has(names, "attn_q_norm.weight")  # stablelm.cpp: optional (12B)
     c["hidden_act"] = "silu"
     return c
+
+
+def _stablelm_split_norms(name: str, w, config: dict):
+    """conversion/stablelm.py ``_stack_qk_norm`` stacks HF's per-head LayerNorm weights
+    (``self_attn.q_layernorm.norms.H.weight``, H < heads) into one (heads, head_dim) tensor
+    (ne = [head_dim, heads], stablelm.cpp): split it back, one row per head."""
+    if name.endswith(("q_layernorm.weight", "k_layernorm.weight")):
+        a = np.asarray(w, dtype=np.float32)
+        heads = config["num_attention_heads" if "q_layernorm" in name else "num_key_value_heads"]
+        if a.ndim != 2 or a.shape[0] != heads:
+            raise ValueError(
+                f"load_gguf_model: the stablelm q/k norm {name!r} has shape {a.shape}; expected "
+                f"({heads}, head_dim)"
+            )
+        stem = name[: -len(".weight")]
+        return [(f"{stem}.norms.{h}.weight", a[h]) for h in range(heads)]
+    return [(name, w)]
 
 
 _STABLELM = GGUFArch(
@@ -460,8 +477,11 @@ _STABLELM = GGUFArch(
         **_PRE_NORMS,
         "attn_norm.bias": "input_layernorm.bias",
         "ffn_norm.bias": "post_attention_layernorm.bias",
+        "attn_q_norm.weight": "self_attn.q_layernorm.weight",
+        "attn_k_norm.weight": "self_attn.k_layernorm.weight",
     },
     _TOP_LN,
+    convert=_stablelm_split_norms,
 )
 
 
