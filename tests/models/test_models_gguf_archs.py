@@ -437,3 +437,25 @@ def test_stablelm_parallel_residual_must_match_the_tensors(converted, tmp_path):
         _load(bad)
     same = _rewrite(src, str(tmp_path / "same.gguf"), drop=(key,))  # absent: the tensors say
     assert _load(same).config["use_parallel_residual"] is False
+
+
+def test_partial_rope_factor_gives_the_file_width_back():
+    """HF rotates int(head_dim * partial_rotary_factor) dims: the factor read from
+    rope.dimension_count must give that count back, also where n_rot / head_dim rounds low
+    (44 * (30 / 44) = 29.999999999999996)."""
+    import types
+
+    gguf = require("gguf", "value types")
+    from exactblocks.loaders.gguf import _LeanField
+    from exactblocks.loaders.gguf_archs import _Keys, _rope
+
+    u32 = [gguf.GGUFValueType.UINT32]
+    reader = types.SimpleNamespace(fields={"stablelm.rope.dimension_count": _LeanField(28, u32)})
+    assert int(44 * (30 / 44)) == 29  # the case the factor must be nudged for
+    for head_dim, n_rot in ((44, 30), (49, 16), (80, 32), (96, 24), (64, 16)):
+        reader.fields["stablelm.rope.dimension_count"] = _LeanField(n_rot, u32)
+        prf = _rope(_Keys(reader, "stablelm"), head_dim, partial=True)["partial_rotary_factor"]
+        assert int(head_dim * prf) == n_rot
+    reader.fields["stablelm.rope.dimension_count"] = _LeanField(29, u32)
+    with pytest.raises(ValueError, match="rope.dimension_count=29 is not supported"):
+        _rope(_Keys(reader, "stablelm"), 100, partial=True)  # odd: not a RoPE width

@@ -63,9 +63,6 @@ class _Keys:
         self.read.add(full)
         return self._field(full, default)
 
-    def has(self, key: str) -> bool:
-        return f"{self.arch}.{key}" in self.present
-
     def fail(self, key: str, value, expected: str):
         raise ValueError(
             f"load_gguf_model: {self.arch}.{key}={value!r} is not supported (expected {expected})"
@@ -197,21 +194,32 @@ _EPS_KEYS = {
 }
 
 
-def _rope(k: _Keys, head_dim: int, *, partial: bool = False) -> dict:
+def _rope(k: _Keys, head_dim: int, *, partial: bool = False, kinds=("none", "linear")) -> dict:
     """RoPE fields: base (llama.cpp default 10000), rotated dims (default head_dim) and a
-    linear scaling factor (``rope.scaling.type`` default "linear", factor default none)."""
+    linear scaling factor (``rope.scaling.type`` default "linear", factor default none).
+
+    ``partial``: rope.dimension_count may be less than head_dim; HF's
+    ``int(head_dim * partial_rotary_factor)`` must give it back, so the factor is
+    ``n_rot / head_dim`` moved up by ulps until it does (any such factor is the same model).
+    ``kinds``: the scaling types the caller handles (Phi-3 adds ``longrope``)."""
     out = {"rope_theta": float(k.get("rope.freq_base", 10000.0))}
     n_rot = k.get("rope.dimension_count", head_dim)
     if n_rot != head_dim:
-        if not partial:
-            k.fail("rope.dimension_count", n_rot, f"head_dim={head_dim}: no partial RoPE here")
-        out["partial_rotary_factor"] = n_rot / head_dim
+        if not partial or not 0 < n_rot < head_dim or n_rot % 2:
+            k.fail("rope.dimension_count", n_rot, f"head_dim={head_dim}: no partial RoPE here"
+                   if not partial else f"an even width in (0, head_dim={head_dim}]")  # fmt: skip
+        prf = n_rot / head_dim
+        while int(head_dim * prf) < n_rot:
+            prf = float(np.nextafter(prf, 2.0))
+        out["partial_rotary_factor"] = prf
     kind = k.get("rope.scaling.type", "linear")
     factor = k.get("rope.scaling.factor", k.get("rope.scale_linear", 0.0))
-    if kind not in ("none", "linear"):
-        k.fail("rope.scaling.type", kind, "'none' or 'linear'")
+    if kind not in kinds:
+        k.fail("rope.scaling.type", kind, " or ".join(repr(x) for x in kinds))
     if kind == "linear" and factor not in (0.0, 1.0):
         out["rope_scaling"] = {"rope_type": "linear", "factor": float(factor)}
+    elif factor not in (0.0, 1.0):
+        k.fail("rope.scaling.factor", factor, f"none with rope.scaling.type={kind!r}")
     for key in ("rope.scaling.finetuned", "rope.scaling.original_context_length"):
         k.get(key)  # informational in llama.cpp for unscaled and linear RoPE
     return out
@@ -361,7 +369,9 @@ def _phi3_config(k: _Keys, names) -> dict:
     context and the attention factor as keys. src/models/phi3.cpp: SwiGLU on the fused
     ``ffn_up`` (gate rows first, as HF's ``gate_up_proj``)."""
     c = _common(k, names, eps_key="rms_norm_eps")
-    c.update(_rope(k, c["head_dim"], partial=True))
+    c.update(_rope(k, c["head_dim"], partial=True, kinds=("none", "linear", "longrope")))
+    if "rope_scaling" in c:
+        k.fail("rope.scaling.type", "linear", "longrope or none: HF Phi-3 has no linear RoPE")
     c["hidden_act"] = "silu"
     window = k.get("attention.sliding_window", 0)
     # HF Phi3 masks with sliding_window; llama.cpp 0.94 disables Phi SWA (phi3.cpp warns that
@@ -372,6 +382,11 @@ def _phi3_config(k: _Keys, names) -> dict:
     orig = k.get("rope.scaling.original_context_length")
     attn = k.get("rope.scaling.attn_factor")
     if long_f is None and short_f is None:
+        if k.get("rope.scaling.type") == "longrope":
+            raise ValueError(
+                "load_gguf_model: phi3.rope.scaling.type is 'longrope' but the file holds no "
+                "rope_factors_long.weight / rope_factors_short.weight"
+            )
         if attn not in (None, 1.0):
             k.fail("rope.scaling.attn_factor", attn, "1.0 without RoPE factor tensors")
         if orig is not None:
@@ -632,7 +647,7 @@ def _mamba2_config(k: _Keys, names) -> dict:
         "head_dim": d_inner // n_heads,
         "expand": int(expand),
         "state_size": k.need("ssm.state_size"),
-        "n_groups": k.get("ssm.group_count", 1),
+        "n_groups": k.need("ssm.group_count"),
         "conv_kernel": k.need("ssm.conv_kernel"),
         "layer_norm_epsilon": float(k.need("attention.layer_norm_rms_epsilon")),
         "use_bias": _has(names, "ssm_in.bias"),
