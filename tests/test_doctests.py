@@ -25,6 +25,7 @@ MODULES = [
     "exactblocks.runtime",
     "exactblocks._validation",
     "exactblocks.loaders.gguf",
+    "exactblocks.loaders.gguf_archs",
     "exactblocks.tokenizer",
     "exactblocks.cli",
     "exactblocks.sampling",

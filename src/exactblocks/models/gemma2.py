@@ -12,7 +12,8 @@ hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_
 head_dim, hidden_activation, max_position_embeddings, rms_norm_eps, tie_word_embeddings,
 rope_parameters (or rope_theta/rope_scaling), attention_bias, query_pre_attn_scalar,
 sliding_window, layer_types, final_logit_softcapping, attn_logit_softcapping,
-use_bidirectional_attention (refused when set). GGUF: not read.
+use_bidirectional_attention (refused when set).
+GGUF: ``general.architecture == "gemma2"`` (``exactblocks.loaders.gguf_archs``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_
 
 ARCHITECTURES = ("Gemma2ForCausalLM",)
 MODEL_TYPES = ("gemma2",)
-GGUF_ARCHS = ()
+GGUF_ARCHS = ("gemma2",)
 
 #: ``Gemma2Config`` class defaults (transformers 5.23.0), used only for omitted fields.
 DEFAULTS = {

@@ -4,7 +4,8 @@ Llama's layer with four scalars: the embedding rows times ``embedding_multiplier
 attention scores times ``attention_multiplier`` (instead of ``head_dim ** -0.5``), both
 residual branches times ``residual_multiplier`` and the logits divided by ``logits_scaling``
 (HF ``GraniteForCausalLM.forward``: ``logits / logits_scaling`` in float32). HF fields read
-(transformers 5.23 ``GraniteConfig``): as Llama, plus those four. GGUF: not read.
+(transformers 5.23 ``GraniteConfig``): as Llama, plus those four.
+GGUF: ``general.architecture == "granite"`` (``exactblocks.loaders.gguf_archs``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_
 
 ARCHITECTURES = ("GraniteForCausalLM",)
 MODEL_TYPES = ("granite",)
-GGUF_ARCHS = ()
+GGUF_ARCHS = ("granite",)
 
 #: ``GraniteConfig`` class defaults (transformers 5.23.0), used only for omitted fields.
 DEFAULTS = {

@@ -23,7 +23,8 @@ num_key_value_heads, hidden_act (silu), max_position_embeddings, rms_norm_eps,
 tie_word_embeddings, rope_parameters, attention_bias, the four Granite multipliers,
 num_local_experts, shared_intermediate_size, position_embedding_type, layer_types, mamba_n_heads,
 mamba_n_groups, mamba_d_state, mamba_d_head, mamba_d_conv, mamba_expand, mamba_conv_bias,
-mamba_proj_bias, time_step_limit. GGUF: not read.
+mamba_proj_bias, time_step_limit.
+GGUF: ``general.architecture == "granitehybrid"`` (``exactblocks.loaders.gguf_archs``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_
 
 ARCHITECTURES = ("GraniteMoeHybridForCausalLM",)
 MODEL_TYPES = ("granitemoehybrid",)
-GGUF_ARCHS = ()
+GGUF_ARCHS = ("granitehybrid",)
 
 #: ``GraniteMoeHybridConfig`` class defaults (transformers 5.23.0), for omitted fields.
 DEFAULTS = {

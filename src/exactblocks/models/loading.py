@@ -98,7 +98,8 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
           (or ``model.safetensors.index.json`` and its shards), float32/bf16/fp16; its
           ``tokenizer.json`` and chat template when present;
         - a ``.safetensors`` file (its config from ``config=`` or a ``config.json`` beside it);
-        - a ``.gguf`` file (architectures llama, qwen2, qwen3, gemma3; its own tokenizer);
+        - a ``.gguf`` file (every architecture of
+          :data:`exactblocks.loaders.gguf_archs.GGUF_ARCHS`; its own tokenizer);
         - a transformers model object (``model.state_dict()`` and ``model.config``; float32
           tensors are read without copying, bf16/fp16 widened exactly);
         - a state dict (``config=`` required).

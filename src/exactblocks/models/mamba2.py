@@ -39,7 +39,7 @@ __all__ = [
 
 ARCHITECTURES = ("Mamba2ForCausalLM",)
 MODEL_TYPES = ("mamba2",)
-GGUF_ARCHS = ()
+GGUF_ARCHS = ("mamba2",)
 
 #: ``Mamba2Config`` class defaults (transformers 5.23.0), used only for omitted fields, as HF.
 DEFAULTS = {

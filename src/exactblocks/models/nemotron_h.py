@@ -24,7 +24,8 @@ MoE layers (``E`` / ``'moe'``) are refused: MoE is out of scope. HF fields read 
 max_position_embeddings, intermediate_size, mlp_hidden_act, mlp_bias, ssm_state_size,
 mamba_num_heads, mamba_head_dim, mamba_hidden_act (silu), n_groups, conv_kernel,
 time_step_min, use_conv_bias, use_bias (in/out projections of the mixer), layer_norm_epsilon,
-tie_word_embeddings. GGUF: not read.
+tie_word_embeddings.
+GGUF: ``general.architecture == "nemotron_h"`` (``exactblocks.loaders.gguf_archs``).
 
 Tensor names (HF ``NemotronHForCausalLM.state_dict()``)::
 
@@ -48,7 +49,7 @@ __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_
 
 ARCHITECTURES = ("NemotronHForCausalLM",)
 MODEL_TYPES = ("nemotron_h",)
-GGUF_ARCHS = ()
+GGUF_ARCHS = ("nemotron_h",)
 
 #: ``NemotronHConfig`` class defaults (transformers 5.23.0), used only for omitted fields.
 DEFAULTS = {

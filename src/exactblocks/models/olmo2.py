@@ -6,7 +6,7 @@ Llama's attention and MLP with the norms after them instead of before (``post`` 
 ``heads * head_dim`` values and of k over all ``kv_heads * head_dim`` values before RoPE (HF
 ``Olmo2Attention`` ``q_norm`` / ``k_norm``, one weight element per value). HF fields read
 (transformers 5.23 ``Olmo2Config``): as Llama (``attention_bias`` gives q/k/v/o biases; no
-mlp_bias). GGUF: not read.
+mlp_bias). GGUF: ``general.architecture == "olmo2"`` (``exactblocks.loaders.gguf_archs``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_
 
 ARCHITECTURES = ("Olmo2ForCausalLM",)
 MODEL_TYPES = ("olmo2",)
-GGUF_ARCHS = ()
+GGUF_ARCHS = ("olmo2",)
 
 #: ``Olmo2Config`` class defaults (transformers 5.23.0), used only for omitted fields.
 DEFAULTS = {

@@ -8,7 +8,8 @@ long factor set is fixed per state when it is allocated (``TransformerBlockInfer
 switches by the current length, so the two agree while a sequence stays on one side of
 ``original_max_position_embeddings``. HF fields read (transformers 5.23 ``Phi3Config``): as
 Llama without biases, plus original_max_position_embeddings, sliding_window and the dropout
-fields (no effect on inference). GGUF: not read.
+fields (no effect on inference).
+GGUF: ``general.architecture == "phi3"`` (``exactblocks.loaders.gguf_archs``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_
 
 ARCHITECTURES = ("Phi3ForCausalLM",)
 MODEL_TYPES = ("phi3",)
-GGUF_ARCHS = ()
+GGUF_ARCHS = ("phi3",)
 
 #: ``Phi3Config`` class defaults (transformers 5.23.0), used only for omitted fields.
 DEFAULTS = {

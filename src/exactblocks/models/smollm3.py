@@ -4,7 +4,8 @@ Llama's layer where some layers have no RoPE at all (``no_rope_layers[i] == 0``;
 ``no_rope_layer_interval``-th layer, HF ``__post_init__``) and optional sliding windows per
 layer (``use_sliding_window`` with ``layer_types``). HF fields read (transformers 5.23
 ``SmolLM3Config``): as Llama (default RoPE base 2e6), plus no_rope_layers,
-no_rope_layer_interval, use_sliding_window, sliding_window, layer_types. GGUF: not read.
+no_rope_layer_interval, use_sliding_window, sliding_window, layer_types.
+GGUF: ``general.architecture == "smollm3"`` (``exactblocks.loaders.gguf_archs``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_
 
 ARCHITECTURES = ("SmolLM3ForCausalLM",)
 MODEL_TYPES = ("smollm3",)
-GGUF_ARCHS = ()
+GGUF_ARCHS = ("smollm3",)
 
 #: ``SmolLM3Config`` class defaults (transformers 5.23.0), used only for omitted fields.
 DEFAULTS = {

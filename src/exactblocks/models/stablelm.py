@@ -10,7 +10,8 @@ LayerNorms of q and k without bias, each head its own weights (``qk_layernorm``,
 read (transformers 5.23 ``StableLmConfig``): vocab_size, hidden_size, intermediate_size,
 num_hidden_layers, num_attention_heads, num_key_value_heads, hidden_act (silu: SwiGLU),
 max_position_embeddings, layer_norm_eps, rope_parameters (with partial_rotary_factor),
-use_qkv_bias, qk_layernorm, use_parallel_residual, tie_word_embeddings. GGUF: not read.
+use_qkv_bias, qk_layernorm, use_parallel_residual, tie_word_embeddings.
+GGUF: ``general.architecture == "stablelm"`` (``exactblocks.loaders.gguf_archs``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_
 
 ARCHITECTURES = ("StableLmForCausalLM",)
 MODEL_TYPES = ("stablelm",)
-GGUF_ARCHS = ()
+GGUF_ARCHS = ("stablelm",)
 
 #: ``StableLmConfig`` class defaults (transformers 5.23.0), used only for omitted fields.
 DEFAULTS = {

@@ -7,8 +7,8 @@ layer (``sliding_window``, null = causal). HF fields read (transformers 5.23
 ``Starcoder2Config``): vocab_size, hidden_size, intermediate_size, num_hidden_layers,
 num_attention_heads, num_key_value_heads, hidden_act, max_position_embeddings, norm_epsilon,
 rope_parameters (or rope_theta/rope_scaling), sliding_window, use_bias, tie_word_embeddings.
-The dropout fields do not change inference. GGUF: ``general.architecture == "starcoder2"`` is
-not read (its tensor names are llama.cpp's).
+The dropout fields do not change inference. GGUF: ``general.architecture ==
+"starcoder2"`` (``exactblocks.loaders.gguf_archs``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_
 
 ARCHITECTURES = ("Starcoder2ForCausalLM",)
 MODEL_TYPES = ("starcoder2",)
-GGUF_ARCHS = ()
+GGUF_ARCHS = ("starcoder2",)
 
 #: ``Starcoder2Config`` class defaults (transformers 5.23.0), used only for omitted fields.
 DEFAULTS = {
