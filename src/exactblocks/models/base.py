@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from .._weights import LazyFingerprint, fingerprint_value, same_fingerprint
+
 __all__ = ["GenerateOutput", "GenerationStream", "Model", "ModelState"]
 
 _PRIVATE = object()
@@ -95,7 +97,7 @@ class ModelState:
     marked inconsistent and refused until :meth:`reset` clears them.
     """
 
-    __slots__ = ("layers", "batch_size", "max_tokens", "fingerprint", "_lock", "_broken")
+    __slots__ = ("layers", "batch_size", "max_tokens", "_fingerprint", "_lock", "_broken")
 
     def __init__(self, *args, **kwargs):
         raise TypeError(
@@ -112,13 +114,20 @@ class ModelState:
         s(self, "layers", tuple(layers))
         s(self, "batch_size", int(batch_size))
         s(self, "max_tokens", None if max_tokens is None else int(max_tokens))
-        s(self, "fingerprint", str(fingerprint))
+        if not isinstance(fingerprint, LazyFingerprint):  # the model's object, or a str
+            fingerprint = str(fingerprint)
+        s(self, "_fingerprint", fingerprint)
         s(self, "_lock", threading.Lock())
         s(self, "_broken", set(broken))
         return self
 
     def __setattr__(self, name, value):
         raise AttributeError(f"ModelState: attribute {name!r} cannot be assigned")
+
+    @property
+    def fingerprint(self) -> str:
+        """str: The allocating model's fingerprint (32 hexadecimal digits)."""
+        return fingerprint_value(self._fingerprint)
 
     @property
     def row_tokens(self) -> np.ndarray:
@@ -176,7 +185,7 @@ class ModelState:
             [copy.copy(st) for st in self.layers],
             self.batch_size,
             self.max_tokens,
-            self.fingerprint,
+            self._fingerprint,
             self._broken,
         )
 
@@ -404,22 +413,18 @@ class Model:
         self._recurrent = tuple(isinstance(b, Mamba2BlockInference) for b in self._blocks)
         scale = getattr(spec, "embed_scale", None)
         self._embed_scale = None if scale is None else np.float32(scale)
-        h = xxhash.xxh3_128()
-        for part in (b"exactblocks-model-1", repr(spec).encode()):
-            h.update(len(part).to_bytes(8, "little"))
-            h.update(part)
-        for blk in self._blocks:
-            h.update(blk.fingerprint.encode())
-        for arr in head_bytes:
-            h.update(arr.nbytes.to_bytes(8, "little"))
-            if isinstance(arr, _HeadRows):  # the packed head's float32 rows, a slice at a time
-                for chunk in arr.chunks():
-                    h.update(memoryview(chunk).cast("B"))
-            else:
-                h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
-        self.fingerprint = h.hexdigest()
+        # Computed on first read (states of this model hold the object and are recognised by
+        # identity): hashing the blocks and the 49k-row head rebuilt from its packed form is
+        # most of a small model's load time otherwise.
+        blocks = self._blocks  # (not self: no reference cycle through the closure)
+        self._fingerprint = LazyFingerprint(lambda: _model_fingerprint(spec, blocks, head_bytes))
 
     config = property(lambda self: self._config, doc="Mapping: the HF-style config (read-only).")
+    fingerprint = property(
+        lambda self: self._fingerprint.value,
+        doc="str: 32 hex digits over the family, spec, block fingerprints and head weights "
+        "(computed on first read).",
+    )
     blocks = property(lambda self: list(self._blocks), doc="list: the blocks, in layer order.")
 
     def __repr__(self) -> str:
@@ -487,7 +492,7 @@ class Model:
                 blk.allocate_state(b) if rec else blk.allocate_state(b, m)
                 for blk, rec in zip(self._blocks, self._recurrent)
             ]
-        return ModelState._make(_PRIVATE, layers, b, m, self.fingerprint)
+        return ModelState._make(_PRIVATE, layers, b, m, self._fingerprint)
 
     def _check_state(self, state, batch: int, where: str) -> None:
         if not isinstance(state, ModelState):
@@ -495,7 +500,7 @@ class Model:
                 f"{where}: state must be a ModelState from Model.allocate_state; got "
                 f"{type(state).__name__}"
             )
-        if state.fingerprint != self.fingerprint:
+        if not same_fingerprint(state._fingerprint, self._fingerprint):
             raise ValueError(
                 f"{where}: state belongs to another model (fingerprint {state.fingerprint}, "
                 f"this model's is {self.fingerprint})"
@@ -883,6 +888,26 @@ def _pick(logits: np.ndarray, temp: float, top_k, top_p, rng, exp) -> int:
     u = rng.random() * cum[-1]
     i = min(int(np.searchsorted(cum, u, side="right")), len(order) - 1)
     return int(order[i])
+
+
+def _model_fingerprint(spec, blocks, head_bytes) -> str:
+    """XXH3-128 of the family's spec, every block's fingerprint and the head's weights (the
+    final norm, and the head and embedding matrices as float32 rows: a packed head's rows are
+    rebuilt a slice at a time)."""
+    h = xxhash.xxh3_128()
+    for part in (b"exactblocks-model-1", repr(spec).encode()):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    for blk in blocks:
+        h.update(blk.fingerprint.encode())
+    for arr in head_bytes:
+        h.update(arr.nbytes.to_bytes(8, "little"))
+        if isinstance(arr, _HeadRows):  # the packed head's float32 rows, a slice at a time
+            for chunk in arr.chunks():
+                h.update(memoryview(chunk).cast("B"))
+        else:
+            h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
+    return h.hexdigest()
 
 
 def _eos_from(config: Mapping, generation_config: Mapping | None) -> tuple[int, ...]:
