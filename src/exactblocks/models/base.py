@@ -796,7 +796,9 @@ class Model:
                 f"{where}: the prompt ({len(prompt_ids)} tokens) plus max_new_tokens={n_new} "
                 f"exceeds max_positions={self.max_positions}"
             )
-        rng = np.random.Generator(np.random.PCG64(seed))
+        # greedy decoding draws nothing: numpy.random (and the libcrypto its import loads,
+        # about 5 MB of memory) is imported only to sample
+        rng = np.random.Generator(np.random.PCG64(seed)) if temp > 0 else None
         holder: list = []
         gen = self._generate_iter(
             prompt_ids, n_new, temp, k, p, rng, stop_ids, stop_strs, capacity, holder
@@ -811,13 +813,18 @@ class Model:
     def _generate_iter(self, prompt_ids, n_new, temp, k, p, rng, stop_ids, stop_strs, capacity,
                        holder):  # fmt: skip
         from exactblocks import _ext
+        from exactblocks.transformer.session import TransformerDecodeSession
 
         exp = _ext.core().elementwise
         res = GenerateOutput(prompt_ids=list(prompt_ids))
         detok = _Detokenizer(self.tokenizer, stop_strs) if self.tokenizer is not None else None
         state = self.allocate_state(1, None if self._is_mamba else capacity)
+        # The layers run one after another, so their sessions share one scratch workspace
+        # (one per layer held ~1.6 MB each after a SmolLM2 prompt: 30 layers, 47 MB of peak
+        # memory); the sessions claim the states, which this generation alone uses.
+        ws = _ext.core().Workspace()
         sessions = [
-            None if rec else blk.decode_session(st)
+            None if rec else TransformerDecodeSession._open_claim(blk, st, "Model.generate", ws)
             for blk, st, rec in zip(self._blocks, state.layers, self._recurrent)
         ]
         try:
