@@ -82,6 +82,11 @@ def make_impl(
     # block keeps: the small tensors and the packed matrices rebuilt one at a time with the
     # kernels' own operations, which are the weights given, bit for bit (tests/unit/
     # test_compact.py). GGUF blocks would otherwise be dequantised only to be hashed.
+    if set(resident) != set(weights):  # every weight must be kept to be hashed later
+        raise RuntimeError(
+            f"{class_name}: internal error: weights {sorted(set(weights) - set(resident))} "
+            "are neither kept nor packed"
+        )
     options = options_repr(table, opts)
     arithmetic = str(core_mod.arithmetic_version())
     impl.fp = LazyFingerprint(lambda: fingerprint(class_name, arithmetic, options, resident))
