@@ -19,8 +19,6 @@ import pytest
 
 import exactblocks
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 @pytest.fixture(scope="module")
 def smollm2_path():
@@ -62,7 +60,9 @@ def test_greedy_generate_from_gguf_imports_and_hashes_nothing_extra(smollm2_path
     nor numpy.random (libcrypto), and compute no fingerprint; the tokens are those of a model
     whose fingerprints are read, and the file is unchanged (its pages were only dropped)."""
     before = _sha256(smollm2_path)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "src"), ROOT])}
+    src = os.path.dirname(os.path.dirname(exactblocks.__file__))  # the exactblocks under test
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     res = subprocess.run(
         [sys.executable, "-c", _CHILD, smollm2_path],
         capture_output=True,
