@@ -96,7 +96,11 @@ def _hf_llama(path: str, rec: Recorder, name: str):
             eos_token_id=config["eos_token_id"],
         )
         hf_model = LlamaForCausalLM(cfg)
-        sd = {k: torch.from_numpy(v) for k, v in hf_state_dict(layers, top).items()}
+        # (the file's F32 tensors come read-only: torch wants writable arrays, a copy each)
+        sd = {
+            k: torch.from_numpy(np.require(v, requirements="W"))
+            for k, v in hf_state_dict(layers, top).items()
+        }
         hf_model.load_state_dict(sd, strict=True)
         return hf_model.eval(), config["eos_token_id"]
     except Exception as exc:  # noqa: BLE001
