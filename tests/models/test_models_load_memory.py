@@ -179,3 +179,21 @@ def test_lean_reader_tables_equal_gguf_py():
         int(gguf.GGMLQuantizationType.F32),
         int(gguf.GGMLQuantizationType.F16),
     )
+
+
+def test_tokenizer_vocabulary_fast_path_and_respelling():
+    """GGUFTokenizer maps a vocabulary spelled in GPT-2's byte alphabet as it is (one dict
+    build), and re-spells a token written otherwise byte by byte (here '€', UTF-8 e2 82 ac,
+    whose byte-alphabet spelling is 'âĤ¬': 0x82 is not printable, GPT-2 maps it
+    to U+0124); a merge that is not two tokens is named."""
+    pytest.importorskip("tokenizers")
+    from exactblocks.tokenizer import GGUFTokenizer
+
+    plain = GGUFTokenizer(["a", "b", "ab", "Ġa"], ["a b"])
+    assert plain._tok.get_vocab() == {"a": 0, "b": 1, "ab": 2, "Ġa": 3}
+    assert plain.encode("ab") == [2]
+    mixed = GGUFTokenizer(["a", "b", "ab", "€"], ["a b"])
+    assert mixed._tok.get_vocab() == {"a": 0, "b": 1, "ab": 2, "âĤ¬": 3}
+    assert mixed.decode([3, 2]) == "€ab"
+    with pytest.raises(ValueError, match=r"merges\[1\]='a b ab' is not two tokens"):
+        GGUFTokenizer(["a", "b", "ab"], ["a b", "a b ab"])
