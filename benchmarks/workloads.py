@@ -38,6 +38,7 @@ WORKLOAD_NAMES = (
     "llama1b-layer-bf16",
     "mamba2-layer",
     "smollm2-model",
+    "gemma3-model",
 )
 
 

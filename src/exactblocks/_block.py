@@ -19,7 +19,13 @@ import numpy as np
 from . import _ext
 from ._options import options_repr, public_values
 from ._validation import check_finite, check_lengths, check_tokens, format_shape
-from ._weights import QuantizedMatrix, ResidentWeights, fingerprint
+from ._weights import (
+    LazyFingerprint,
+    QuantizedMatrix,
+    ResidentWeights,
+    fingerprint,
+    same_fingerprint,
+)
 
 __all__ = ["BlockCommon", "Impl", "make_impl"]
 
@@ -31,10 +37,16 @@ class Impl:
     what the weights gave; ``weights``: the canonical weights (short names) as a
     :class:`~exactblocks._weights.ResidentWeights` (small tensors as read-only float32, projection
     matrices rebuilt from the core's packed form on access: no float32 copy is kept);
-    ``core``: the compiled block.
+    ``core``: the compiled block; ``fp``: its :class:`~exactblocks._weights.LazyFingerprint`
+    (``fingerprint`` is its string, computed on first read).
     """
 
-    __slots__ = ("raw", "opts", "sizes", "weights", "fingerprint", "core")
+    __slots__ = ("raw", "opts", "sizes", "weights", "fp", "core")
+
+    @property
+    def fingerprint(self) -> str:
+        """str: The configuration's fingerprint (computed on first read)."""
+        return self.fp.value
 
 
 def make_impl(
@@ -46,8 +58,8 @@ def make_impl(
     ``weights`` maps short names to checked float32 arrays or
     :class:`~exactblocks._weights.QuantizedMatrix` (projection matrices); ``layout`` maps each
     projection matrix's name to ``(packed matrix, first row, end row)`` in the core. The block
-    keeps the small tensors and the core; the fingerprint hashes the float32 bytes of every
-    weight, a GGUF matrix's rebuilt from the core one tensor at a time.
+    keeps the small tensors and the core; the fingerprint (computed on first read) hashes the
+    float32 bytes of every weight, the packed ones rebuilt from the core one tensor at a time.
     """
     impl = Impl()
     impl.raw = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in raw.items()}
@@ -65,30 +77,20 @@ def make_impl(
               if n in weights}  # fmt: skip
     resident = ResidentWeights({n: a for n, a in f32.items() if n not in packed}, packed, impl.core)
     impl.weights = resident
-    # float32 arrays in hand are hashed as they are; GGUF matrices as dequantised from their
-    # blocks, one at a time (the values the core packed, bit for bit: tests/unit/test_compact.py)
-    hashed = _HashView(f32, weights, list(weights))
-    impl.fingerprint = fingerprint(
-        class_name, str(core_mod.arithmetic_version()), options_repr(table, opts), hashed
-    )
+    # The fingerprint hashes the float32 bytes of every weight: computed when first read (a
+    # state of this block is recognised by identity, see _check_fingerprint), from what the
+    # block keeps: the small tensors and the packed matrices rebuilt one at a time with the
+    # kernels' own operations, which are the weights given, bit for bit (tests/unit/
+    # test_compact.py). GGUF blocks would otherwise be dequantised only to be hashed.
+    if set(resident) != set(weights):  # every weight must be kept to be hashed later
+        raise RuntimeError(
+            f"{class_name}: internal error: weights {sorted(set(weights) - set(resident))} "
+            "are neither kept nor packed"
+        )
+    options = options_repr(table, opts)
+    arithmetic = str(core_mod.arithmetic_version())
+    impl.fp = LazyFingerprint(lambda: fingerprint(class_name, arithmetic, options, resident))
     return impl
-
-
-class _HashView(Mapping):
-    """The weights as the fingerprint reads them: one tensor at a time."""
-
-    def __init__(self, f32: dict, weights, names: list):
-        self._f32, self._weights, self._names = f32, weights, names
-
-    def __getitem__(self, name):
-        a = self._f32.get(name)
-        return a if a is not None else self._weights[name].dequantize()
-
-    def __iter__(self):
-        return iter(self._names)
-
-    def __len__(self):
-        return len(self._names)
 
 
 class BlockCommon:
@@ -156,8 +158,9 @@ class BlockCommon:
 
     @staticmethod
     def _check_fingerprint(impl, state, where: str) -> None:
-        """The state was allocated by a block of this configuration."""
-        if state.fingerprint != impl.fingerprint:
+        """The state was allocated by a block of this configuration (the same fingerprint
+        object: nothing is computed; else the same digest)."""
+        if not same_fingerprint(state._fingerprint, impl.fp):
             raise ValueError(
                 f"{where}: state belongs to another block or configuration (state "
                 f"fingerprint {state.fingerprint}, block fingerprint "

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import _ext
 from ._validation import check_int, check_state_buffers
+from ._weights import LazyFingerprint, fingerprint_value
 
 __all__ = ["SNAPSHOT_TIMEOUT", "StateBase"]
 
@@ -36,7 +37,7 @@ class StateBase:
     ``_buffer_shapes()``.
     """
 
-    __slots__ = ("row_tokens", "fingerprint", "_lock", "__weakref__")
+    __slots__ = ("row_tokens", "_fingerprint", "_lock", "__weakref__")
     _MADE_BY = ""
     _BUFFERS: tuple[str, ...] = ()
     _ASSIGN_HINT = ""
@@ -50,9 +51,12 @@ class StateBase:
 
     # -- construction (allocate_state and unpickling only) ------------------------------------
     @classmethod
-    def _new(cls, token, fingerprint: str, row_tokens=None, **ints):
+    def _new(cls, token, fingerprint, row_tokens=None, **ints):
         """Return a state with its lock, ``row_tokens``, fingerprint and the given int attributes
-        (``batch_size`` among them); the subclass then sets its buffers."""
+        (``batch_size`` among them); the subclass then sets its buffers. ``fingerprint`` is a
+        str (unpickling) or the allocating block's
+        :class:`~exactblocks._weights.LazyFingerprint`, kept as it is so that the block
+        recognises its state without computing the digest."""
         if token is not _PRIVATE:
             raise TypeError(f"{cls.__name__}: states are made by {cls._MADE_BY}")
         self = object.__new__(cls)
@@ -61,7 +65,9 @@ class StateBase:
         object.__setattr__(
             self, "row_tokens", cls._buffer(row_tokens, (self.batch_size,), np.int64)
         )
-        object.__setattr__(self, "fingerprint", str(fingerprint))
+        if not isinstance(fingerprint, LazyFingerprint):
+            fingerprint = str(fingerprint)
+        object.__setattr__(self, "_fingerprint", fingerprint)
         # The native lock: `with state._lock.claim(msg)` (calls, reset: refuse when busy) and
         # `with state._lock.hold(where, timeout)` (snapshots: wait, bounded). Its __enter__ and
         # __exit__ are native, so no exception raised by a signal handler can leak it.
@@ -77,6 +83,11 @@ class StateBase:
 
     def _buffer_shapes(self) -> dict:  # pragma: no cover - every subclass defines it
         raise NotImplementedError
+
+    @property
+    def fingerprint(self) -> str:
+        """str: Fingerprint of the allocating block (32 hexadecimal digits)."""
+        return fingerprint_value(self._fingerprint)
 
     # -- read-only attributes -----------------------------------------------------------------
     def __setattr__(self, name, value):
@@ -97,19 +108,24 @@ class StateBase:
         once when this thread itself is inside a call on the state)."""
         return self._lock.hold(where, SNAPSHOT_TIMEOUT)
 
-    def __reduce__(self):
+    def _snapshot_args(self, *, pickling: bool) -> tuple:
         # Copies taken under the lock: the pickler reads what __reduce__ returns after it
-        # returns, and a call of another thread must not write into it meanwhile.
+        # returns, and a call of another thread must not write into it meanwhile. A copy in
+        # this process keeps the fingerprint object (nothing computed); a pickle holds its str.
         with self._snapshot(f"{type(self).__name__} (pickle or copy)"):
-            args = tuple(
+            return tuple(
                 np.array(v, copy=True) if isinstance(v, np.ndarray) else v
-                for v in (getattr(self, n) for n in self._PICKLED)
+                for v in (
+                    getattr(self, "_fingerprint" if n == "fingerprint" and not pickling else n)
+                    for n in self._PICKLED
+                )
             )
-        return (type(self)._restore, args)
+
+    def __reduce__(self):
+        return (type(self)._restore, self._snapshot_args(pickling=True))
 
     def __copy__(self):
-        fn, args = self.__reduce__()
-        return fn(*args)
+        return type(self)._restore(*self._snapshot_args(pickling=False))
 
     def __deepcopy__(self, memo):
         return self.__copy__()

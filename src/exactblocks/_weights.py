@@ -13,6 +13,7 @@ does not: a particular block's table and shape checks (``transformer/weights.py`
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ import xxhash
 from ._validation import check_array, check_finite, describe_type
 
 __all__ = [
+    "LazyFingerprint",
     "Presence",
     "QuantizedMatrix",
     "ResidentWeights",
@@ -31,8 +33,10 @@ __all__ = [
     "check_weight",
     "expected_names",
     "fingerprint",
+    "fingerprint_value",
     "packed_layout",
     "resolve_names",
+    "same_fingerprint",
     "used_with",
 ]
 
@@ -502,3 +506,65 @@ def fingerprint(
         h.update(arr.nbytes.to_bytes(8, "little"))
         h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
     return h.hexdigest()
+
+
+class LazyFingerprint:
+    """A fingerprint computed the first time it is read, then kept.
+
+    Building a block or a model from GGUF blocks would otherwise dequantise every weight only
+    to hash it: for SmolLM2-135M about 0.45 s, half of the load time, for a value that only
+    pickling, ``repr``-style inspection and a state of *another* block or model ever need.
+    States hold their block's (or model's) ``LazyFingerprint`` object itself, so the check
+    that a state belongs to a block is an identity test and computes nothing
+    (:func:`same_fingerprint`); the digest is computed only when a string is asked for.
+
+    Parameters
+    ----------
+    compute : callable
+        ``compute() -> str``, called at most once (under a lock: concurrent first reads wait
+        for the one computation) and then dropped, with everything it referenced.
+
+    Notes
+    -----
+    The value is the same whenever it is computed: ``compute`` reads what the block or model
+    keeps (the packed weights, rebuilt bit for bit), never something the caller can change.
+    """
+
+    __slots__ = ("_value", "_compute", "_lock")
+
+    def __init__(self, compute: Callable[[], str]):
+        self._value: str | None = None
+        self._compute = compute
+        self._lock = threading.Lock()
+
+    @property
+    def value(self) -> str:
+        """str: The 32 hexadecimal digits (computed on the first read)."""
+        value = self._value
+        if value is None:
+            with self._lock:
+                if self._value is None:
+                    self._value = str(self._compute())
+                    self._compute = None
+                value = self._value
+        return value
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"LazyFingerprint({self._value or 'not computed yet'})"
+
+
+def fingerprint_value(fp) -> str:
+    """The string of a fingerprint given as a str or a :class:`LazyFingerprint`."""
+    return fp.value if isinstance(fp, LazyFingerprint) else str(fp)
+
+
+def same_fingerprint(a, b) -> bool:
+    """Whether two fingerprints (str or :class:`LazyFingerprint`) are equal.
+
+    The same object is equal without computing anything (a state checked against the block
+    that allocated it); otherwise both digests are compared.
+    """
+    return a is b or fingerprint_value(a) == fingerprint_value(b)

@@ -142,6 +142,8 @@ def open_gguf(path: Any = None):
     TypeError
         If ``path`` is none of the accepted types.
     """
+    if isinstance(path, GGUFFile):  # (without importing gguf)
+        return path
     try:
         import gguf
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -149,7 +151,7 @@ def open_gguf(path: Any = None):
             "open_gguf: reading GGUF files needs the `gguf` package; install it with "
             "`pip install gguf` (or `pip install exactblocks[demo]`)"
         ) from exc
-    if isinstance(path, (gguf.GGUFReader, GGUFFile)):
+    if isinstance(path, gguf.GGUFReader):
         return path
     if path is None:
         path = default_smollm2_path()
@@ -163,10 +165,27 @@ def open_gguf(path: Any = None):
     return gguf.GGUFReader(path)
 
 
+# GGUF metadata value types (the GGUF specification, ggml docs/gguf.md,
+# ``gguf_metadata_value_type``; gguf-py's ``GGUFValueType``): type code -> struct format of the
+# numeric ones. 8 = STRING, 9 = ARRAY.
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+                 10: "<Q", 11: "<q", 12: "<d"}  # fmt: skip
+_GGUF_STRING, _GGUF_ARRAY, _GGUF_BOOL = 8, 9, 7
+
+# ggml tensor types -> (weights per block, bytes per block), ggml.c ``type_traits`` (gguf-py's
+# ``GGML_QUANT_SIZES``), for the types read without the ``gguf`` package: F32, F16, BF16 and the
+# block types the core packs or that published GGUFs use. Any other type is looked up in
+# ``gguf.GGML_QUANT_SIZES``.
+_GGML_SIZES = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24),
+               8: (32, 34), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176),
+               14: (256, 210), 30: (1, 2)}  # fmt: skip
+_GGML_F32, _GGML_F16 = 0, 1
+
+
 class _LeanField:
     """One metadata field of :class:`GGUFFile`: its Python value (``types``/``data`` mimic the
-    parts of ``gguf.ReaderField`` that callers read: the value types and, for an array, its
-    elements)."""
+    parts of ``gguf.ReaderField`` that callers read: the value type codes and, for an array,
+    its elements)."""
 
     __slots__ = ("value", "types", "data")
 
@@ -177,12 +196,24 @@ class _LeanField:
 
 
 class _LeanTensor:
-    """One tensor of :class:`GGUFFile` (``gguf.ReaderTensor``'s name, tensor_type, shape, data)."""
+    """One tensor of :class:`GGUFFile` (``gguf.ReaderTensor``'s name, tensor_type, shape, data).
 
-    __slots__ = ("name", "tensor_type", "shape", "data")
+    ``ggml_type`` is the type code (int); ``tensor_type`` the same as a
+    ``gguf.GGMLQuantizationType`` (importing ``gguf`` on first use: this package's own readers
+    use the code, so loading a model of the directly packed types never imports it).
+    """
 
-    def __init__(self, name, tensor_type, shape, data):
-        self.name, self.tensor_type, self.shape, self.data = name, tensor_type, shape, data
+    __slots__ = ("name", "ggml_type", "shape", "data")
+
+    def __init__(self, name, ggml_type, shape, data):
+        self.name, self.ggml_type, self.shape, self.data = name, ggml_type, shape, data
+
+    @property
+    def tensor_type(self):
+        """gguf.GGMLQuantizationType: The tensor's type."""
+        import gguf
+
+        return gguf.GGMLQuantizationType(self.ggml_type)
 
 
 class GGUFFile:
@@ -194,7 +225,9 @@ class GGUFFile:
     250 000 for SmolLM2: seconds, and ~160 MB); here the header is parsed once with
     ``struct`` into plain values, and each tensor's data is a view of the file's read-only
     ``np.memmap`` (nothing is read until a consumer touches it), shaped as ``GGUFReader``
-    shapes it (float arrays for F32/F16, ``(rows, row_bytes)`` uint8 for block types).
+    shapes it (float arrays for F32/F16, ``(rows, row_bytes)`` uint8 for block types). The
+    ``gguf`` package itself is imported only for a tensor type outside the common ones (its
+    import costs about 5 MB of memory and 0.1 s: it pulls in sentencepiece and yaml).
 
     Parameters
     ----------
@@ -210,91 +243,99 @@ class GGUFFile:
     def __init__(self, path):
         import struct
 
-        import gguf
-
         self.path = os.fspath(path)
         self.data = np.memmap(self.path, dtype=np.uint8, mode="r")
-        buf = memoryview(self.data)
+        raw = self.data._mmap  # slices of the mmap object are bytes: no NumPy per string
         size = len(self.data)
         pos = 0
+        truncated = f"GGUFFile: {self.path!r} is truncated (header past the end)"
+        u64 = struct.Struct("<Q").unpack_from
 
         def need(n):
             if pos + n > size:
-                raise ValueError(f"GGUFFile: {self.path!r} is truncated (header past the end)")
+                raise ValueError(truncated)
 
         def unpack(fmt):
             nonlocal pos
             n = struct.calcsize(fmt)
             need(n)
-            out = struct.unpack_from(fmt, buf, pos)
+            out = struct.unpack_from(fmt, raw, pos)
             pos += n
             return out
 
         def string():
             nonlocal pos
-            (n,) = unpack("<Q")
-            need(n)
-            out = bytes(buf[pos : pos + n]).decode("utf-8", errors="replace")
-            pos += n
+            need(8)
+            (n,) = u64(raw, pos)
+            need(8 + n)
+            out = raw[pos + 8 : pos + 8 + n].decode("utf-8", errors="replace")
+            pos += 8 + n
             return out
 
-        if bytes(buf[:4]) != b"GGUF":
+        def strings(count):
+            """``count`` strings: the vocabulary and merges (10^5 of them), a tight loop."""
+            nonlocal pos
+            items = []
+            append, p = items.append, pos
+            try:
+                for _ in range(count):
+                    (n,) = u64(raw, p)
+                    s = p + 8
+                    p = s + n
+                    append(raw[s:p].decode("utf-8", errors="replace"))
+            except struct.error:  # a length past the end of the file
+                raise ValueError(truncated) from None
+            if p > size:  # a slice past the end comes back short: checked once, at the end
+                raise ValueError(truncated)
+            pos = p
+            return items
+
+        if raw[:4] != b"GGUF":
             raise ValueError(f"GGUFFile: {self.path!r} is not a GGUF file (no GGUF magic)")
         pos = 4
         version, n_tensors, n_kv = unpack("<IQQ")
         if version not in (2, 3):
             raise ValueError(f"GGUFFile: {self.path!r} is GGUF version {version}; 2 or 3 is read")
-        vt = gguf.GGUFValueType
-        scalar = {vt.UINT8: "<B", vt.INT8: "<b", vt.UINT16: "<H", vt.INT16: "<h",
-                  vt.UINT32: "<I", vt.INT32: "<i", vt.FLOAT32: "<f", vt.BOOL: "<?",
-                  vt.UINT64: "<Q", vt.INT64: "<q", vt.FLOAT64: "<d"}  # fmt: skip
 
-        def value(kind):
-            nonlocal pos
-            if kind == vt.STRING:
-                return string()
-            fmt = scalar.get(kind)
-            if fmt is None:
-                raise ValueError(f"GGUFFile: {self.path!r}: unknown value type {int(kind)}")
-            return unpack(fmt)[0]
+        def kind_of(key, code):
+            if code not in _GGUF_SCALARS and code not in (_GGUF_STRING, _GGUF_ARRAY):
+                raise ValueError(
+                    f"GGUFFile: {self.path!r}: field {key!r} has unknown value type {code}"
+                )
+            return code
 
         self.fields: dict = {  # GGUFReader's pseudo-fields of the header
-            "GGUF.version": _LeanField(version, [vt.UINT32]),
-            "GGUF.tensor_count": _LeanField(n_tensors, [vt.UINT64]),
-            "GGUF.kv_count": _LeanField(n_kv, [vt.UINT64]),
+            "GGUF.version": _LeanField(version, [4]),
+            "GGUF.tensor_count": _LeanField(n_tensors, [10]),
+            "GGUF.kv_count": _LeanField(n_kv, [10]),
         }
         for _ in range(n_kv):
             key = string()
             (kind,) = unpack("<I")
-            kind = vt(kind)
-            if kind == vt.ARRAY:
+            kind = kind_of(key, kind)
+            if kind == _GGUF_ARRAY:
                 (sub,) = unpack("<I")
                 (count,) = unpack("<Q")
-                sub = vt(sub)
-                fmt = scalar.get(sub)
+                sub = kind_of(key, sub)
+                fmt = _GGUF_SCALARS.get(sub)
                 if fmt is not None:  # a numeric array: one frombuffer
                     width = struct.calcsize(fmt)
                     need(width * count)
-                    arr = np.frombuffer(buf, np.dtype(fmt), count, pos)
+                    arr = np.frombuffer(raw, np.dtype(fmt), count, pos)
                     pos += width * count
-                    items = [bool(v) for v in arr] if sub == vt.BOOL else arr.tolist()
-                elif sub == vt.STRING:  # the vocabulary and merges: a tight loop
-                    items = []
-                    raw, u64 = self.data._mmap, struct.Struct("<Q").unpack_from
-                    for _ in range(count):
-                        need(8)
-                        (n,) = u64(raw, pos)
-                        items.append(raw[pos + 8 : pos + 8 + n].decode("utf-8", errors="replace"))
-                        pos += 8 + n
-                    need(0)
+                    items = [bool(v) for v in arr] if sub == _GGUF_BOOL else arr.tolist()
+                elif sub == _GGUF_STRING:
+                    items = strings(count)
                 else:
                     raise ValueError(
                         f"GGUFFile: {self.path!r}: field {key!r} is an array of type {int(sub)}, "
                         "which is not read"
                     )
                 self.fields[key] = _LeanField(items, [kind, sub])
+            elif kind == _GGUF_STRING:
+                self.fields[key] = _LeanField(string(), [kind])
             else:
-                self.fields[key] = _LeanField(value(kind), [kind])
+                self.fields[key] = _LeanField(unpack(_GGUF_SCALARS[kind])[0], [kind])
 
         infos = []
         for _ in range(n_tensors):
@@ -312,8 +353,17 @@ class GGUFFile:
             if name in seen:
                 raise ValueError(f"GGUFFile: {self.path!r} holds tensor {name!r} twice")
             seen.add(name)
-            qtype = gguf.GGMLQuantizationType(kind)
-            block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+            sizes = _GGML_SIZES.get(kind)
+            if sizes is None:  # a rarer type: gguf's table (raises for an unknown code)
+                import gguf
+
+                try:
+                    sizes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
+                except (ValueError, KeyError):
+                    raise ValueError(
+                        f"GGUFFile: {self.path!r}: tensor {name!r} has unknown type {kind}"
+                    ) from None
+            block, type_size = sizes
             n_elems = int(np.prod(dims, dtype=np.int64)) if dims else 1
             n_bytes = n_elems * type_size // block
             begin = start + offset
@@ -323,16 +373,14 @@ class GGUFFile:
                     f"[{begin}, {begin + n_bytes}) but the file has {size}"
                 )
             shape = tuple(reversed(dims))
-            raw = self.data[begin : begin + n_bytes]
-            plain = {
-                gguf.GGMLQuantizationType.F32: np.float32,
-                gguf.GGMLQuantizationType.F16: np.float16,
-            }.get(qtype)
-            if plain is not None:
-                data = raw.view(plain).reshape(shape)
+            data = self.data[begin : begin + n_bytes]
+            if kind == _GGML_F32:
+                data = data.view(np.float32).reshape(shape)
+            elif kind == _GGML_F16:
+                data = data.view(np.float16).reshape(shape)
             else:
-                data = raw.reshape(*shape[:-1], shape[-1] // block * type_size)
-            self.tensors.append(_LeanTensor(name, qtype, np.array(dims, np.uint64), data))
+                data = data.reshape(*shape[:-1], shape[-1] // block * type_size)
+            self.tensors.append(_LeanTensor(name, kind, np.array(dims, np.uint64), data))
 
     def release(self) -> None:
         """Drop the file's pages from this process's resident set (``MADV_DONTNEED``).
@@ -381,17 +429,17 @@ def gguf_field(reader, key: str, default: Any = _MISSING) -> Any:
     KeyError
         If the field is absent and no default is given.
     """
-    import gguf
-
     field = reader.fields.get(key)
     if field is None:
         if default is _MISSING:
             raise KeyError(f"gguf_field: the GGUF file has no metadata field {key!r}")
         return default
-    if isinstance(field, _LeanField):
-        if len(field.types) > 1 and field.types[1] == gguf.GGUFValueType.ARRAY:
+    if isinstance(field, _LeanField):  # (GGUFFile: without importing gguf)
+        if len(field.types) > 1 and field.types[1] == _GGUF_ARRAY:
             raise ValueError(f"gguf_field: field {key!r} is a nested array, which is not supported")
         return list(field.value) if isinstance(field.value, list) else field.value
+    import gguf
+
     vt = gguf.GGUFValueType
     kinds = list(field.types)
 
@@ -543,15 +591,19 @@ def _dequantize(tensor, direct: bool = False):
     dequantised or copied), and an F32 tensor as a read-only view of the map (its consumer
     copies what it keeps).
     """
-    import gguf
-
     expect = tuple(int(n) for n in reversed(list(tensor.shape)))
-    kind = int(tensor.tensor_type)
+    # (a GGUFFile tensor's type code is read without importing gguf)
+    kind = tensor.ggml_type if isinstance(tensor, _LeanTensor) else int(tensor.tensor_type)
     if direct and len(expect) == 2 and kind in _DIRECT_TYPES:
         from exactblocks._weights import QuantizedMatrix
 
         return QuantizedMatrix(kind, tensor.data, expect)
-    w = gguf.dequantize(tensor.data, tensor.tensor_type)
+    if kind == _GGML_F32 and isinstance(tensor, _LeanTensor):
+        w = tensor.data  # float32 already: gguf.dequantize returns this view too
+    else:
+        import gguf
+
+        w = gguf.dequantize(tensor.data, tensor.tensor_type)
     if np.may_share_memory(w, tensor.data):  # F32 tensors come back as views of the memory map
         w = w.view() if direct else np.array(w, dtype=np.float32, order="C", copy=True)
         w.flags.writeable = False

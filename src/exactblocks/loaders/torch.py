@@ -122,6 +122,7 @@ class ArraySource(Mapping):
 
     def __init__(self, arrays, origin: str, release=None):
         self._a = dict(arrays)
+        self._shapes: dict = {}  # of forgotten arrays
         self.origin = origin
         self._release = release
 
@@ -130,8 +131,25 @@ class ArraySource(Mapping):
         if self._release is not None:
             self._release()
 
+    def forget(self, names) -> None:
+        """Drop the arrays of ``names`` (the model builder calls it once a layer is built, so
+        arrays the source owns, such as GGUF's un-permuted q/k blocks, are freed as it goes;
+        the names stay listed, with their shapes, but cannot be read again).
+
+        Parameters
+        ----------
+        names : iterable of str
+        """
+        for name in names:
+            if name in self._a:
+                self._shapes[name] = self.shape(name)
+                self._a[name] = None
+
     def __getitem__(self, name: str) -> np.ndarray:
-        return self._a[name]
+        value = self._a[name]
+        if value is None:
+            raise KeyError(f"ArraySource: {name!r} was forgotten after its layer was built")
+        return value
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._a)
@@ -139,8 +157,13 @@ class ArraySource(Mapping):
     def __len__(self) -> int:
         return len(self._a)
 
+    def __contains__(self, name) -> bool:
+        return name in self._a
+
     def shape(self, name: str) -> tuple:
         """Shape of array ``name`` (tuple of int)."""
+        if name in self._shapes:
+            return self._shapes[name]
         return tuple(int(s) for s in self._a[name].shape)
 
     def where(self, name: str) -> str:
@@ -149,4 +172,5 @@ class ArraySource(Mapping):
 
     def same_storage(self, a: str, b: str) -> bool:
         """Whether ``a`` and ``b`` are the same array (a tied head)."""
-        return self._a[a] is self._a[b]
+        x = self._a[a]
+        return x is not None and x is self._a[b]

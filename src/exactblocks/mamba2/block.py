@@ -306,7 +306,7 @@ class Mamba2BlockInference(BlockCommon):
                 n_groups=s["n_groups"],
                 conv_dim=s["conv_dim"],
                 conv_kernel=s["conv_kernel"],
-                fingerprint=self._impl.fingerprint,
+                fingerprint=self._impl.fp,  # the object: its state is recognised by identity
             )
         except MemoryError:
             raise MemoryError(

@@ -32,6 +32,8 @@ import xxhash
 from exactblocks._validation import check_choice
 from exactblocks.sampling import Detokenizer, pick_token
 
+from .._weights import LazyFingerprint, fingerprint_value, same_fingerprint
+
 __all__ = ["GenerateOutput", "GenerationStream", "Model", "ModelState"]
 
 _PRIVATE = object()
@@ -98,7 +100,7 @@ class ModelState:
     marked inconsistent and refused until :meth:`reset` clears them.
     """
 
-    __slots__ = ("layers", "batch_size", "max_tokens", "fingerprint", "_lock", "_broken")
+    __slots__ = ("layers", "batch_size", "max_tokens", "_fingerprint", "_lock", "_broken")
 
     def __init__(self, *args, **kwargs):
         raise TypeError(
@@ -115,13 +117,20 @@ class ModelState:
         s(self, "layers", tuple(layers))
         s(self, "batch_size", int(batch_size))
         s(self, "max_tokens", None if max_tokens is None else int(max_tokens))
-        s(self, "fingerprint", str(fingerprint))
+        if not isinstance(fingerprint, LazyFingerprint):  # the model's object, or a str
+            fingerprint = str(fingerprint)
+        s(self, "_fingerprint", fingerprint)
         s(self, "_lock", threading.Lock())
         s(self, "_broken", set(broken))
         return self
 
     def __setattr__(self, name, value):
         raise AttributeError(f"ModelState: attribute {name!r} cannot be assigned")
+
+    @property
+    def fingerprint(self) -> str:
+        """str: The allocating model's fingerprint (32 hexadecimal digits)."""
+        return fingerprint_value(self._fingerprint)
 
     @property
     def row_tokens(self) -> np.ndarray:
@@ -179,7 +188,7 @@ class ModelState:
             [copy.copy(st) for st in self.layers],
             self.batch_size,
             self.max_tokens,
-            self.fingerprint,
+            self._fingerprint,
             self._broken,
         )
 
@@ -364,22 +373,18 @@ class Model:
         self._recurrent = tuple(isinstance(b, Mamba2BlockInference) for b in self._blocks)
         scale = getattr(spec, "embed_scale", None)
         self._embed_scale = None if scale is None else np.float32(scale)
-        h = xxhash.xxh3_128()
-        for part in (b"exactblocks-model-1", repr(spec).encode()):
-            h.update(len(part).to_bytes(8, "little"))
-            h.update(part)
-        for blk in self._blocks:
-            h.update(blk.fingerprint.encode())
-        for arr in head_bytes:
-            h.update(arr.nbytes.to_bytes(8, "little"))
-            if isinstance(arr, _HeadRows):  # the packed head's float32 rows, a slice at a time
-                for chunk in arr.chunks():
-                    h.update(memoryview(chunk).cast("B"))
-            else:
-                h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
-        self.fingerprint = h.hexdigest()
+        # Computed on first read (states of this model hold the object and are recognised by
+        # identity): hashing the blocks and the 49k-row head rebuilt from its packed form is
+        # most of a small model's load time otherwise.
+        blocks = self._blocks  # (not self: no reference cycle through the closure)
+        self._fingerprint = LazyFingerprint(lambda: _model_fingerprint(spec, blocks, head_bytes))
 
     config = property(lambda self: self._config, doc="Mapping: the HF-style config (read-only).")
+    fingerprint = property(
+        lambda self: self._fingerprint.value,
+        doc="str: 32 hex digits over the family, spec, block fingerprints and head weights "
+        "(computed on first read).",
+    )
     blocks = property(lambda self: list(self._blocks), doc="list: the blocks, in layer order.")
 
     def __repr__(self) -> str:
@@ -447,7 +452,7 @@ class Model:
                 blk.allocate_state(b) if rec else blk.allocate_state(b, m)
                 for blk, rec in zip(self._blocks, self._recurrent)
             ]
-        return ModelState._make(_PRIVATE, layers, b, m, self.fingerprint)
+        return ModelState._make(_PRIVATE, layers, b, m, self._fingerprint)
 
     def _check_state(self, state, batch: int, where: str) -> None:
         if not isinstance(state, ModelState):
@@ -455,7 +460,7 @@ class Model:
                 f"{where}: state must be a ModelState from Model.allocate_state; got "
                 f"{type(state).__name__}"
             )
-        if state.fingerprint != self.fingerprint:
+        if not same_fingerprint(state._fingerprint, self._fingerprint):
             raise ValueError(
                 f"{where}: state belongs to another model (fingerprint {state.fingerprint}, "
                 f"this model's is {self.fingerprint})"
@@ -780,7 +785,9 @@ class Model:
                 f"{where}: the prompt ({len(prompt_ids)} tokens) plus max_new_tokens={n_new} "
                 f"exceeds max_positions={self.max_positions}"
             )
-        rng = np.random.Generator(np.random.PCG64(seed))
+        # greedy decoding draws nothing: numpy.random (and the libcrypto its import loads,
+        # about 5 MB of memory) is imported only to sample
+        rng = np.random.Generator(np.random.PCG64(seed)) if temp > 0 else None
         holder: list = []
         gen = self._generate_iter(
             prompt_ids, n_new, temp, k, p, rng, stop_ids, stop_strs, capacity, holder
@@ -794,11 +801,18 @@ class Model:
 
     def _generate_iter(self, prompt_ids, n_new, temp, k, p, rng, stop_ids, stop_strs, capacity,
                        holder):  # fmt: skip
+        from exactblocks import _ext
+        from exactblocks.transformer.session import TransformerDecodeSession
+
         res = GenerateOutput(prompt_ids=list(prompt_ids))
         detok = Detokenizer(self.tokenizer, stop_strs) if self.tokenizer is not None else None
         state = self.allocate_state(1, None if self._is_mamba else capacity)
+        # The layers run one after another, so their sessions share one scratch workspace
+        # (one per layer held ~1.6 MB each after a SmolLM2 prompt: 30 layers, 47 MB of peak
+        # memory); the sessions claim the states, which this generation alone uses.
+        ws = _ext.core().Workspace()
         sessions = [
-            None if rec else blk.decode_session(st)
+            None if rec else TransformerDecodeSession._open_claim(blk, st, "Model.generate", ws)
             for blk, st, rec in zip(self._blocks, state.layers, self._recurrent)
         ]
         try:
@@ -841,6 +855,26 @@ class Model:
             for sess in sessions:
                 if sess is not None:
                     sess.close()
+
+
+def _model_fingerprint(spec, blocks, head_bytes) -> str:
+    """XXH3-128 of the family's spec, every block's fingerprint and the head's weights (the
+    final norm, and the head and embedding matrices as float32 rows: a packed head's rows are
+    rebuilt a slice at a time)."""
+    h = xxhash.xxh3_128()
+    for part in (b"exactblocks-model-1", repr(spec).encode()):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    for blk in blocks:
+        h.update(blk.fingerprint.encode())
+    for arr in head_bytes:
+        h.update(arr.nbytes.to_bytes(8, "little"))
+        if isinstance(arr, _HeadRows):  # the packed head's float32 rows, a slice at a time
+            for chunk in arr.chunks():
+                h.update(memoryview(chunk).cast("B"))
+        else:
+            h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
+    return h.hexdigest()
 
 
 def _eos_from(config: Mapping, generation_config: Mapping | None) -> tuple[int, ...]:

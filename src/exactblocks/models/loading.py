@@ -197,8 +197,15 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
 
 def _load_gguf(path: str, max_positions) -> Model:
     import warnings
+    from functools import partial
 
-    from exactblocks.loaders.gguf import GGUF_SPEC_CHANGES, gguf_field, load_gguf_model
+    from exactblocks.loaders.gguf import (
+        GGUF_SPEC_CHANGES,
+        GGUFFile,
+        _release_map,
+        gguf_field,
+        load_gguf_model,
+    )
     from exactblocks.loaders.torch import ArraySource
     from exactblocks.tokenizer import GGUFTokenizer
 
@@ -213,12 +220,15 @@ def _load_gguf(path: str, max_positions) -> Model:
     except ValueError as exc:  # a tokenizer kind GGUFTokenizer does not implement
         warnings.warn(f"load_model: {path!r}: no tokenizer ({exc})", stacklevel=3)
         tokenizer = None
-    release = getattr(reader, "release", None)
+    # The source keeps only the tensors and a way to drop the map's pages: the reader's
+    # metadata (vocabulary, merges: several MB of Python strings) is freed here, and each
+    # layer's tensors (q/k blocks un-permuted into fresh arrays among them) once it is built.
+    release = partial(_release_map, reader.data) if isinstance(reader, GGUFFile) else None
     changes = GGUF_SPEC_CHANGES.get(gguf_field(reader, "general.architecture"))
-    del reader
-    return build_model(cfg, ArraySource(arrays, path, release), tokenizer=tokenizer,
-                       max_positions=max_positions, origin=path,
-                       spec_changes=changes)  # fmt: skip
+    source = ArraySource(arrays, path, release)
+    del reader, arrays
+    return build_model(cfg, source, tokenizer=tokenizer, max_positions=max_positions,
+                       origin=path, spec_changes=changes)  # fmt: skip
 
 
 class _Renamed(Mapping):
@@ -386,6 +396,7 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
     head = core.OutputHead(hc, norm_w, norm_b, _core_arg(head_w))
     del head_w
     release = getattr(tensors, "release", None) or (lambda: None)
+    forget = getattr(tensors, "forget", None) or (lambda names: None)
     release()
 
     # 3. the blocks, one layer's tensors at a time
@@ -398,6 +409,7 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
         except (TypeError, ValueError) as exc:
             raise ValueError(f"load_model: layer {i} of {origin}: {exc}") from exc
         del arrays
+        forget([t.name for t in ts])  # a source holding copies (GGUF's un-permuted q/k) frees them
         release()  # a memory-mapped source drops the pages this layer was packed from
 
     head_rows = _HeadRows(head, spec.vocab_size, spec.d_model)

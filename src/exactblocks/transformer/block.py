@@ -403,7 +403,7 @@ class TransformerBlockInference(BlockCommon):
                 head_dim=hd,
                 max_tokens=m,
                 window=w,
-                fingerprint=impl.fingerprint,
+                fingerprint=impl.fp,  # the object: its state is recognised by identity
                 rope_factors=rope_set_for(impl.opts, m),
             )
         except MemoryError:

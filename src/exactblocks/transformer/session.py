@@ -61,14 +61,20 @@ class TransformerDecodeSession:
         )
 
     @classmethod
-    def _open_claim(cls, block, state: TransformerState, where: str) -> TransformerDecodeSession:
+    def _open_claim(
+        cls, block, state: TransformerState, where: str, workspace=None
+    ) -> TransformerDecodeSession:
         self = object.__new__(cls)
         object.__setattr__(self, "_block", block)
         object.__setattr__(self, "_state", state)
         object.__setattr__(self, "_is_open", True)
         # Scratch buffers kept across the session's calls: after the first step, steps of the
-        # same batch do not allocate (SPEC 6). The workspace never affects any bit.
-        object.__setattr__(self, "_workspace", _ext.core().Workspace())
+        # same batch do not allocate (SPEC 6). The workspace never affects any bit. A caller
+        # that runs several sessions strictly one after another (Model.generate: the layers of
+        # one model) may give them one workspace: a workspace serves one call at a time.
+        if workspace is None:
+            workspace = _ext.core().Workspace()
+        object.__setattr__(self, "_workspace", workspace)
         with _claim_lock:
             owner = state._open_session()
             if owner is not None:
