@@ -147,7 +147,7 @@ _CASE = """
 """
 
 
-@pytest.mark.parametrize("kind", ["transformer", "transformer_window", "mamba2"])
+@pytest.mark.parametrize("kind", ["transformer", "transformer_window", "mamba2", "model"])
 def test_long_call_stops_quickly_and_rolls_back(core, kind, request):
     folder = request.getfixturevalue("hybrid_folder") if kind == "model" else None
     code = _CASE.format(here=HERE, tests=TESTS, kind=kind, limit=LATENCY_LIMIT, folder=folder)
