@@ -22,4 +22,22 @@ Workspace* call_workspace(Workspace* given);
 inline constexpr size_t kRetainBytes = size_t{256} << 20;  // a Llama-1B 512-token prefill: ~75 MB
 void trim_workspace(Workspace* given, Workspace* used);
 
+// The workspace of one call, held for the call's duration: call_workspace(given), except that
+// when this thread's own is already held by a call further up the same thread's stack (a
+// signal handler that a poll ran, base/cancel.hpp, called into the core again), the inner call
+// gets a workspace of its own instead of growing the outer call's buffers under it.
+class CallScratch {
+ public:
+  explicit CallScratch(Workspace* given);
+  ~CallScratch();
+  CallScratch(const CallScratch&) = delete;
+  CallScratch& operator=(const CallScratch&) = delete;
+  Workspace* get() const { return ws_; }
+
+ private:
+  Workspace* ws_ = nullptr;
+  bool* held_ = nullptr;        // this thread's flag, when ws_ is this thread's own
+  Workspace* owned_ = nullptr;  // the inner call's own
+};
+
 }  // namespace eb::runtime

@@ -1,33 +1,42 @@
 // Workspace members, out of line (see workspace.hpp).
 #include "base/workspace.hpp"
 
+#include <cstring>
+
 namespace eb {
 
-namespace {
 template <class T>
-T* grow(std::vector<AlignedVector<T>>& pool, size_t slot, size_t n) {
-  if (pool.size() <= slot) pool.resize(slot + 1);
-  if (pool[slot].size() < n) pool[slot].resize(n);
-  return pool[slot].data();
+T* Workspace::grow(ScratchBuffer<T>& b, size_t n) {
+  if (b.n_ < n) {
+    T* p = static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64)));
+    if (b.n_) std::memcpy(p, b.p_, b.n_ * sizeof(T));
+    ::operator delete(b.p_, std::align_val_t(64));
+    b.p_ = p;
+    b.n_ = n;
+  }
+  return b.p_;
 }
-}  // namespace
 
 Workspace::Workspace() = default;
 Workspace::~Workspace() = default;
 
-float* Workspace::floats(size_t slot, size_t n) { return grow(f_, slot, n); }
-int64_t* Workspace::ints(size_t slot, size_t n) { return grow(i_, slot, n); }
-
-float* Workspace::op_scratch(size_t n) {
-  if (op_.size() < n) op_.resize(n);
-  return op_.empty() ? nullptr : op_.data();
+float* Workspace::floats(size_t slot, size_t n) {
+  if (f_.size() <= slot) f_.resize(slot + 1);
+  return grow(f_[slot], n);
 }
+
+int64_t* Workspace::ints(size_t slot, size_t n) {
+  if (i_.size() <= slot) i_.resize(slot + 1);
+  return grow(i_[slot], n);
+}
+
+float* Workspace::op_scratch(size_t n) { return grow(op_, n); }
 
 size_t Workspace::bytes() const {
   size_t n = 0;
-  for (const auto& v : f_) n += v.capacity() * sizeof(float);
-  for (const auto& v : i_) n += v.capacity() * sizeof(int64_t);
-  n += op_.capacity() * sizeof(float);
+  for (const auto& v : f_) n += v.size() * sizeof(float);
+  for (const auto& v : i_) n += v.size() * sizeof(int64_t);
+  n += op_.size() * sizeof(float);
   return n;
 }
 
@@ -36,8 +45,9 @@ void Workspace::release() {
   f_.shrink_to_fit();
   i_.clear();
   i_.shrink_to_fit();
-  op_.clear();
-  op_.shrink_to_fit();
+  ::operator delete(op_.p_, std::align_val_t(64));
+  op_.p_ = nullptr;
+  op_.n_ = 0;
 }
 
 }  // namespace eb

@@ -21,11 +21,14 @@
 #include <utility>
 #include <vector>
 
+#include "base/cancel.hpp"
 #include "base/check.hpp"
 #include "base/fpenv.hpp"
 #include "base/runtime.hpp"
+#include "base/undo.hpp"
 #include "base/workspace.hpp"
 #include "bindings/common.hpp"
+#include "bindings/interrupts.hpp"
 #include "blocks/mamba2/model.hpp"
 #include "blocks/transformer/model.hpp"
 #include "dispatch/kernel_table.hpp"
@@ -141,12 +144,17 @@ class StateLock {
 
 // `with lock.claim(message):` (a call: refuse at once with RuntimeError(message) when busy) or
 // `with lock.hold(where, timeout):` (a snapshot: wait, bounded).
+// `with lock.transaction(message, undo):` (a whole-model call) is a call's claim whose exit
+// also ends the undo log's transaction: an exception leaving the block rolls back every entry
+// (every layer the call wrote), otherwise they are committed (forgotten).
 struct StateClaim {
   nb::object owner;  // keeps the StateLock alive
   StateLock* lock = nullptr;
   std::string message;
   double timeout = -1.0;  // < 0: do not wait
   bool held = false;
+  nb::object undo_owner;  // keeps the UndoLog alive
+  UndoLog* undo = nullptr;
 
   void enter() {
     if (held) throw std::runtime_error("state claim entered twice");
@@ -165,12 +173,19 @@ struct StateClaim {
                                  std::to_string(timeout) + " s");
     }
     held = true;
+    if (undo != nullptr) undo->commit();  // an empty log: this transaction's entries only
   }
-  void exit() {
-    if (held) {
-      held = false;
-      lock->release();
+  // failed: an exception is leaving the with block
+  void exit(bool failed) {
+    if (!held) return;
+    if (undo != nullptr) {
+      if (failed) {
+        undo->rollback(0);
+      }
+      undo->commit();
     }
+    held = false;
+    lock->release();
   }
 };
 
@@ -192,33 +207,82 @@ OutArr new_output(int64_t B, int64_t L, int64_t d) {
   }
 }
 
-// Runs a block kernel with the GIL released. On failure (scratch that cannot be allocated) the
-// workspace the call used is released, so a failed call keeps no scratch alive, and the
-// exception names the memory. Nothing of the caller's state has been written then: every
-// kernel allocates its scratch before its first state write (SPEC 2.5).
+// Runs a block kernel with the GIL released; its cancel points poll for signal handlers when
+// `poll` is watched (interrupts.hpp). A failed call leaves nothing of its own behind: a stop
+// (a handler raised: that exception is raised here) or any other exception rolls back the
+// entries `undo` got during this call (older ones are the caller's: a whole-model call's
+// earlier layers), and scratch that could not be allocated releases the workspace the call
+// used (so a failed call keeps no scratch alive) and becomes a MemoryError naming the memory.
 template <class Fn>
-void run_kernel(Workspace* given, Workspace* used, int64_t tokens, Fn&& fn) {
+void run_kernel(Workspace* given, Workspace* used, int64_t tokens, SignalPoll& poll, UndoLog* undo,
+                Fn&& fn) {
   size_t held = 0;
-  bool failed = false;
+  bool failed = false, stopped = false;
+  const size_t mark = undo != nullptr ? undo->size() : 0;
   {
     nb::gil_scoped_release release;
+    const bool timed = poll.flops() >= cancel::kRecordMinFlops;
+    const int64_t t0 = timed ? cancel::now_ns() : 0;
     try {
-      fn();
+      {
+        std::optional<cancel::Watch> watch;
+        if (poll.watched()) watch.emplace(poll.poller(), cancel::estimate_ns(poll.flops()));
+        fn();
+      }
+      if (timed) cancel::record(poll.flops(), cancel::now_ns() - t0);
       runtime::trim_workspace(given, used);
+    } catch (const cancel::Stopped&) {
+      if (undo != nullptr) undo->rollback(mark);
+      stopped = true;
     } catch (const std::bad_alloc&) {
+      if (undo != nullptr) undo->rollback(mark);
       held = used->bytes();
       used->release();
       failed = true;
     } catch (...) {
+      if (undo != nullptr) undo->rollback(mark);
       used->release();
       throw;
     }
   }
+  if (stopped) poll.raise();
   if (failed)
     throw CallAllocError("cannot allocate scratch memory for " + std::to_string(tokens) +
                          " tokens (an allocation failed after " + std::to_string(held) +
                          " bytes of scratch; they have been released)");
 }
+
+// Floating-point operations of a call, roughly: 2 per weight per token, the attention's score
+// and value passes, the Mamba-2 scan. Only for deciding whether to watch it (cancel.hpp).
+double matrix_flops(const ops::PackedMatrix& w, double tokens) {
+  return 2.0 * tokens * static_cast<double>(w.n_out) * static_cast<double>(w.k_in);
+}
+
+double transformer_flops(const TransformerModel& m, const IArr& lengths, const IArr& start) {
+  const TransformerConfig& c = m.cfg;
+  double f = 0.0;
+  for (size_t b = 0; b < lengths.shape(0); ++b) {
+    const double len = static_cast<double>(lengths.data()[b]);
+    double keys = static_cast<double>(start.data()[b]) + 0.5 * len;  // per query, on average
+    if (c.window > 0) keys = std::min(keys, static_cast<double>(c.window));
+    f += matrix_flops(m.w_qkv, len) + matrix_flops(m.w_o, len) + matrix_flops(m.w_gu, len) +
+         matrix_flops(m.w_down, len);
+    if (blocks::has_attention(c))
+      f += 4.0 * len * keys * static_cast<double>(c.n_heads * c.head_dim);
+  }
+  return f;
+}
+
+double mamba2_flops(const Mamba2Model& m, double tokens) {
+  const Mamba2Config& c = m.cfg;
+  return matrix_flops(m.w_in, tokens) + matrix_flops(m.w_out, tokens) +
+         6.0 * tokens * static_cast<double>(c.n_heads * c.head_dim * c.d_state);
+}
+
+// A Mamba-2 block call saves the state rows it writes (so that it can be stopped in the middle
+// of writing them) when it has at least this many tokens per advancing row: the copy of h is
+// then small next to the work. A decode step is not stopped once it writes (it is short).
+constexpr int64_t kSaveMinTokensPerRow = 16;
 
 // row_tokens[b] = start[b] + lengths[b]: the counters of a completed call, written in the same
 // native step as the buffers (no Python code runs in between).
@@ -448,7 +512,7 @@ void bind_blocks(nb::module_& m) {
           [](const TransformerModel& mdl,
              nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> x, IArr lengths,
              IArr start, MArr k_cache, MArr v_cache, Workspace* ws, bool check_cache, int rope_set,
-             std::optional<IOut> row_tokens) -> nb::object {
+             std::optional<IOut> row_tokens, UndoLog* undo) -> nb::object {
             const int64_t B = static_cast<int64_t>(x.shape(0)),
                           L = static_cast<int64_t>(x.shape(1));
             const TransformerConfig& c = mdl.cfg;
@@ -482,6 +546,8 @@ void bind_blocks(nb::module_& m) {
             OutArr y = new_output(B, L, c.d_model);
             nb::object out = nb::cast(y);  // before the call: nothing can fail after the commit
             int cache_bad = 0;
+            runtime::CallScratch scratch(ws);
+            SignalPoll poll(transformer_flops(mdl, lengths, start));
             TransformerCall call{x.data(),
                                  y.data(),
                                  B,
@@ -492,11 +558,14 @@ void bind_blocks(nb::module_& m) {
                                  v_cache.data(),
                                  cap,
                                  runtime::num_threads(),
-                                 runtime::call_workspace(ws),
+                                 scratch.get(),
                                  check_cache && attn ? &cache_bad : nullptr,
-                                 rope_set};
+                                 rope_set,
+                                 undo};
             IOut* rt = row_tokens ? &*row_tokens : nullptr;
-            run_kernel(ws, call.ws, total_tokens(lengths), [&] {
+            run_kernel(ws, call.ws, total_tokens(lengths), poll, undo, [&] {
+              if (undo != nullptr && rt != nullptr)
+                undo->add_saved(rt->data(), static_cast<size_t>(B));
               kernels().transformer_forward(mdl, call);
               if (!cache_bad) commit_counters(rt, start, lengths, B);
             });
@@ -506,7 +575,7 @@ void bind_blocks(nb::module_& m) {
           nb::arg("x"), nb::arg("lengths"), nb::arg("start"), nb::arg("k_cache"),
           nb::arg("v_cache"), nb::arg("workspace").none() = nb::none(),
           nb::arg("check_cache") = false, nb::arg("rope_set") = 0,
-          nb::arg("row_tokens").none() = nb::none());
+          nb::arg("row_tokens").none() = nb::none(), nb::arg("undo").none() = nb::none());
 
   nb::class_<Mamba2Model>(m, "Mamba2Core")
       .def_prop_ro("weight_storage",
@@ -545,7 +614,7 @@ void bind_blocks(nb::module_& m) {
           [](const Mamba2Model& mdl,
              nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> x, IArr lengths,
              MArr conv_window, MArr h, Workspace* ws, bool check_state, std::optional<IArr> start,
-             std::optional<IOut> row_tokens) -> nb::object {
+             std::optional<IOut> row_tokens, UndoLog* undo) -> nb::object {
             const int64_t B = static_cast<int64_t>(x.shape(0)),
                           L = static_cast<int64_t>(x.shape(1));
             const Mamba2Config& c = mdl.cfg;
@@ -572,6 +641,17 @@ void bind_blocks(nb::module_& m) {
             OutArr y = new_output(B, L, c.d_model);
             nb::object out = nb::cast(y);  // before the call: nothing can fail after the commit
             int state_bad = 0;
+            const int64_t tokens = total_tokens(lengths);
+            int64_t advancing = 0;
+            for (int64_t b = 0; b < B; ++b) advancing += lengths.data()[b] > 0;
+            runtime::CallScratch scratch(ws);
+            SignalPoll poll(mamba2_flops(mdl, static_cast<double>(tokens)));
+            // A long call that may be stopped saves what it overwrites in an undo log of its
+            // own, unless it writes into the caller's (a whole-model call).
+            UndoLog own_undo;
+            UndoLog* saving = undo;
+            if (saving == nullptr && poll.watched() && tokens >= kSaveMinTokensPerRow * advancing)
+              saving = &own_undo;
             Mamba2Call call{x.data(),
                             y.data(),
                             B,
@@ -580,10 +660,13 @@ void bind_blocks(nb::module_& m) {
                             conv_window.data(),
                             h.data(),
                             runtime::num_threads(),
-                            runtime::call_workspace(ws),
-                            check_state ? &state_bad : nullptr};
+                            scratch.get(),
+                            check_state ? &state_bad : nullptr,
+                            saving};
             IOut* rt = row_tokens ? &*row_tokens : nullptr;
-            run_kernel(ws, call.ws, total_tokens(lengths), [&] {
+            run_kernel(ws, call.ws, tokens, poll, saving, [&] {
+              if (undo != nullptr && rt != nullptr)
+                undo->add_saved(rt->data(), static_cast<size_t>(B));
               kernels().mamba2_forward(mdl, call);
               if (!state_bad && rt) commit_counters(rt, *start, lengths, B);
             });
@@ -592,15 +675,22 @@ void bind_blocks(nb::module_& m) {
           },
           nb::arg("x"), nb::arg("lengths"), nb::arg("conv_window"), nb::arg("h"),
           nb::arg("workspace").none() = nb::none(), nb::arg("check_state") = false,
-          nb::arg("start").none() = nb::none(), nb::arg("row_tokens").none() = nb::none());
+          nb::arg("start").none() = nb::none(), nb::arg("row_tokens").none() = nb::none(),
+          nb::arg("undo").none() = nb::none());
 
   // The state lock (StateLock above) and its two context managers.
   nb::class_<StateClaim>(m, "StateClaim")
       .def("__enter__", [](StateClaim& c) { c.enter(); })
-      .def("__exit__", [](StateClaim& c, nb::args) {
-        c.exit();
+      .def("__exit__", [](StateClaim& c, nb::args args) {
+        c.exit(args.size() > 0 && !args[0].is_none());
         return false;
       });
+  // The undo log of a whole-model call (base/undo.hpp): block calls given it save what they
+  // overwrite; StateLock.transaction rolls it back or commits it.
+  nb::class_<UndoLog>(m, "UndoLog")
+      .def(nb::init<>())
+      .def("__len__", &UndoLog::size)
+      .def_prop_ro("nbytes", &UndoLog::bytes);
   nb::class_<StateLock>(m, "StateLock")
       .def(nb::init<>())
       // `with lock.claim(message):` a call's claim: RuntimeError(message) at once when busy
@@ -628,6 +718,19 @@ void bind_blocks(nb::module_& m) {
             return c;
           },
           nb::arg("where"), nb::arg("timeout"))
+      // `with lock.transaction(message, undo):` a whole-model call's claim (StateClaim above)
+      .def(
+          "transaction",
+          [](nb::handle self, std::string message, nb::handle undo) {
+            StateClaim c;
+            c.owner = nb::borrow(self);
+            c.lock = nb::cast<StateLock*>(self);
+            c.message = std::move(message);
+            c.undo_owner = nb::borrow(undo);
+            c.undo = nb::cast<UndoLog*>(undo);
+            return c;
+          },
+          nb::arg("message"), nb::arg("undo"))
       .def("locked", &StateLock::locked);
 
   // reset(rows) of either state as one native step: zero rows of both float buffers, then
@@ -652,6 +755,56 @@ void bind_blocks(nb::module_& m) {
         }
       },
       nb::arg("a"), nb::arg("b"), nb::arg("row_tokens"), nb::arg("rows"));
+  // ModelState.reset: reset_rows of every layer (layers: a list of (lock, a, b, row_tokens)) as
+  // one native step, so that no exception can leave some layers reset and others not. Every
+  // layer's lock is taken first, all of them or none (RuntimeError(message) when one is in
+  // use), and everything is checked before the first write.
+  m.def(
+      "reset_layers",
+      [](nb::list layers, IArr rows, const std::string& message) {
+        struct Layer {
+          StateLock* lock;
+          MArr a, b;
+          IOut rt;
+        };
+        std::vector<Layer> ls;
+        for (nb::handle item : layers) {
+          nb::tuple t = nb::cast<nb::tuple>(item);
+          EB_CHECK(t.size() == 4, "reset_layers: each layer is (lock, a, b, row_tokens)");
+          ls.push_back(Layer{nb::cast<StateLock*>(t[0]), nb::cast<MArr>(t[1], false),
+                             nb::cast<MArr>(t[2], false), nb::cast<IOut>(t[3], false)});
+        }
+        for (const Layer& l : ls) {
+          const int64_t B = static_cast<int64_t>(l.rt.shape(0));
+          EB_CHECK(l.a.ndim() >= 1 && l.b.ndim() >= 1 && static_cast<int64_t>(l.a.shape(0)) == B &&
+                       static_cast<int64_t>(l.b.shape(0)) == B,
+                   "buffers must have batch rows");
+          for (size_t i = 0; i < rows.shape(0); ++i)
+            EB_CHECK(rows.data()[i] >= 0 && rows.data()[i] < B, "row out of range");
+        }
+        size_t taken = 0;
+        for (; taken < ls.size(); ++taken)
+          if (!ls[taken].lock->try_acquire()) break;
+        if (taken < ls.size()) {
+          for (size_t i = 0; i < taken; ++i) ls[i].lock->release();
+          throw std::runtime_error(message);
+        }
+        {
+          nb::gil_scoped_release release;
+          for (Layer& l : ls) {
+            const auto B = static_cast<size_t>(l.rt.shape(0));
+            const size_t ra = B ? l.a.size() / B : 0, rb = B ? l.b.size() / B : 0;
+            for (size_t i = 0; i < rows.shape(0); ++i) {
+              const auto r = static_cast<size_t>(rows.data()[i]);
+              std::fill_n(l.a.data() + r * ra, ra, 0.0f);
+              std::fill_n(l.b.data() + r * rb, rb, 0.0f);
+              l.rt.data()[r] = 0;
+            }
+          }
+        }
+        for (Layer& l : ls) l.lock->release();
+      },
+      nb::arg("layers"), nb::arg("rows"), nb::arg("message"));
   // Bytes held by this OS thread's own scratch workspace (tests: a failed call keeps none).
   m.def("_thread_workspace_bytes", []() { return runtime::call_workspace(nullptr)->bytes(); });
 }

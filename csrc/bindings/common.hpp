@@ -23,11 +23,13 @@ using MArr = nb::ndarray<float, nb::c_contig, nb::device::cpu>;
 using IArr = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using OutArr = nb::ndarray<nb::numpy, float>;
 
-// A zero-filled float32 NumPy array of the given shape, owned by Python.
-inline OutArr new_array(std::initializer_list<size_t> shape) {
+// A zero-filled float32 NumPy array of the given shape, owned by Python; zero = false leaves it
+// unfilled, for an output whose every element the call writes (a model's logits: hundreds of
+// MB, whose filling would run before the call's first cancel point, base/cancel.hpp).
+inline OutArr new_array(std::initializer_list<size_t> shape, bool zero = true) {
   size_t n = 1;
   for (size_t s : shape) n *= s;
-  float* data = new float[std::max<size_t>(n, 1)]();
+  float* data = zero ? new float[std::max<size_t>(n, 1)]() : new float[std::max<size_t>(n, 1)];
   nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
   return OutArr(data, shape, owner);
 }

@@ -6,12 +6,15 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "base/cancel.hpp"
 #include "base/check.hpp"
 #include "base/runtime.hpp"
 #include "bindings/common.hpp"
+#include "bindings/interrupts.hpp"
 #include "blocks/head/model.hpp"
 #include "dispatch/kernel_table.hpp"
 #include "ops/gemm/format.hpp"
@@ -110,18 +113,35 @@ void bind_head(nb::module_& m) {
             const int64_t rows = static_cast<int64_t>(x.shape(0)), d = h.cfg.d_model;
             EB_CHECK(static_cast<int64_t>(x.shape(1)) == d, "OutputHead: x columns != d_model");
             OutArr y =
-                new_array({static_cast<size_t>(rows), static_cast<size_t>(h.cfg.vocab_size)});
+                new_array({static_cast<size_t>(rows), static_cast<size_t>(h.cfg.vocab_size)},
+                          /*zero=*/false);  // the GEMM writes every logit
             if (rows == 0) return y;
             std::vector<float> hn(static_cast<size_t>(rows * d));
+            // a long prefill's logits take a while: stopped by a signal handler that raises
+            // (interrupts.hpp); the output is fresh, so nothing needs undoing
+            SignalPoll poll(2.0 * static_cast<double>(rows) *
+                            static_cast<double>(h.w_head.n_out * h.w_head.k_in));
+            bool stopped = false;
             {
               nb::gil_scoped_release release;
-              const KernelTable& k = kernels();
-              k.norm_rows(h.cfg.norm, x.data(), rows, d, h.norm_w.data(),
-                          h.norm_b.empty() ? nullptr : h.norm_b.data(), h.norm_eps, hn.data());
-              k.gemm(hn.data(), rows, d, h.w_head, y.data(), h.cfg.vocab_size,
-                     runtime::num_threads());
-              if (h.has_finish()) h.finish_logits(y.data(), rows * h.cfg.vocab_size);
+              const bool timed = poll.flops() >= cancel::kRecordMinFlops;
+              const int64_t t0 = timed ? cancel::now_ns() : 0;
+              try {
+                std::optional<cancel::Watch> watch;
+                if (poll.watched()) watch.emplace(poll.poller(), cancel::estimate_ns(poll.flops()));
+                const KernelTable& k = kernels();
+                k.norm_rows(h.cfg.norm, x.data(), rows, d, h.norm_w.data(),
+                            h.norm_b.empty() ? nullptr : h.norm_b.data(), h.norm_eps, hn.data());
+                k.gemm(hn.data(), rows, d, h.w_head, y.data(), h.cfg.vocab_size,
+                       runtime::num_threads());
+                cancel::disarm();
+                if (h.has_finish()) h.finish_logits(y.data(), rows * h.cfg.vocab_size);
+              } catch (const cancel::Stopped&) {
+                stopped = true;
+              }
+              if (!stopped && timed) cancel::record(poll.flops(), cancel::now_ns() - t0);
             }
+            if (stopped) poll.raise();
             return y;
           },
           nb::arg("x"));

@@ -8,10 +8,12 @@
 
 #include <string>
 
+#include "base/cancel.hpp"
 #include "base/check.hpp"
 #include "base/runtime.hpp"
 #include "base/version.hpp"
 #include "bindings/common.hpp"
+#include "bindings/interrupts.hpp"
 #include "dispatch/kernel_table.hpp"
 
 #ifndef EB_VERSION
@@ -42,6 +44,16 @@ void bind_runtime(nb::module_& m) {
   m.def("available_isas", &available_isas);
   m.def("set_isa", &set_isa, nb::arg("name"));
   m.def("get_isa", &get_isa);
+  // Tests: watch every call and cut every region into single grains (0, 0), or put back the
+  // defaults; returns the values in force before (base/cancel.hpp).
+  m.def(
+      "_set_cancel_tuning",
+      [](int64_t watch_min_ns, int64_t piece_ns) {
+        const int64_t old = cancel::watch_min_ns();
+        cancel::set_tuning(watch_min_ns, piece_ns);
+        return old;
+      },
+      nb::arg("watch_min_ns") = cancel::kWatchMinNs, nb::arg("piece_ns") = cancel::kPieceNs);
 }
 
 }  // namespace eb::bindings
@@ -50,6 +62,7 @@ NB_MODULE(_core, m) {
   // A block call runs with the GIL released, so the interpreter can exit while another thread
   // is still inside one; nanobind would then report the objects that call holds as "leaked".
   nanobind::set_leak_warnings(false);
+  eb::bindings::init_interrupts();
   eb::bindings::bind_runtime(m);
   eb::bindings::bind_blocks(m);
   eb::bindings::bind_ops(m);

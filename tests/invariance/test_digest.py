@@ -241,3 +241,28 @@ def test_digests_on_every_isa():
         )
         assert res.returncode == 0, res.stderr
         assert res.stdout.split() == want.split(), isa
+
+
+@pytest.mark.parametrize("piece_ns", [0, 20000])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_digests_with_every_region_in_pieces(threads, piece_ns):
+    """A call that can be stopped (SPEC.md 2.5) runs its parallel regions in pieces, with
+    cancel points between them (csrc/base/cancel.hpp). Watching every call and cutting every
+    region into single grains (piece_ns 0) or pieces of about 20 us gives the pinned bits."""
+    from helpers import force_num_threads
+
+    core = _ext.core()
+    saved = eb.get_num_threads()
+    force_num_threads(threads)
+    core._set_cancel_tuning(0, piece_ns)
+    try:
+        test_transformer_digest()
+        test_mamba2_digest()
+        got = all_case_digests()
+    finally:
+        core._set_cancel_tuning()
+        eb.set_num_threads(saved)
+    pinned = PINNED[eb.arithmetic_version()]
+    assert got == [pinned[n] for n in sorted(SCAN_CASES)] + [
+        pinned[n] for n in sorted(PREFILL_CASES)
+    ]

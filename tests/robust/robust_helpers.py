@@ -32,6 +32,51 @@ def small_mamba2():
     return eb.Mamba2BlockInference(make_mamba2_weights(3), n_groups=2)
 
 
+def save_hybrid_model(folder: str, *, hidden: int, heads: int, head_dim: int, state: int,
+                      max_positions: int) -> str:  # fmt: skip
+    """Save a random Nemotron-H model (Mamba-2, attention and MLP layers: pattern ``M*-M*-``)
+    as transformers saves it, into ``folder``; return ``folder``. Needs torch and transformers
+    (a skip locally without them, an error under CI)."""
+    import pytest
+
+    if os.environ.get("CI"):  # CI has them: fail rather than skip there
+        import torch
+        import transformers
+    else:  # pragma: no cover - local convenience only
+        torch = pytest.importorskip("torch")
+        transformers = pytest.importorskip("transformers")
+    cfg = transformers.NemotronHConfig(
+        vocab_size=320,
+        hidden_size=hidden,
+        hybrid_override_pattern="M*-M*-",
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
+        head_dim=head_dim,
+        intermediate_size=2 * hidden,
+        ssm_state_size=state,
+        mamba_num_heads=2 * hidden // head_dim,
+        mamba_head_dim=head_dim,
+        n_groups=2,
+        max_position_embeddings=max_positions,
+        initializer_range=0.02,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg).float().eval().save_pretrained(folder)
+    return folder
+
+
+def model_state_bytes(state) -> dict:
+    """:func:`state_bytes` of every layer of a ModelState, keyed ``layers[i].<buffer>``."""
+    return {
+        f"layers[{i}].{name}": raw
+        for i, layer in enumerate(state.layers)
+        for name, raw in state_bytes(layer).items()
+    }
+
+
 def state_bytes(st) -> dict:
     """Every buffer and counter of a state, as bytes (byte equality is the test)."""
     return {

@@ -135,3 +135,60 @@ def test_snapshot_wait_is_bounded(core, monkeypatch):
         release.set()
         t.join()
     pickle.dumps(st)  # free again
+
+
+MODEL_SNAPSHOTS = {
+    "pickle": lambda st: pickle.loads(pickle.dumps(st)),
+    "deepcopy": copy.deepcopy,
+    "copy": copy.copy,
+}
+
+
+@pytest.mark.parametrize("how", sorted(MODEL_SNAPSHOTS))
+def test_model_state_snapshot_during_a_call_waits_for_it(core, hybrid_folder, how):
+    from robust_helpers import model_state_bytes
+
+    import exactblocks as eb
+
+    model = eb.load_model(hybrid_folder)
+    st = model.allocate_state(1, 1100)
+    ids = np.random.default_rng(3).integers(0, 320, (1, 1100))
+    saved = eb.get_num_threads()
+    eb.set_num_threads(1)
+    errors = []
+
+    def call():
+        try:
+            model.forward(ids, st)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    try:
+        t = threading.Thread(target=call)
+        t.start()
+        deadline = time.monotonic() + 10
+        while not st._lock.locked() and t.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        assert st._lock.locked(), "the call did not start, or ended before it could be seen"
+        snap = MODEL_SNAPSHOTS[how](st)
+        t.join()
+    finally:
+        eb.set_num_threads(saved)
+    assert not errors, errors
+    assert snap.row_tokens.tolist() == [1100]
+    stale = differing(model_state_bytes(snap), model_state_bytes(st))
+    assert not stale, f"{how} of a ModelState during a call: {stale[:6]} differ from after it"
+    assert not st._lock.locked() and not snap._lock.locked()
+
+
+def test_model_state_snapshot_inside_a_call_of_the_same_thread_is_refused(core, tiny_hybrid_folder):
+    import exactblocks as eb
+
+    model = eb.load_model(tiny_hybrid_folder)
+    st = model.allocate_state(1, 8)
+    with st._lock.claim("held by the test"):
+        for how, fn in MODEL_SNAPSHOTS.items():
+            with pytest.raises(RuntimeError, match="same thread") as info:
+                fn(st)
+            assert "ModelState" in str(info.value), how
+    assert pickle.loads(pickle.dumps(st)).row_tokens.tolist() == [0]

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/cancel.hpp"
 #include "base/parallel.hpp"
 #include "base/workspace.hpp"
 #include "blocks/mamba2/model.hpp"
@@ -97,11 +98,33 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
   });
   ops::gemm<V>(hn, M, d, mdl.w_in, zx, n_in, nt, gemm_scratch);
 
+  // State writes start here (conv_window below, h in the scan). With an undo log, each task
+  // saves the part it writes just before writing it (entries registered now: registering
+  // allocates), and the call can still be stopped and rolled back; without one, the call is
+  // not stopped from here on (base/cancel.hpp). Entries: undo0 + (row, channel block) for the
+  // conv windows, then + B n_cb + (row, head) for h; empty for rows that do not advance.
+  const int64_t n_cb = (cd + kConvBlock - 1) / kConvBlock;
+  const size_t undo0 = call.undo != nullptr ? call.undo->size() : 0;
+  const size_t undo_h0 = undo0 + static_cast<size_t>(B * n_cb);
+  if (call.undo != nullptr) {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t cb = 0; cb < n_cb; ++cb) {
+        const int64_t c0 = cb * kConvBlock, nc = std::min(kConvBlock, cd - c0);
+        call.undo->add(call.conv_window + (b * cd + c0) * K,
+                       static_cast<size_t>(call.lengths[b] > 0 ? nc * K : 0));
+      }
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t hh = 0; hh < nh; ++hh)
+        call.undo->add(call.h + (b * nh + hh) * hd * ns,
+                       static_cast<size_t>(call.lengths[b] > 0 ? hd * ns : 0));
+  } else {
+    cancel::disarm();
+  }
+
   // 3. causal depthwise conv, per (row, block of kConvBlock channels), token after token and
   // vectorised across channels: c[ch] = SEQ_k fma(w[ch,k], u_(t-K+1+k)[ch]) (+ bias), the
   // order of ops::conv1d_token. u before the call comes from the row's conv window
   // (column K + idx holds u_idx for idx < 0), which is then rolled to the last K inputs.
-  const int64_t n_cb = (cd + kConvBlock - 1) / kConvBlock;
   const float* conv_b = mdl.conv_b.empty() ? nullptr : mdl.conv_b.data();
   const float* wt = mdl.conv_w_t.data();  // (K, conv_dim)
   parallel_for(B * n_cb, nt, [&](int64_t b0, int64_t b1, int tid) {
@@ -112,6 +135,7 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
       const int64_t nc = std::min(kConvBlock, cd - c0);
       if (n == 0) continue;
       float* win = call.conv_window + (b * cd + c0) * K;  // (nc, K) of this block
+      if (call.undo != nullptr) call.undo->save(undo0 + static_cast<size_t>(task));
       for (int64_t ch = 0; ch < nc; ++ch)
         for (int64_t j = 0; j < K; ++j) tw[j * conv_block + ch] = win[ch * K + j];
       const auto input = [&](int64_t idx) -> const float* {  // u_idx of this block's channels
@@ -161,7 +185,10 @@ void mamba2_forward(const Mamba2Model& mdl, const Mamba2Call& call) {
     for (int64_t task = b0; task < b1; ++task) {
       const int64_t b = task / nh, hh = task % nh, g = hh / heads_per_group;
       float* hs = call.h + (b * nh + hh) * hd * ns;
+      if (call.undo != nullptr && call.lengths[b] > 0)
+        call.undo->save(undo_h0 + static_cast<size_t>(task));
       for (int64_t t0 = 0; t0 < call.lengths[b]; t0 += ops::kScanChunk) {
+        if (tid == 0 && t0 > 0) cancel::point();  // one (row, head) of a long prefill is long
         const int64_t n = std::min(ops::kScanChunk, call.lengths[b] - t0);
         for (int64_t t = 0; t < n; ++t) {
           const int64_t m = row_off[b] + t0 + t;

@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/undo.hpp"
 #include "base/workspace.hpp"
 #include "blocks/mamba2/config.hpp"
 #include "blocks/weight_map.hpp"
@@ -40,6 +41,11 @@ struct Mamba2Call {
   // be finite. When it is not, the call sets *state_nonfinite = 1 and returns before writing
   // anything (y is then garbage; the caller names the element). nullptr: not checked.
   int* state_nonfinite = nullptr;
+  // Undo log (base/undo.hpp): conv_window and h rows are saved into it by the task that
+  // overwrites them, just before, so that a call stopped midway (or a whole-model call failing
+  // in a later layer) restores them. nullptr: nothing is saved, and the call is not stopped
+  // once it starts writing the state.
+  UndoLog* undo = nullptr;
 };
 
 }  // namespace eb::blocks

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/cancel.hpp"
 #include "base/parallel.hpp"
 #include "base/workspace.hpp"
 #include "blocks/transformer/model.hpp"
@@ -74,6 +75,27 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
       {ops::gemm_scratch_floats<V>(mdl.w_qkv, M), ops::gemm_scratch_floats<V>(mdl.w_o, M),
        ops::gemm_scratch_floats<V>(mdl.w_gu, M), ops::gemm_scratch_floats<V>(mdl.w_down, M)});
   float* gemm_scratch = ws.op_scratch(sz(n_slots, gemm_floats));
+  // A whole-model call (call.undo set) saves the cache slots it overwrites, each (row, KV head)
+  // task its own, just before writing them: registered here, before the first write, since
+  // registering allocates. Entries undo0 + 4 task + {k first span, k wrapped, v first, v
+  // wrapped}: the slots of positions start + max(0, len - cap) .. start + len - 1, a ring span.
+  const bool saving = call.undo != nullptr && attn && cap > 0;
+  const size_t undo0 = saving ? call.undo->size() : 0;
+  if (saving) {
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t len = call.lengths[b], first = std::max<int64_t>(0, len - cap);
+      const int64_t s0 = (call.start[b] + first) % cap, n1 = std::min(len - first, cap - s0);
+      const int64_t n2 = len - first - n1;
+      for (int64_t g = 0; g < n_kv; ++g) {
+        float* k_row = call.k_cache + (b * n_kv + g) * cap * hd;
+        float* v_row = call.v_cache + (b * n_kv + g) * cap * hd;
+        call.undo->add(k_row + s0 * hd, static_cast<size_t>(n1 * hd));
+        call.undo->add(k_row, static_cast<size_t>(n2 * hd));
+        call.undo->add(v_row + s0 * hd, static_cast<size_t>(n1 * hd));
+        call.undo->add(v_row, static_cast<size_t>(n2 * hd));
+      }
+    }
+  }
   const BlockNorm &n_ai = mdl.n_attn_in, &n_ao = mdl.n_attn_out;
   const BlockNorm &n_mi = mdl.n_mlp_in, &n_mo = mdl.n_mlp_out;
   const auto norm = [&](const BlockNorm& n, const float* src, float* dst) {
@@ -223,10 +245,14 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
     });
   }
   if (!attn) return;  // an MLP-only block has no cache
-  // Cache: the row's new positions p go to slot p % cap; only the last `cap` survive.
+  // Cache: the row's new positions p go to slot p % cap; only the last `cap` survive. Past this
+  // point the call is not stopped (base/cancel.hpp): this short copy then always completes.
+  cancel::disarm();
   parallel_for(B * n_kv, nt_copy, [&](int64_t b0, int64_t b1, int) {
     for (int64_t task = b0; task < b1; ++task) {
       const int64_t b = task / n_kv, g = task % n_kv, len = call.lengths[b];
+      if (saving)
+        for (size_t j = 0; j < 4; ++j) call.undo->save(undo0 + 4 * static_cast<size_t>(task) + j);
       for (int64_t t = std::max<int64_t>(0, len - cap); t < len; ++t) {
         const int64_t slot = (call.start[b] + t) % cap;
         const float* src = &qkv[(row_off[b] + t) * n_qkv];

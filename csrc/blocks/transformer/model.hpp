@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/undo.hpp"
 #include "base/workspace.hpp"
 #include "blocks/transformer/config.hpp"
 #include "blocks/weight_map.hpp"
@@ -63,6 +64,10 @@ struct TransformerCall {
   // the sequence length, which would make a decode differ from a prefill; the caller picks
   // once per state instead (long when its max_tokens > original_max_position_embeddings).
   int rope_set = 0;
+  // A whole-model call's undo log (base/undo.hpp): the cache slots the call overwrites are
+  // saved into it first, so that the model can restore them if a later layer fails. nullptr:
+  // nothing is saved (a block call writes its cache last, after every point it can stop at).
+  UndoLog* undo = nullptr;
 };
 
 }  // namespace eb::blocks

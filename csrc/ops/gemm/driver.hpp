@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "base/cancel.hpp"
 #include "base/parallel.hpp"
 #include "base/workspace.hpp"
 #include "ops/gemm/format.hpp"
@@ -63,6 +64,8 @@ void gemm_fmt(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, flo
           panel = rebuilt;
         }
         for (int64_t t = t0; t < t1; ++t) {
+          // a cancel point every 64 row blocks: one panel of a long prefill can take a while
+          if (tid == 0 && (t - t0) % 64 == 63) cancel::point();
           const int64_t r0 = (t % n_mb) * MR;
           const int rows = static_cast<int>(std::min<int64_t>(MR, m - r0));
           for (int c0 = 0; c0 < nr_valid; c0 += NC) {

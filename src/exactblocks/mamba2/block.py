@@ -360,8 +360,10 @@ class Mamba2BlockInference(BlockCommon):
         ``conv_window``, ``h`` and ``row_tokens`` byte-identical); the native computation runs
         with the GIL released and writes ``conv_window``, ``h`` and then ``row_tokens`` in one
         step: an exception raised into the call (Ctrl-C, a signal handler) leaves the state
-        wholly before or wholly after the call (SPEC.md 2.5). Output bits depend only on each
-        row's own tokens and starting state (SPEC.md 3.1).
+        wholly before or wholly after the call (SPEC.md 2.5). A long call on the main thread
+        polls for pending signals about every 20 ms: a handler that raises (KeyboardInterrupt,
+        a timeout) stops it within about 100 ms, with the state exactly as before the call.
+        Output bits depend only on each row's own tokens and starting state (SPEC.md 3.1).
         """
         return self._call(x, state, lengths, f"{_CLS}.forward", step=False)
 
@@ -394,7 +396,14 @@ class Mamba2BlockInference(BlockCommon):
         return self._call(x, state, None, f"{_CLS}.step", step=True)
 
     # -- internals ----------------------------------------------------------------------------
-    def _call(self, x, state, lengths, where: str, *, step: bool) -> np.ndarray:
+    def _model_call(self, x, state, lengths, *, step: bool, session, undo) -> np.ndarray:
+        """This block as one layer of a ``Model`` call (``session`` is always None: Mamba-2
+        has no decode session), saving the conv window and SSM state rows it overwrites into
+        ``undo`` (the model state's log, rolled back if a later layer fails)."""
+        where = f"{_CLS}.{'step' if step else 'forward'}"
+        return self._call(x, state, lengths, where, step=step, undo=undo)
+
+    def _call(self, x, state, lengths, where: str, *, step: bool, undo=None) -> np.ndarray:
         impl = self._impl  # one snapshot: set_params swaps configurations atomically
         s = impl.sizes
         xa, lens = self._check_call_inputs(
@@ -435,6 +444,7 @@ class Mamba2BlockInference(BlockCommon):
                     check_state=True,
                     start=start,
                     row_tokens=state.row_tokens,
+                    undo=undo,
                 )
             except MemoryError as exc:
                 raise self._memory_error(where, exc, state) from None

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import math
 import numbers
-import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -94,13 +93,19 @@ class ModelState:
 
     Notes
     -----
-    ``copy.copy`` / ``copy.deepcopy`` copy every buffer; states pickle. If a call fails after
-    the first layer has written (only a non-finite value arising inside the stack can cause
-    that: every input, capacity and ownership check runs before), the rows it advanced are
-    marked inconsistent and refused until :meth:`reset` clears them.
+    A model call is atomic over all layers (SPEC.md 2.5): it completes, or it raises and every
+    layer's buffers and counters are exactly as before, whatever the failure (a non-finite
+    value arising in a late layer, a MemoryError, KeyboardInterrupt or an exception raised by a
+    signal handler at any point). The state serves one call at a time through a native lock
+    (RuntimeError when busy), and each layer saves the state it overwrites into the state's
+    undo log, which the lock's transaction rolls back or forgets when the call ends: a model
+    state holds up to one call's worth of such copies (at most the call's new K/V, and a copy
+    of each Mamba-2 layer's conv window and SSM state). ``copy.copy`` / ``copy.deepcopy`` and
+    pickling copy every buffer under the lock; taken while another thread's call runs, they wait
+    for it (SPEC.md 2.6).
     """
 
-    __slots__ = ("layers", "batch_size", "max_tokens", "_fingerprint", "_lock", "_broken")
+    __slots__ = ("layers", "batch_size", "max_tokens", "_fingerprint", "_lock", "_undo")
 
     def __init__(self, *args, **kwargs):
         raise TypeError(
@@ -109,9 +114,12 @@ class ModelState:
         )
 
     @classmethod
-    def _make(cls, token, layers, batch_size, max_tokens, fingerprint, broken=()):
+    def _make(cls, token, layers, batch_size, max_tokens, fingerprint):
         if token is not _PRIVATE:
             raise TypeError("ModelState: states are made by Model.allocate_state")
+        from exactblocks import _ext
+
+        core = _ext.core()
         self = object.__new__(cls)
         s = object.__setattr__
         s(self, "layers", tuple(layers))
@@ -120,8 +128,11 @@ class ModelState:
         if not isinstance(fingerprint, LazyFingerprint):  # the model's object, or a str
             fingerprint = str(fingerprint)
         s(self, "_fingerprint", fingerprint)
-        s(self, "_lock", threading.Lock())
-        s(self, "_broken", set(broken))
+        # `with _lock.transaction(msg, _undo):` a model call (RuntimeError when busy; rolls the
+        # layers back on any exception); `with _lock.claim(msg):` reset; `with _lock.hold(...)`
+        # snapshots. Entered and left natively: no exception can leak the lock.
+        s(self, "_lock", core.StateLock())
+        s(self, "_undo", core.UndoLog())
         return self
 
     def __setattr__(self, name, value):
@@ -150,46 +161,50 @@ class ModelState:
         TypeError, ValueError
             As the layers' ``reset`` (a row outside [0, batch_size)); nothing changes then.
         RuntimeError
-            The state is in use by a call.
+            The state (or one of its layers) is in use by a call.
+
+        Notes
+        -----
+        Every layer's rows are zeroed in one native step: an exception (Ctrl-C) leaves all
+        layers reset or none.
         """
-        if not self._lock.acquire(blocking=False):
-            raise RuntimeError("ModelState.reset: the state is in use by another call")
-        try:
-            if rows is not None and not isinstance(rows, Iterable):
-                rows = [rows]
-            if rows is not None:
-                rows = list(rows)
-                for r in rows:
-                    _check_int(r, "rows entry", "ModelState.reset")
-                    if not 0 <= int(r) < self.batch_size:
-                        raise ValueError(
-                            f"ModelState.reset: row {int(r)} is outside [0, {self.batch_size})"
-                        )
+        from exactblocks import _ext
+        from exactblocks._state import _check_rows
+
+        where = "ModelState.reset"
+        idx = np.array(_check_rows(rows, self.batch_size, where), dtype=np.int64)
+        busy = f"{where}: the state is in use by another call"
+        with self._lock.claim(busy):
+            layers = []
             for st in self.layers:
-                st.reset(rows)
-            if rows is None:
-                self._broken.clear()
-            else:
-                self._broken.difference_update(int(r) for r in rows)
-        finally:
-            self._lock.release()
+                st._check_buffers(where)
+                a, b = (getattr(st, name) for name in st._BUFFERS)
+                layers.append((st._lock, a, b, st.row_tokens))
+            _ext.core().reset_layers(layers, idx, busy)
+
+    def _copy_layers(self, where: str) -> tuple:
+        """Copies of every layer, taken under the state's lock (a running call of another
+        thread finishes first; RuntimeError when this thread's own call holds it)."""
+        import copy
+
+        from exactblocks._state import SNAPSHOT_TIMEOUT
+
+        with self._lock.hold(where, SNAPSHOT_TIMEOUT):
+            return tuple(copy.copy(st) for st in self.layers)
 
     def __reduce__(self):
+        layers = self._copy_layers("ModelState (pickle or copy)")
         return (
             _restore_model_state,
-            (self.layers, self.batch_size, self.max_tokens, self.fingerprint, sorted(self._broken)),
+            (layers, self.batch_size, self.max_tokens, self.fingerprint),
         )
 
     def __copy__(self):
-        import copy
-
+        layers = self._copy_layers("ModelState (copy)")
+        # the model's own fingerprint object: the copy is recognised by identity, and a
+        # fingerprint not yet computed stays so
         return ModelState._make(
-            _PRIVATE,
-            [copy.copy(st) for st in self.layers],
-            self.batch_size,
-            self.max_tokens,
-            self._fingerprint,
-            self._broken,
+            _PRIVATE, layers, self.batch_size, self.max_tokens, self._fingerprint
         )
 
     def __deepcopy__(self, memo):
@@ -202,8 +217,8 @@ class ModelState:
         )
 
 
-def _restore_model_state(layers, batch_size, max_tokens, fingerprint, broken):
-    return ModelState._make(_PRIVATE, layers, batch_size, max_tokens, fingerprint, broken)
+def _restore_model_state(layers, batch_size, max_tokens, fingerprint):
+    return ModelState._make(_PRIVATE, layers, batch_size, max_tokens, fingerprint)
 
 
 # -- generation results -------------------------------------------------------------------------
@@ -469,11 +484,6 @@ class Model:
             raise ValueError(
                 f"{where}: ids has {batch} rows but state.batch_size is {state.batch_size}"
             )
-        if state._broken:
-            raise ValueError(
-                f"{where}: state rows {sorted(state._broken)} are inconsistent after a failed "
-                "call; reset() them (or allocate a new state)"
-            )
 
     # -- calls ----------------------------------------------------------------------------------
     def _check_lengths(self, lengths, batch: int, n_tokens: int, where: str):
@@ -530,31 +540,23 @@ class Model:
             rows *= self._embed_scale
         return rows
 
-    def _run_blocks(self, x: np.ndarray, state, lens, *, step: bool, sessions=None):
-        """x through every block; with a state, under its lock, marking rows on a late failure."""
+    def _run_blocks(self, x: np.ndarray, state, lens, *, step: bool, sessions=None, undo=None):
+        """x through every block. With a state, the caller holds its transaction (or owns the
+        state alone, as ``generate``) and ``undo`` is the log the layers save into."""
         if state is None:
             for blk in self._blocks:
                 x = blk.forward(x, lengths=lens)
             return x
-        if not state._lock.acquire(blocking=False):
-            raise RuntimeError("Model: the state is in use by another call")
-        try:
-            for i, (blk, st) in enumerate(zip(self._blocks, state.layers)):
-                try:
-                    if sessions is not None and sessions[i] is not None:
-                        x = sessions[i].step(x) if step else sessions[i].forward(x, lengths=lens)
-                    elif step:
-                        x = blk.step(x, st)
-                    else:
-                        x = blk.forward(x, st, lengths=lens)
-                except Exception:
-                    if i > 0:  # layers < i advanced: those rows are no longer consistent
-                        rows = range(state.batch_size) if lens is None else np.flatnonzero(lens)
-                        state._broken.update(int(r) for r in rows)
-                    raise
-            return x
-        finally:
-            state._lock.release()
+        for i, (blk, st) in enumerate(zip(self._blocks, state.layers)):
+            sess = None if sessions is None else sessions[i]
+            x = blk._model_call(x, st, lens, step=step, session=sess, undo=undo)
+        return x
+
+    def _in_transaction(self, state: ModelState, where: str):
+        """``with self._in_transaction(state, where):`` the state for one call: refused at once
+        when busy; on any exception leaving the block every layer is rolled back (SPEC.md 2.5).
+        The lock and the rollback are native (entered and left without running Python code)."""
+        return state._lock.transaction(f"{where}: the state is in use by another call", state._undo)
 
     def _last_logits(self, hidden: np.ndarray, lens) -> np.ndarray:
         """(B, vocab_size): the head on each row's last real position only (+0.0 for a row
@@ -637,18 +639,30 @@ class Model:
             ModelState; ``logits`` not a str.
         ValueError
             A shape or ``lengths`` out of range; an id outside the vocabulary (its index and
-            value); a state of another model or batch size, without room, or inconsistent after
-            a failed call; more than max_positions tokens; ``logits`` neither "all" nor "last".
+            value); a state of another model or batch size, or without room; more than
+            max_positions tokens; ``logits`` neither "all" nor "last"; a non-finite value
+            arising inside the stack (the layer names it).
         RuntimeError
             The state is in use by another call.
+        KeyboardInterrupt
+            Or any exception a signal handler raises: a long call polls for them and stops
+            within about 100 ms (SPEC.md 2.5).
+
+        Notes
+        -----
+        With a state, the call is atomic over every layer and the head: when it raises, for
+        whatever reason, every layer's buffers and counters are as before the call.
         """
         where = "Model.forward"
         which = check_choice(logits, "logits", where, ("all", "last"))
         ids, lens = self._prepare(ids, state, lengths, where)
-        x = self._run_blocks(self._embed_rows(ids, lens), state, lens, step=False)
-        if which == "last":
-            return self._last_logits(x, lens)
-        return self._logits(x, lens)
+        x = self._embed_rows(ids, lens)
+        head = self._last_logits if which == "last" else self._logits
+        if state is None:
+            return head(self._run_blocks(x, None, lens, step=False), lens)
+        with self._in_transaction(state, where):  # the head too: a stop there rolls back
+            x = self._run_blocks(x, state, lens, step=False, undo=state._undo)
+            return head(x, lens)
 
     __call__ = forward
 
@@ -681,8 +695,10 @@ class Model:
             raise TypeError(f"{where}: state is required (use forward() without a state)")
         arr, _ = self._prepare(arr, state, None, where)
         x = self._lookup(arr[:, 0])  # (B, d)
-        x = self._run_blocks(x, state, None, step=True)
-        return self._head.forward(x.reshape(-1, self.d_model)).reshape(-1, 1, self.vocab_size)
+        with self._in_transaction(state, where):
+            x = self._run_blocks(x, state, None, step=True, undo=state._undo)
+            x = self._head.forward(x.reshape(-1, self.d_model))
+        return x.reshape(-1, 1, self.vocab_size)
 
     # -- generation -----------------------------------------------------------------------------
     def generate(

@@ -484,8 +484,10 @@ class TransformerBlockInference(BlockCommon):
         Every check completes before the state is touched; the native computation runs with the
         GIL released and writes the cache, then ``row_tokens``, in one step: an exception
         raised into the call (Ctrl-C, a signal handler) leaves the state wholly before or
-        wholly after the call (SPEC.md 2.5). Output bits depend only on each row's own tokens
-        and starting state (SPEC.md 3.1).
+        wholly after the call (SPEC.md 2.5). A long call on the main thread polls for pending
+        signals about every 20 ms: a handler that raises (KeyboardInterrupt, a timeout) stops
+        it within about 100 ms, with the state exactly as before the call. Output bits depend
+        only on each row's own tokens and starting state (SPEC.md 3.1).
         """
         return self._call(x, state, lengths, f"{_CLS}.forward", step=False, session=None)
 
@@ -518,7 +520,16 @@ class TransformerBlockInference(BlockCommon):
         return self._call(x, state, None, f"{_CLS}.step", step=True, session=None)
 
     # -- internals ----------------------------------------------------------------------------
-    def _call(self, x, state, lengths, where: str, *, step: bool, session) -> np.ndarray:
+    def _model_call(self, x, state, lengths, *, step: bool, session, undo) -> np.ndarray:
+        """This block as one layer of a ``Model`` call: ``step`` / ``forward`` (through the
+        model's decode session when given), saving the cache slots it overwrites into ``undo``
+        (the model state's log, rolled back if a later layer fails)."""
+        where = f"{_CLS}.{'step' if step else 'forward'}"
+        if session is not None:
+            session._check_open(where)
+        return self._call(x, state, lengths, where, step=step, session=session, undo=undo)
+
+    def _call(self, x, state, lengths, where: str, *, step: bool, session, undo=None):
         impl = self._impl  # one snapshot: set_params swaps configurations atomically
         xa, lens = self._check_call_inputs(
             x,
@@ -605,6 +616,7 @@ class TransformerBlockInference(BlockCommon):
                     check_cache=True,
                     rope_set=int(state.rope_factors == "long"),  # longrope: the state's set
                     row_tokens=state.row_tokens,
+                    undo=undo,
                 )
             except MemoryError as exc:
                 raise self._memory_error(where, exc, state) from None
