@@ -50,9 +50,9 @@ CASES = [
      "prompt"),
     ("empty prompt", COMP, {"model": "smollm2", "prompt": ""}, 400, "prompt"),
     ("prompt longer than a sequence", COMP,
-     {"model": "smollm2", "prompt": "word " * 600}, 413, "prompt"),
+     {"model": "smollm2", "prompt": "word " * 600}, 400, "prompt"),
     ("prompt longer than a sequence (chat)", CHAT,
-     {"model": "smollm2", "messages": [{"role": "user", "content": "word " * 600}]}, 413,
+     {"model": "smollm2", "messages": [{"role": "user", "content": "word " * 600}]}, 400,
      "messages"),
     ("body over 4 MiB", COMP, b'{"model": "smollm2", "prompt": "' + b"a" * (5 << 20) + b'"}',
      413, None),
@@ -111,3 +111,29 @@ def test_api_key_guards_every_route_but_health(smol):
             bad.models.list()
         r = s.client().completions.create(model="smollm2", prompt="Hi", max_tokens=2)
         assert r.usage.completion_tokens >= 1
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "expected"),
+    [
+        ("--port", "99999", "expected an int in [0, 65535]; got 99999"),
+        ("--port", "http", "expected an int in [0, 65535]; got 'http'"),
+        ("--prefix-cache-mb", "-1", "expected a finite number of MiB >= 0; got '-1'"),
+        ("--prefix-cache-mb", "nan", "expected a finite number of MiB >= 0; got 'nan'"),
+    ],
+)
+def test_serve_options_are_checked_before_the_model_loads(flag, value, expected):
+    """A bad --port or --prefix-cache-mb is an argparse error (exit 2) naming the option, raised
+    before the model loads: the model path here does not exist, and no traceback follows."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "exactblocks", "serve", "/nonexistent/model.gguf", flag, value],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert f"argument {flag}: {expected}" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -223,8 +223,9 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
         try:
             n_new = engine.check(n_prompt, max_tokens)
         except PromptTooLong as exc:
+            # 400, as OpenAI answers it (the official client raises BadRequestError)
             raise APIError(
-                413, str(exc), param=prompt_param, code="context_length_exceeded"
+                400, str(exc), param=prompt_param, code="context_length_exceeded"
             ) from None
         except ValueError as exc:
             raise APIError(400, str(exc), param="max_tokens", code="invalid_value") from None

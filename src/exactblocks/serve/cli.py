@@ -13,6 +13,34 @@ import sys
 __all__ = ["add_parser", "build_server", "run_serve"]
 
 
+def port_number(text: str) -> int:
+    """argparse type of ``--port``: an int in [0, 65535] (0 = a free port), checked before the
+    model loads."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int in [0, 65535]; got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected an int in [0, 65535]; got {value}")
+    return value
+
+
+def non_negative_mb(text: str) -> float:
+    """argparse type of ``--prefix-cache-mb``: a finite float >= 0 (MiB; 0 disables the cache)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of MiB >= 0; got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of MiB >= 0; got {text!r}")
+    return value
+
+
 def add_parser(sub, positive_int) -> None:
     """Add ``serve`` to the ``exactblocks`` subparsers."""
     p = sub.add_parser(
@@ -24,7 +52,7 @@ def add_parser(sub, positive_int) -> None:
     )
     p.add_argument("model", metavar="MODEL", help="anything exactblocks.load_model accepts")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--port", type=port_number, default=8000, help="port (default: 8000)")
     p.add_argument(
         "--threads",
         type=positive_int,
@@ -54,7 +82,7 @@ def add_parser(sub, positive_int) -> None:
     )
     p.add_argument(
         "--prefix-cache-mb",
-        type=float,
+        type=non_negative_mb,
         default=256.0,
         help="prefix cache budget in MiB, 0 disables it (default: 256)",
     )
