@@ -11,10 +11,12 @@
 #include <cmath>
 
 namespace eb::cancel {
+
+std::atomic<int> g_watches{0};
+
 namespace {
 
 thread_local Watch* tl_watch = nullptr;
-std::atomic<int> g_watches{0};
 // Nanoseconds per floating-point operation of recent calls, as measured (record); starts at
 // 4 GFLOP/s, below what one core does on any ISA here, so a first call is not underestimated.
 std::atomic<double> g_ns_per_flop{0.25};
@@ -49,7 +51,7 @@ Watch::~Watch() {
   g_watches.fetch_sub(1, std::memory_order_relaxed);
 }
 
-void point() {
+void point_slow() {
   Watch* w = current();
   if (w == nullptr || !w->armed) return;
   if (w->stopped) throw Stopped();
@@ -70,7 +72,7 @@ void disarm() {
   if (Watch* w = current()) w->armed = false;
 }
 
-bool watching() {
+bool watching_slow() {
   const Watch* w = current();
   return w != nullptr && w->armed;
 }

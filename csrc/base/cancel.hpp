@@ -16,6 +16,7 @@
 // Nothing here knows about Python: the callback is a plain function pointer (the bindings' one
 // runs the interpreter's pending signal handlers). Compiled once, with the baseline flags.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <exception>
 
@@ -55,16 +56,26 @@ class Watch {
   Watch* prev;
 };
 
+// Watches alive in the process. Read inline on the hot path: with none (the common case: no
+// long call on the main thread), cancel points and watching() are one relaxed load. (static
+// inline: every object keeps its own copy, math/abi.hpp.)
+extern std::atomic<int> g_watches;
+static inline bool any_watch() { return g_watches.load(std::memory_order_relaxed) != 0; }
+
 // A cancel point: polls when the calling thread's watch is armed and a poll is due; throws
 // Stopped when the poll asks to stop (and at once at every later point of a stopped call).
-void point();
+void point_slow();
+static inline void point() {
+  if (any_watch()) point_slow();
+}
 
 // From here on, the calling thread's call is not stopped: no more polls, regions run whole.
 // A block calls it before it writes caller-owned memory that it has not saved (undo.hpp).
 void disarm();
 
 // Whether the calling thread's call can be stopped (parallel_for then runs regions in pieces).
-bool watching();
+bool watching_slow();
+static inline bool watching() { return any_watch() && watching_slow(); }
 
 // Piece sizes, in units of a region's grain: the first from the watch's estimate (about
 // kPieceNs if the region were the whole call), then from the time the last piece took.

@@ -112,9 +112,8 @@ void bind_head(nb::module_& m) {
           [](const HeadModel& h, CArr2 x) {
             const int64_t rows = static_cast<int64_t>(x.shape(0)), d = h.cfg.d_model;
             EB_CHECK(static_cast<int64_t>(x.shape(1)) == d, "OutputHead: x columns != d_model");
-            OutArr y =
-                new_array({static_cast<size_t>(rows), static_cast<size_t>(h.cfg.vocab_size)},
-                          /*zero=*/false);  // the GEMM writes every logit
+            OutArr y = new_array({static_cast<size_t>(rows), static_cast<size_t>(h.cfg.vocab_size)},
+                                 /*zero=*/false);  // the GEMM writes every logit
             if (rows == 0) return y;
             std::vector<float> hn(static_cast<size_t>(rows * d));
             // a long prefill's logits take a while: stopped by a signal handler that raises

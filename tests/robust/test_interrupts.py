@@ -302,3 +302,73 @@ def test_interval_timer_storm_on_a_model_state(core, tiny_hybrid_folder):
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     assert res.stdout.startswith("ok"), res.stdout
     assert int(res.stdout.split()[1]) > 0, "the timer never interrupted a call"
+
+
+def _failing_late(model, st):
+    """A model call that fails at layer 4 (an attention layer whose k_cache was made read-only
+    in place: refused before it writes), after layers 0-3 (two of them Mamba-2) have written."""
+    import numpy as np
+
+    layer = st.layers[4]
+    layer.k_cache.setflags(write=False)
+    try:
+        with pytest.raises(ValueError, match="k_cache"):
+            model.forward(np.array([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]]), st, lengths=[5, 3])
+    finally:
+        layer.k_cache.setflags(write=True)
+
+
+def test_model_call_failing_in_a_late_layer_rolls_back_on_the_main_thread(core, tiny_hybrid_folder):
+    import numpy as np
+    from robust_helpers import model_state_bytes
+
+    import exactblocks as eb
+
+    model = eb.load_model(tiny_hybrid_folder)
+    st = model.allocate_state(2, 16)
+    model.forward(np.array([[7, 8], [9, 10]]), st)
+    ref = eb.load_model(tiny_hybrid_folder).allocate_state(2, 16)
+    model.forward(np.array([[7, 8], [9, 10]]), ref)
+    before = model_state_bytes(st)
+    _failing_late(model, st)
+    assert not differing(model_state_bytes(st), before)
+    # usable, and a retry gives the bits of an uninterrupted call
+    ids = np.array([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]])
+    y = model.forward(ids, st, lengths=[5, 3])
+    y_ref = model.forward(ids, ref, lengths=[5, 3])
+    assert y.view(np.uint32).tobytes() == y_ref.view(np.uint32).tobytes()
+    assert not differing(model_state_bytes(st), model_state_bytes(ref))
+
+
+def test_model_call_failing_in_a_late_layer_on_another_thread_marks_its_rows(
+    core, tiny_hybrid_folder
+):
+    # Nothing is saved on a thread other than the main one (no exception can be raised into a
+    # call there between bytecodes): a late failure marks the rows it advanced instead.
+    import threading
+
+    import numpy as np
+
+    import exactblocks as eb
+
+    model = eb.load_model(tiny_hybrid_folder)
+    st = model.allocate_state(2, 16)
+    errors = []
+
+    def run():
+        try:
+            _failing_late(model, st)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert not errors, errors
+    with pytest.raises(ValueError, match=r"rows \[0, 1\] are inconsistent"):
+        model.step(np.array([1, 2]), st)
+    st.reset([0])
+    with pytest.raises(ValueError, match=r"rows \[1\] are inconsistent"):
+        model.step(np.array([1, 2]), st)
+    st.reset()
+    assert model.step(np.array([1, 2]), st).shape == (2, 1, 320)

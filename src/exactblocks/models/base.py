@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -93,19 +94,22 @@ class ModelState:
 
     Notes
     -----
-    A model call is atomic over all layers (SPEC.md 2.5): it completes, or it raises and every
-    layer's buffers and counters are exactly as before, whatever the failure (a non-finite
-    value arising in a late layer, a MemoryError, KeyboardInterrupt or an exception raised by a
-    signal handler at any point). The state serves one call at a time through a native lock
-    (RuntimeError when busy), and each layer saves the state it overwrites into the state's
-    undo log, which the lock's transaction rolls back or forgets when the call ends: a model
-    state holds up to one call's worth of such copies (at most the call's new K/V, and a copy
-    of each Mamba-2 layer's conv window and SSM state). ``copy.copy`` / ``copy.deepcopy`` and
-    pickling copy every buffer under the lock; taken while another thread's call runs, they wait
-    for it (SPEC.md 2.6).
+    The state serves one call at a time through a native lock (RuntimeError when busy). A call
+    made on the main thread (the one where signal handlers raise) is atomic over all layers and
+    the head (SPEC.md 2.5): it completes, or it raises and every layer's buffers and counters
+    are exactly as before, whatever the failure (KeyboardInterrupt or an exception raised by a
+    signal handler at any point, a non-finite value arising in a late layer, a MemoryError).
+    For that each layer saves what it overwrites into the state's undo log (the call's new K/V
+    slots, a copy of each advancing Mamba-2 row's conv window and SSM state), which the lock's
+    transaction rolls back or forgets when the call ends. On another thread nothing can be
+    raised into a call between bytecodes, so nothing is saved there; if such a call fails
+    after the first layer has written (only a non-finite value arising in a later layer or a
+    MemoryError can cause that), the rows it advanced are marked inconsistent and refused until
+    :meth:`reset` clears them. ``copy.copy`` / ``copy.deepcopy`` and pickling copy every buffer
+    under the lock; taken while another thread's call runs, they wait for it (SPEC.md 2.6).
     """
 
-    __slots__ = ("layers", "batch_size", "max_tokens", "_fingerprint", "_lock", "_undo")
+    __slots__ = ("layers", "batch_size", "max_tokens", "_fingerprint", "_lock", "_undo", "_broken")
 
     def __init__(self, *args, **kwargs):
         raise TypeError(
@@ -114,7 +118,7 @@ class ModelState:
         )
 
     @classmethod
-    def _make(cls, token, layers, batch_size, max_tokens, fingerprint):
+    def _make(cls, token, layers, batch_size, max_tokens, fingerprint, broken=()):
         if token is not _PRIVATE:
             raise TypeError("ModelState: states are made by Model.allocate_state")
         from exactblocks import _ext
@@ -133,6 +137,7 @@ class ModelState:
         # snapshots. Entered and left natively: no exception can leak the lock.
         s(self, "_lock", core.StateLock())
         s(self, "_undo", core.UndoLog())
+        s(self, "_broken", set(broken))  # rows left inconsistent by a failed call (see Notes)
         return self
 
     def __setattr__(self, name, value):
@@ -181,30 +186,32 @@ class ModelState:
                 a, b = (getattr(st, name) for name in st._BUFFERS)
                 layers.append((st._lock, a, b, st.row_tokens))
             _ext.core().reset_layers(layers, idx, busy)
+            self._broken.difference_update(int(r) for r in idx)
 
     def _copy_layers(self, where: str) -> tuple:
-        """Copies of every layer, taken under the state's lock (a running call of another
-        thread finishes first; RuntimeError when this thread's own call holds it)."""
+        """Copies of every layer and the inconsistent rows, taken under the state's lock (a
+        running call of another thread finishes first; RuntimeError when this thread's own call
+        holds it)."""
         import copy
 
         from exactblocks._state import SNAPSHOT_TIMEOUT
 
         with self._lock.hold(where, SNAPSHOT_TIMEOUT):
-            return tuple(copy.copy(st) for st in self.layers)
+            return tuple(copy.copy(st) for st in self.layers), sorted(self._broken)
 
     def __reduce__(self):
-        layers = self._copy_layers("ModelState (pickle or copy)")
+        layers, broken = self._copy_layers("ModelState (pickle or copy)")
         return (
             _restore_model_state,
-            (layers, self.batch_size, self.max_tokens, self.fingerprint),
+            (layers, self.batch_size, self.max_tokens, self.fingerprint, broken),
         )
 
     def __copy__(self):
-        layers = self._copy_layers("ModelState (copy)")
+        layers, broken = self._copy_layers("ModelState (copy)")
         # the model's own fingerprint object: the copy is recognised by identity, and a
         # fingerprint not yet computed stays so
         return ModelState._make(
-            _PRIVATE, layers, self.batch_size, self.max_tokens, self._fingerprint
+            _PRIVATE, layers, self.batch_size, self.max_tokens, self._fingerprint, broken
         )
 
     def __deepcopy__(self, memo):
@@ -217,8 +224,8 @@ class ModelState:
         )
 
 
-def _restore_model_state(layers, batch_size, max_tokens, fingerprint):
-    return ModelState._make(_PRIVATE, layers, batch_size, max_tokens, fingerprint)
+def _restore_model_state(layers, batch_size, max_tokens, fingerprint, broken=()):
+    return ModelState._make(_PRIVATE, layers, batch_size, max_tokens, fingerprint, broken)
 
 
 # -- generation results -------------------------------------------------------------------------
@@ -484,6 +491,12 @@ class Model:
             raise ValueError(
                 f"{where}: ids has {batch} rows but state.batch_size is {state.batch_size}"
             )
+        if state._broken:
+            raise ValueError(
+                f"{where}: state rows {sorted(state._broken)} are inconsistent after a call "
+                "that failed on another thread than the main one; reset() them (or allocate a "
+                "new state)"
+            )
 
     # -- calls ----------------------------------------------------------------------------------
     def _check_lengths(self, lengths, batch: int, n_tokens: int, where: str):
@@ -540,16 +553,38 @@ class Model:
             rows *= self._embed_scale
         return rows
 
-    def _run_blocks(self, x: np.ndarray, state, lens, *, step: bool, sessions=None, undo=None):
-        """x through every block. With a state, the caller holds its transaction (or owns the
-        state alone, as ``generate``) and ``undo`` is the log the layers save into."""
+    def _run_blocks(self, x: np.ndarray, state, lens, *, step: bool, sessions=None):
+        """x through every block: without a state, or with a state only this call uses (that of
+        ``generate``, with its decode sessions), which saves nothing."""
         if state is None:
             for blk in self._blocks:
                 x = blk.forward(x, lengths=lens)
             return x
         for i, (blk, st) in enumerate(zip(self._blocks, state.layers)):
             sess = None if sessions is None else sessions[i]
-            x = blk._model_call(x, st, lens, step=step, session=sess, undo=undo)
+            x = blk._model_call(x, st, lens, step=step, session=sess, undo=None)
+        return x
+
+    def _run_layers(self, x: np.ndarray, state: ModelState, lens, *, step: bool):
+        """x through every layer of ``state``, inside its transaction (the caller's ``with``).
+
+        On the main thread, where signal handlers raise, every layer saves what it overwrites
+        into the state's undo log, which the transaction rolls back on any exception. Another
+        thread cannot have an exception raised into it between bytecodes, so its layers save
+        nothing (a batched Mamba-2 decode step would copy its whole SSM state, about a fifth of
+        its time), and a failure after the first layer has written marks the rows it advanced
+        inconsistent instead (reliably: nothing interrupts this handler there).
+        """
+        main = threading.current_thread() is threading.main_thread()
+        undo = state._undo if main else None
+        for i, (blk, st) in enumerate(zip(self._blocks, state.layers)):
+            try:
+                x = blk._model_call(x, st, lens, step=step, session=None, undo=undo)
+            except BaseException:
+                if not main and i > 0:  # layers < i advanced: those rows are inconsistent
+                    rows = range(state.batch_size) if lens is None else np.flatnonzero(lens)
+                    state._broken.update(int(r) for r in rows)
+                raise
         return x
 
     def _in_transaction(self, state: ModelState, where: str):
@@ -639,9 +674,10 @@ class Model:
             ModelState; ``logits`` not a str.
         ValueError
             A shape or ``lengths`` out of range; an id outside the vocabulary (its index and
-            value); a state of another model or batch size, or without room; more than
-            max_positions tokens; ``logits`` neither "all" nor "last"; a non-finite value
-            arising inside the stack (the layer names it).
+            value); a state of another model or batch size, without room, or with rows left
+            inconsistent by a call that failed on another thread; more than max_positions
+            tokens; ``logits`` neither "all" nor "last"; a non-finite value arising inside
+            the stack (the layer names it).
         RuntimeError
             The state is in use by another call.
         KeyboardInterrupt
@@ -650,8 +686,9 @@ class Model:
 
         Notes
         -----
-        With a state, the call is atomic over every layer and the head: when it raises, for
-        whatever reason, every layer's buffers and counters are as before the call.
+        With a state, a call on the main thread is atomic over every layer and the head: when
+        it raises, for whatever reason, every layer's buffers and counters are as before the
+        call (see :class:`ModelState` for calls on other threads).
         """
         where = "Model.forward"
         which = check_choice(logits, "logits", where, ("all", "last"))
@@ -661,7 +698,7 @@ class Model:
         if state is None:
             return head(self._run_blocks(x, None, lens, step=False), lens)
         with self._in_transaction(state, where):  # the head too: a stop there rolls back
-            x = self._run_blocks(x, state, lens, step=False, undo=state._undo)
+            x = self._run_layers(x, state, lens, step=False)
             return head(x, lens)
 
     __call__ = forward
@@ -696,7 +733,7 @@ class Model:
         arr, _ = self._prepare(arr, state, None, where)
         x = self._lookup(arr[:, 0])  # (B, d)
         with self._in_transaction(state, where):
-            x = self._run_blocks(x, state, None, step=True, undo=state._undo)
+            x = self._run_layers(x, state, None, step=True)
             x = self._head.forward(x.reshape(-1, self.d_model))
         return x.reshape(-1, 1, self.vocab_size)
 
