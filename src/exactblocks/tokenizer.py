@@ -276,16 +276,9 @@ class GGUFTokenizer:
             ) from exc
         tokens = list(tokens)
         n = len(tokens)
-        for name, value in (
-            ("bos_token_id", bos_token_id),
-            ("eos_token_id", eos_token_id),
-            ("unk_token_id", unk_token_id),
-            ("pad_token_id", pad_token_id),
-        ):
-            if value is not None and not 0 <= value < n:
-                raise ValueError(
-                    f"GGUFTokenizer.__init__: {name}={value} is outside the vocabulary [0, {n})"
-                )
+        _check_special_ids(
+            "GGUFTokenizer.__init__", n, bos_token_id, eos_token_id, unk_token_id, pad_token_id
+        )
         # (comprehensions and one set over the whole vocabulary: as plain loops over SmolLM2's
         # 10^5 strings these took about a sixth of its load)
         pairs = [tuple(merge.split(" ")) for merge in merges]
@@ -552,14 +545,7 @@ class GGUFTokenizer:
         types = list(token_types) if token_types is not None else [1] * n
         if len(types) != n:
             raise ValueError(f"{where}: {len(types)} token types for {n} tokens")
-        for name, value in (
-            ("bos_token_id", bos_token_id),
-            ("eos_token_id", eos_token_id),
-            ("unk_token_id", unk_token_id),
-            ("pad_token_id", pad_token_id),
-        ):
-            if value is not None and not 0 <= value < n:
-                raise ValueError(f"{where}: {name}={value} is outside the vocabulary [0, {n})")
+        _check_special_ids(where, n, bos_token_id, eos_token_id, unk_token_id, pad_token_id)
 
         if variant == "gemma":
             # gemma_tokenizer: a token of spaces only is looked up as that many '▁'; its
@@ -881,3 +867,15 @@ def _spm_merges(vocab: Mapping[str, int], priority: Mapping[str, float] | None) 
     ]
     found.sort(key=lambda m: (-m[2], -len(m[0]), -len(m[1])))
     return [(left, right) for left, right, _ in found]
+
+
+def _check_special_ids(where: str, n: int, bos, eos, unk, pad) -> None:
+    """ValueError naming the first of bos/eos/unk/pad_token_id outside [0, n) (None: absent)."""
+    for name, value in (
+        ("bos_token_id", bos),
+        ("eos_token_id", eos),
+        ("unk_token_id", unk),
+        ("pad_token_id", pad),
+    ):
+        if value is not None and not 0 <= value < n:
+            raise ValueError(f"{where}: {name}={value} is outside the vocabulary [0, {n})")
