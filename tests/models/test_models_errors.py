@@ -110,6 +110,11 @@ def test_source_and_call_errors(tiny):
     with pytest.raises(TypeError, match="must hold integers"):
         model.forward([[True, False]])
     model.forward([[1, 2, 320]], lengths=[2])  # padding ids are never read
+    # named as the model's own argument, not the first layer's x; no wrap to a negative id
+    with pytest.raises(ValueError, match=r"^Model.forward: ids has shape \(1, 0\); expected at"):
+        model.forward(np.zeros((1, 0), np.int64))
+    with pytest.raises(ValueError, match=r"ids\[0, 1\]=9223372036854775808 is not a token id"):
+        model.forward(np.array([[1, 2**63]], np.uint64))
     with pytest.raises(ValueError, match=r"lengths\[0\]=4 is outside"):
         model.forward([[1, 2, 3]], lengths=[4])
     with pytest.raises(TypeError, match="needs a tokenizer"):

@@ -69,6 +69,9 @@ def _as_ids(ids, where: str, name: str = "ids") -> np.ndarray:
             f"{where}: {name} must hold integers (token ids); got dtype {arr.dtype}"
             + (" (bool is not an id)" if arr.dtype == bool else "")
         )
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+        at = tuple(int(i) for i in np.unravel_index(int(arr.argmax()), arr.shape))
+        raise ValueError(f"{where}: {name}{list(at)}={int(arr[at])} is not a token id")
     return arr.astype(np.int64, copy=False)
 
 
@@ -623,6 +626,8 @@ class Model:
         B, L = ids.shape
         if B < 1:
             raise ValueError(f"{where}: ids has no rows")
+        if L < 1:
+            raise ValueError(f"{where}: ids has shape {ids.shape}; expected at least one token")
         lens = self._check_lengths(lengths, B, L, where)
         self._check_vocab(ids, lens, where)
         if state is None:
