@@ -98,6 +98,10 @@ def test_nonfinite_weight_is_named(tiny):
 def test_source_and_call_errors(tiny):
     with pytest.raises(TypeError, match="source must be a path"):
         exactblocks.load_model(42)
+    with pytest.raises(
+        FileNotFoundError, match=r"^load_model: '/nonexistent/m.gguf' is not a file"
+    ):
+        exactblocks.load_model("/nonexistent/m.gguf")
     with pytest.raises(TypeError, match="needs config="):
         exactblocks.load_model({})
     model = exactblocks.load_model(tiny("qwen3")[0])

@@ -168,6 +168,8 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
         elif path.endswith(".gguf"):
             if config is not None:
                 raise TypeError("load_model: config= is not taken with a GGUF file")
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"load_model: {path!r} is not a file")
             return _load_gguf(path, max_positions)
         elif path.endswith(".safetensors"):
             from exactblocks.loaders.safetensors import SafetensorsSource
