@@ -34,14 +34,15 @@
 namespace eb::pool {
 namespace {
 
-constexpr int kChunksPerThread = 8;       // enough for balance, few enough to keep claims cheap
-constexpr int kMaxThreads = 256;          // n_threads - 1 fits the word's 8 bits
+constexpr int kChunksPerThread = 8;  // enough for balance, few enough to keep claims cheap
+constexpr int kMaxThreads = 256;     // n_threads - 1 fits the word's 8 bits
 static_assert(kMaxThreads * kChunksPerThread <= 0xFFF, "chunk indices fit 12 bits");
 // A helper waits for the next region spinning kHelperSpinNs, then yielding its core to any
 // other runnable thread between looks for kHelperYieldNs more, then asleep on a futex. The
 // yielding phase keeps the helper awake across the gaps between a model's calls (sampling, a
 // Python loop): waking a sleeping thread took longer than the next region on a virtual
-// machine, so the caller did that region mostly alone; a yielding helper gives its core to any thread that can run.
+// machine, so the caller did that region mostly alone; a yielding helper gives its core to any
+// thread that can run.
 constexpr int64_t kHelperSpinNs = 50000;
 constexpr int64_t kHelperYieldNs = 2000000;
 constexpr int64_t kCallerSpinNs = 20000;  // the caller spins this long for claimed chunks
