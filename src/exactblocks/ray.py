@@ -32,7 +32,9 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import shutil
 import tempfile
+import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
 
@@ -64,7 +66,8 @@ def pack_model(path: str | os.PathLike) -> dict:
     dict
         ``{"name": basename, "is_dir": bool, "files": {name: bytes}}``; pass
         ``model_ref=ray.put(pack_model(path))`` to :class:`Generate`, :class:`Score` or
-        :class:`Embed`, which write it to a temporary folder on the worker and load it.
+        :class:`Embed`, which write it to a temporary folder on the worker, load it, and
+        remove the folder when the actor ends (at once when the model fails to load).
 
     Raises
     ------
@@ -88,16 +91,25 @@ def pack_model(path: str | os.PathLike) -> dict:
     return {"name": name, "is_dir": False, "files": {name: data}}
 
 
-def _unpack(packed: Mapping) -> str:
+def _unpack(packed: Mapping) -> tuple[str, str]:
+    """Write a :func:`pack_model` dict to a new temporary folder: ``(model path, folder)``.
+
+    The caller removes the folder (:func:`shutil.rmtree`) when the model is no longer used; on
+    an error here it is removed before the error propagates.
+    """
     root = tempfile.mkdtemp(prefix="exactblocks-ray-")
-    folder = os.path.join(root, packed["name"]) if packed["is_dir"] else root
-    os.makedirs(folder, exist_ok=True)
-    for name, data in packed["files"].items():
-        if os.path.basename(name) != name:
-            raise ValueError(f"exactblocks.ray: packed file name {name!r} is not a plain name")
-        with open(os.path.join(folder, name), "wb") as f:
-            f.write(data)
-    return folder if packed["is_dir"] else os.path.join(root, packed["name"])
+    try:
+        folder = os.path.join(root, packed["name"]) if packed["is_dir"] else root
+        os.makedirs(folder, exist_ok=True)
+        for name, data in packed["files"].items():
+            if os.path.basename(name) != name:
+                raise ValueError(f"exactblocks.ray: packed file name {name!r} is not a plain name")
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(data)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return (folder if packed["is_dir"] else os.path.join(root, packed["name"])), root
 
 
 def _assigned_cpus() -> int | None:
@@ -143,7 +155,11 @@ class _Actor:
                     f"{where}: model_ref must hold exactblocks.ray.pack_model(path); got "
                     f"{type(packed).__name__}"
                 )
-            path = _unpack(packed)
+            path, tmp_root = _unpack(packed)
+            # The copy lives as long as this object (the model may read its file again, e.g.
+            # a memory-mapped tensor), and no longer: every actor of every job would otherwise
+            # leave a model-sized folder in the worker's temporary directory.
+            self._tmp_cleanup = weakref.finalize(self, shutil.rmtree, tmp_root, True)
             shown = f"{path} (shipped as {packed['name']!r})"
         elif isinstance(model, exactblocks.Model):  # in-process use: already loaded
             path = shown = None
@@ -156,6 +172,8 @@ class _Actor:
             try:
                 self.model = exactblocks.load_model(path, max_positions=max_positions)
             except Exception as exc:
+                if model_ref is not None:
+                    self._tmp_cleanup()
                 raise ModelLoadError(
                     f"{where}: cannot load the model {shown!r}: {type(exc).__name__}: {exc}"
                 ) from exc
@@ -369,7 +387,8 @@ class Generate(_Actor):
         ``Model`` (used as it is: no load, no Ray needed).
     model_ref : ray.ObjectRef or dict, optional
         Instead of ``model``: ``ray.put(pack_model(path))``, the model's bytes through the object
-        store (written to a temporary folder on the worker).
+        store (written to a temporary folder on the worker, removed when this object is
+        garbage-collected or its process exits).
     num_threads : int, optional
         Threads of this actor; default = the CPUs Ray assigned to it (``num_cpus``).
     max_positions : int, optional

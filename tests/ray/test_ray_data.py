@@ -281,3 +281,24 @@ def test_constructor_errors(model):
         ebray.Embed(model, pooling="max")
     with pytest.raises(ValueError, match="temperature"):
         ebray.Generate(model, temperature=-1.0)
+
+
+def test_shipped_model_copy_is_removed(path, tmp_path, monkeypatch):
+    """model_ref= writes the model to a temporary folder: removed with the object, and at once
+    when the model fails to load (every actor of every job used to leave its copy behind)."""
+    import gc
+    import glob
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gen = ebray.Generate(model_ref=ebray.pack_model(path))
+    copies = glob.glob(str(tmp_path / "exactblocks-ray-*"))
+    assert len(copies) == 1 and gen.path.startswith(copies[0])
+    assert os.path.getsize(gen.path) == os.path.getsize(path)
+    del gen
+    gc.collect()
+    assert glob.glob(str(tmp_path / "exactblocks-ray-*")) == []
+    junk = {"name": "junk.gguf", "is_dir": False, "files": {"junk.gguf": b"GGUF but not really"}}
+    with pytest.raises(ebray.ModelLoadError, match="junk.gguf"):
+        ebray.Score(model_ref=junk)
+    assert glob.glob(str(tmp_path / "exactblocks-ray-*")) == []
