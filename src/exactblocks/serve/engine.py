@@ -45,6 +45,10 @@ __all__ = [
 
 DEFAULT_MAX_TOKENS_PER_SEQUENCE = 4096
 MAX_TOP_LOGPROBS = 20
+#: Prompt tokens a step may always carry beside decoding rows (prefill never starves).
+MIN_PREFILL_TOKENS = 16
+#: The error of the FinishEvent("abort") every unfinished request gets at shutdown.
+SHUTTING_DOWN = "the server is shutting down"
 
 
 class QueueFull(RuntimeError):
@@ -247,19 +251,37 @@ class Engine:
     prefill_chunk : int, default=64
         Prompt tokens per row per step, and the prefix cache's boundary spacing.
     prefill_budget : int or None, default=None
-        Prompt tokens per step over all rows (None = ``2 * prefill_chunk``), so prefills never
-        stall the decode steps of running requests for long.
+        Prompt tokens per step over all rows while no row decodes (None =
+        ``2 * prefill_chunk``).
+    prefill_ratio : float, default=1.0
+        While rows decode, a step carries at most ``max(MIN_PREFILL_TOKENS, prefill_ratio *
+        decoding rows)`` prompt tokens (and never more than ``prefill_budget``). A step's cost
+        grows about linearly with the tokens it carries once a batch is large, so a step with
+        prompt chunks then costs at most about ``1 + prefill_ratio`` times a decode step: the
+        bound on the per-token latency of running requests that a long or a burst of prompts
+        can cause. Larger = faster time to first token, slower tokens for the others; 0 = only
+        ``MIN_PREFILL_TOKENS`` (16) prompt tokens per step beside decodes.
     prefix_cache_mb : float, default=256
         Budget of the prefix cache (0 disables it).
+
+    Raises
+    ------
+    ValueError
+        ``max_batch``, ``prefill_chunk`` or ``prefill_budget`` < 1, ``max_queue`` < 0,
+        ``prefill_ratio`` negative or not finite, ``max_tokens_per_sequence`` beyond the
+        model's positions.
 
     Notes
     -----
     One loop thread owns the state. Each step: admit waiting requests into free rows
     (restoring their longest cached prefix), run one ragged ``forward`` with every row's
     next chunk (a prompt chunk or one decode token; idle rows have length 0), save prefix
-    boundaries, sample the rows whose prompt is done, deliver events, free finished rows.
-    Events are delivered by calling the request's sink from the loop thread: it must be quick
-    and must not block (e.g. ``loop.call_soon_threadsafe``).
+    boundaries, sample the rows whose prompt is done, free finished rows, then deliver the
+    step's events in one burst. Prompt chunks take the rows in round-robin order within the
+    step's prompt-token allowance (``prefill_budget``, or the ``prefill_ratio`` bound while
+    rows decode); chunks end at multiples of ``prefill_chunk``, where the prefix cache saves
+    its boundaries. Events are delivered by calling the request's sink from the loop thread:
+    it must be quick and must not block (e.g. ``loop.call_soon_threadsafe``).
     """
 
     def __init__(
@@ -271,10 +293,18 @@ class Engine:
         max_queue: int = 64,
         prefill_chunk: int = 64,
         prefill_budget: int | None = None,
+        prefill_ratio: float = 1.0,
         prefix_cache_mb: float = 256,
     ):
         if max_batch < 1 or max_queue < 0 or prefill_chunk < 1:
-            raise ValueError("max_batch and prefill_chunk must be >= 1, max_queue >= 0")
+            raise ValueError(
+                f"Engine: max_batch={max_batch} and prefill_chunk={prefill_chunk} must be >= 1, "
+                f"max_queue={max_queue} >= 0"
+            )
+        if prefill_budget is not None and prefill_budget < 1:
+            raise ValueError(f"Engine: prefill_budget={prefill_budget} must be >= 1 or None")
+        if not (math.isfinite(prefill_ratio) and prefill_ratio >= 0):
+            raise ValueError(f"Engine: prefill_ratio={prefill_ratio!r} must be finite and >= 0")
         self.model = model
         limit = model.max_positions
         cap = max_tokens_per_sequence or DEFAULT_MAX_TOKENS_PER_SEQUENCE
@@ -289,6 +319,7 @@ class Engine:
         self.max_queue = int(max_queue)
         self.prefill_chunk = int(prefill_chunk)
         self.prefill_budget = int(prefill_budget or 2 * prefill_chunk)
+        self.prefill_ratio = float(prefill_ratio)
         self.state = model.allocate_state(
             self.max_batch, None if model.family == "mamba2" else self.max_tokens_per_sequence
         )
@@ -301,6 +332,7 @@ class Engine:
         self._waiting: collections.deque[_Seq] = collections.deque()
         self._rows: list[_Seq | None] = [None] * self.max_batch
         self._turn = 0
+        self._outbox: list[tuple[_Seq, object]] = []  # events of this iteration, in order
         self._stop = False
         self._thread: threading.Thread | None = None
         self.counters = collections.Counter()
@@ -464,10 +496,11 @@ class Engine:
                 self._drop(cancelled)
                 self._admit()
                 self._step()
+                self._flush()
         except BaseException as exc:  # pragma: no cover - a bug: fail every request loudly
             self._fail_all(f"engine loop failed: {type(exc).__name__}: {exc}")
             raise
-        self._fail_all("the server is shutting down", reason="abort")
+        self._fail_all(SHUTTING_DOWN, reason="abort")
 
     def _fail_all(self, message: str, reason: str = "error") -> None:
         with self._cond:
@@ -480,6 +513,7 @@ class Engine:
         for seq in self._rows:
             if seq is not None:
                 self._finish(seq, reason, error=message)
+        self._flush()
 
     def _drop(self, cancelled: set) -> None:
         if not cancelled:
@@ -514,7 +548,8 @@ class Engine:
     def _step(self) -> None:
         B, chunk = self.max_batch, self.prefill_chunk
         lens = np.zeros(B, np.int64)
-        budget = self.prefill_budget
+        decoding = sum(1 for s in self._rows if s is not None and s.next_token is not None)
+        budget = self.prefill_allowance(decoding)
         self._turn = (self._turn + 1) % B  # prefill budget shared round-robin over the rows
         for row in [(self._turn + i) % B for i in range(B)]:
             seq = self._rows[row]
@@ -565,6 +600,25 @@ class Engine:
         for seq in list(self._rows):
             if seq is not None and seq.logits is not None:
                 self._sample(seq)
+
+    def prefill_allowance(self, decoding: int) -> int:
+        """Prompt tokens the next step may carry when ``decoding`` rows decode in it.
+
+        Parameters
+        ----------
+        decoding : int
+            Rows that feed one decode token in the step, >= 0.
+
+        Returns
+        -------
+        int
+            ``prefill_budget`` when ``decoding`` is 0, else ``min(prefill_budget,
+            max(MIN_PREFILL_TOKENS, floor(prefill_ratio * decoding)))``.
+        """
+        if decoding <= 0:
+            return self.prefill_budget
+        share = max(MIN_PREFILL_TOKENS, int(self.prefill_ratio * decoding))
+        return min(self.prefill_budget, share)
 
     def _save(self, seq: _Seq, last_logits: np.ndarray) -> None:
         if not seq.chain_ok or self.cache.max_bytes <= 0:
@@ -628,11 +682,19 @@ class Engine:
             seq.next_token = token
 
     def _emit(self, seq: _Seq, ev) -> None:
-        try:
-            seq.handle._sink(ev)
-        except Exception:  # a consumer gone (closed event loop): the request is abandoned
-            with self._cond:
-                self._cancelled.add(seq.handle)
+        self._outbox.append((seq, ev))
+
+    def _flush(self) -> None:
+        """Deliver the events of this loop iteration, in order: one burst per step, so a
+        consumer that wakes an event loop per burst (``exactblocks.serve.api``) wakes once."""
+        out, self._outbox = self._outbox, []
+        for seq, ev in out:
+            try:
+                seq.handle._sink(ev)
+            except Exception:  # a consumer gone (closed event loop): the request is abandoned
+                if seq.handle.finished is None:
+                    with self._cond:
+                        self._cancelled.add(seq.handle)
 
     def _finish(self, seq: _Seq, reason: str, error: str | None = None) -> None:
         tail, text = "", ""
