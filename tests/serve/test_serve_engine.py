@@ -58,12 +58,14 @@ def test_batched_equals_generate_and_alone(models, family):
     model = models(family)
     prompts = _prompts(7, seed=1)
     params = [_params(i) for i in range(len(prompts))]
-    batched, _ = _run(model, prompts, params, max_batch=3, prefill_chunk=8, prefill_budget=12)
+    # the batch's rows are picked on a pool of 3 threads, the lone request's on the loop thread
+    batched, _ = _run(model, prompts, params, max_batch=3, prefill_chunk=8, prefill_budget=12,
+                      sample_threads=3)  # fmt: skip
     for i, (p, q) in enumerate(zip(prompts, params)):
         ref = model.generate(p, max_new_tokens=6, temperature=0.9, top_p=0.95, seed=100 + i,
                              stop=())  # fmt: skip
         assert [t.token for t in batched[i][0]] == ref.ids, i
-        alone, _ = _run(model, [p], [q], max_batch=1, prefix_cache_mb=0)
+        alone, _ = _run(model, [p], [q], max_batch=1, prefix_cache_mb=0, sample_threads=1)
         assert _answer(alone[0]) == _answer(batched[i]), i
 
 
