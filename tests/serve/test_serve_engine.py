@@ -5,6 +5,7 @@ stays within its budget; a cancelled request frees its row."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -210,3 +211,17 @@ def test_prefill_beside_decodes_is_bounded_by_the_ratio(models, ratio):
     assert any(p == bound(d) for d, p in mixed), rec.calls  # the bound is what limited them
     alone = [_answer(_run(model, [p], [q], **kw)[0][0]) for p, q in zip(prompts, params)]
     assert got == alone
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (dict(prefill_ratio=-1.0), "prefill_ratio=-1.0 must be finite and >= 0"),
+        (dict(prefill_ratio=float("nan")), "prefill_ratio=nan must be finite and >= 0"),
+        (dict(prefill_budget=0), "prefill_budget=0 must be >= 1 or None"),
+        (dict(sample_threads=0), "sample_threads=0 must be >= 1 or None"),
+    ],
+)
+def test_engine_options_are_checked(models, kw, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Engine(models("mamba2"), **kw)
