@@ -5,6 +5,7 @@ stays within its budget; a cancelled request frees its row."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -58,12 +59,14 @@ def test_batched_equals_generate_and_alone(models, family):
     model = models(family)
     prompts = _prompts(7, seed=1)
     params = [_params(i) for i in range(len(prompts))]
-    batched, _ = _run(model, prompts, params, max_batch=3, prefill_chunk=8, prefill_budget=12)
+    # the batch's rows are picked on a pool of 3 threads, the lone request's on the loop thread
+    batched, _ = _run(model, prompts, params, max_batch=3, prefill_chunk=8, prefill_budget=12,
+                      sample_threads=3)  # fmt: skip
     for i, (p, q) in enumerate(zip(prompts, params)):
         ref = model.generate(p, max_new_tokens=6, temperature=0.9, top_p=0.95, seed=100 + i,
                              stop=())  # fmt: skip
         assert [t.token for t in batched[i][0]] == ref.ids, i
-        alone, _ = _run(model, [p], [q], max_batch=1, prefix_cache_mb=0)
+        alone, _ = _run(model, [p], [q], max_batch=1, prefix_cache_mb=0, sample_threads=1)
         assert _answer(alone[0]) == _answer(batched[i]), i
 
 
@@ -152,3 +155,73 @@ def test_long_prompt_prefills_in_chunks_beside_decodes(models):
     # 120 tokens / 8 per step = 15 steps before the long prompt's first token; the short
     # request got a token in (nearly) every one of them
     assert sum(1 for who, _ in order[:first_long] if who == "short") >= 14
+
+
+class _Recorder:
+    """The real model, noting per forward/step call the rows that decode and the prompt
+    tokens carried beside them (read from the engine's rows at call time)."""
+
+    def __init__(self, model, engine):
+        self._model, self._engine, self.calls = model, engine, []
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def _note(self, lens):
+        decoding = [r for r, s in enumerate(self._engine._rows) if s is not None
+                    and s.next_token is not None]  # fmt: skip
+        prompt = int(sum(int(n) for r, n in enumerate(lens) if r not in decoding))
+        self.calls.append((len(decoding), prompt))
+
+    def forward(self, ids, state, *, lengths, logits):
+        self._note(lengths)
+        return self._model.forward(ids, state, lengths=lengths, logits=logits)
+
+    def step(self, ids, state):
+        self._note([1] * len(ids))
+        return self._model.step(ids, state)
+
+
+@pytest.mark.parametrize("ratio", [0.0, 1.0, 3.0])
+def test_prefill_beside_decodes_is_bounded_by_the_ratio(models, ratio):
+    """While rows decode, a step carries at most max(16, ratio * decoding rows) prompt tokens;
+    with no row decoding, up to prefill_budget. The answers stay those of the requests alone."""
+    from exactblocks.serve.engine import MIN_PREFILL_TOKENS
+
+    model = models("mamba2")
+    prompts = _prompts(6, seed=7, lo=2, hi=5) + _prompts(3, seed=8, lo=90, hi=130)
+    params = [_params(i, max_tokens=24 if i < 6 else 3) for i in range(len(prompts))]
+    kw = dict(max_batch=9, prefill_chunk=64, prefill_budget=128)
+    eng = Engine(model, prefill_ratio=ratio, **kw)
+    rec = eng.model = _Recorder(model, eng)
+    with eng:
+        short = [eng.submit(p, q) for p, q in zip(prompts[:6], params[:6])]
+        while sum(s is not None and s.next_token is not None for s in eng._rows) < 6:
+            time.sleep(0.001)  # the short ones decode: now the long prompts arrive
+        long = [eng.submit(p, q) for p, q in zip(prompts[6:], params[6:])]
+        got = [_answer(h.result(timeout=120)) for h in short + long]
+    assert eng.prefill_allowance(0) == 128
+    mixed = [(d, p) for d, p in rec.calls if d and p]
+    assert mixed, rec.calls  # the long prompts were prefilled beside decodes
+
+    def bound(d):
+        return 128 if d == 0 else min(128, max(MIN_PREFILL_TOKENS, int(ratio * d)))
+
+    assert all(p <= bound(d) for d, p in rec.calls), rec.calls
+    assert any(p == bound(d) for d, p in mixed), rec.calls  # the bound is what limited them
+    alone = [_answer(_run(model, [p], [q], **kw)[0][0]) for p, q in zip(prompts, params)]
+    assert got == alone
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (dict(prefill_ratio=-1.0), "prefill_ratio=-1.0 must be finite and >= 0"),
+        (dict(prefill_ratio=float("nan")), "prefill_ratio=nan must be finite and >= 0"),
+        (dict(prefill_budget=0), "prefill_budget=0 must be >= 1 or None"),
+        (dict(sample_threads=0), "sample_threads=0 must be >= 1 or None"),
+    ],
+)
+def test_engine_options_are_checked(models, kw, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Engine(models("mamba2"), **kw)

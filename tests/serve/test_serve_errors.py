@@ -120,6 +120,9 @@ def test_api_key_guards_every_route_but_health(smol):
         ("--port", "http", "expected an int in [0, 65535]; got 'http'"),
         ("--prefix-cache-mb", "-1", "expected a finite number of MiB >= 0; got '-1'"),
         ("--prefix-cache-mb", "nan", "expected a finite number of MiB >= 0; got 'nan'"),
+        ("--prefill-ratio", "-0.5", "expected a finite number >= 0; got '-0.5'"),
+        ("--prefill-ratio", "inf", "expected a finite number >= 0; got 'inf'"),
+        ("--prefill-ratio", "half", "expected a number >= 0; got 'half'"),
     ],
 )
 def test_serve_options_are_checked_before_the_model_loads(flag, value, expected):

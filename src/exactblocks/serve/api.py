@@ -7,8 +7,9 @@ requests (``exactblocks.serve.protocol``) into prompt ids and
 server-sent events; OpenAI error bodies for every failure; the ``--api-key`` check. What does
 not: scheduling, states, sampling (the engine), running the server (``exactblocks.serve.cli``).
 
-The engine delivers events from its loop thread; each request turns them into an
-``asyncio.Queue`` through ``loop.call_soon_threadsafe``. A streaming client that goes away
+The engine delivers a step's events in one burst from its loop thread; :class:`_Delivery`
+puts them into each request's ``asyncio.Queue`` with one ``loop.call_soon_threadsafe`` per
+burst (one event-loop wakeup per step, not one per token). A streaming client that goes away
 closes the response generator, whose ``finally`` cancels the request and frees its row; a
 non-streaming request polls for the disconnect while it waits.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import threading
 import time
 import uuid
 from collections import Counter
@@ -30,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..tokenizer import bytes_to_unicode
 from .engine import (
+    SHUTTING_DOWN,
     Engine,
     EngineClosed,
     FinishEvent,
@@ -60,6 +63,67 @@ def _validation_error(exc: ValidationError) -> APIError:
         return APIError(400, f"unknown field {loc!r}", param=loc, code="unknown_field")
     where = f"{loc}: " if loc else "the body: "
     return APIError(400, where + err["msg"], param=loc or None, code="invalid_value")
+
+
+def _shutting_down(message: str = SHUTTING_DOWN) -> APIError:
+    """503 for a request the server could not finish because it is shutting down."""
+    return APIError(
+        503,
+        message,
+        type="server_error",
+        code="server_shutting_down",
+        headers={"Retry-After": "1"},
+    )
+
+
+class _Delivery:
+    """Engine events to the requests' asyncio queues: one event-loop wakeup per step.
+
+    A request's sink (called by the engine's loop thread) only buffers its events; after each
+    burst (one step's events) the engine calls :meth:`kick`, which schedules one
+    :meth:`_drain` on the event loop, putting every buffered event into its queue in order.
+    One ``call_soon_threadsafe`` per step instead of one per token: fewer self-pipe writes and
+    fewer switches of the GIL between the engine thread and the event loop.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.pending: list = []
+        self.scheduled = False
+
+    def sink(self, events: asyncio.Queue):
+        """The engine sink of one request whose events go to ``events``."""
+
+        def put(ev):
+            with self.lock:
+                self.pending.append((events, ev))
+
+        return put
+
+    def kick(self) -> None:
+        """Engine burst hook: schedule a drain if events wait and none is scheduled.
+
+        Raises RuntimeError when the loop is closed (the engine then abandons the burst's
+        requests).
+        """
+        with self.lock:
+            if self.scheduled or not self.pending:
+                return
+            self.scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: nobody will read these events
+            with self.lock:
+                self.scheduled = False
+                self.pending.clear()
+            raise
+
+    def _drain(self) -> None:
+        with self.lock:
+            items, self.pending, self.scheduled = self.pending, [], False
+        for events, ev in items:
+            events.put_nowait(ev)
 
 
 def _error_response(exc: APIError) -> JSONResponse:
@@ -239,15 +303,17 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
             top_logprobs=top,
         )
 
+    deliveries: dict = {}  # event loop -> its _Delivery (one loop under uvicorn)
+
     async def submit(ids, params):
         loop = asyncio.get_running_loop()
+        delivery = deliveries.get(loop)
+        if delivery is None:
+            delivery = deliveries[loop] = _Delivery(loop)
+            engine.add_burst_hook(delivery.kick)
         events: asyncio.Queue = asyncio.Queue()
-
-        def sink(ev):
-            loop.call_soon_threadsafe(events.put_nowait, ev)
-
         try:
-            handle = engine.submit(ids, params, sink)
+            handle = engine.submit(ids, params, delivery.sink(events))
         except QueueFull as exc:
             raise APIError(
                 429,
@@ -256,8 +322,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
                 code="queue_full",
                 headers={"Retry-After": str(exc.retry_after)},
             ) from None
-        except EngineClosed as exc:
-            raise APIError(503, str(exc), type="server_error", code="shutting_down") from None
+        except EngineClosed:
+            raise _shutting_down() from None
         except ValueError as exc:
             raise APIError(400, str(exc), code="invalid_value") from None
         return handle, events
@@ -279,7 +345,9 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
                 if ev is None:
                     continue
                 if isinstance(ev, FinishEvent):
-                    if ev.finish_reason in ("error", "abort"):
+                    if ev.finish_reason == "abort":  # only a shutdown ends a live request so
+                        raise _shutting_down(ev.error or SHUTTING_DOWN)
+                    if ev.finish_reason == "error":
                         raise APIError(500, ev.error or ev.finish_reason, type="server_error")
                     return toks, ev
                 toks.append(ev)
@@ -332,8 +400,12 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
                         yield sse(make_chunk(ev.text, [ev], None))
                         continue
                     if ev.finish_reason in ("error", "abort"):
-                        body = error_body(ev.error or ev.finish_reason, "server_error")
-                        yield sse(body)
+                        # the status line is sent: a last event carries the error instead
+                        if ev.finish_reason == "abort":
+                            err = _shutting_down(ev.error or SHUTTING_DOWN)
+                        else:
+                            err = APIError(500, ev.error or "error", type="server_error")
+                        yield sse(error_body(err.message, err.type, err.param, err.code))
                         return
                     yield sse(make_chunk(ev.tail, [], ev.finish_reason))
                     if include_usage:

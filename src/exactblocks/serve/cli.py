@@ -41,6 +41,20 @@ def non_negative_mb(text: str) -> float:
     return value
 
 
+def non_negative_ratio(text: str) -> float:
+    """argparse type of ``--prefill-ratio``: a finite float >= 0."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0; got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0; got {text!r}")
+    return value
+
+
 def add_parser(sub, positive_int) -> None:
     """Add ``serve`` to the ``exactblocks`` subparsers."""
     p = sub.add_parser(
@@ -79,6 +93,14 @@ def add_parser(sub, positive_int) -> None:
         type=positive_int,
         default=64,
         help="prompt tokens per row per step; prefix-cache boundary (default: 64)",
+    )
+    p.add_argument(
+        "--prefill-ratio",
+        type=non_negative_ratio,
+        default=1.0,
+        help="while requests decode, a step carries at most max(16, R x decoding requests) "
+        "prompt tokens, bounding the per-token latency a prefill adds to about (1 + R) x a "
+        "decode step; larger R = faster first tokens, slower others (default: 1.0)",
     )
     p.add_argument(
         "--prefix-cache-mb",
@@ -125,8 +147,12 @@ def build_server(
     Returns
     -------
     uvicorn.Server
-        ``server.config.app.state.engine`` is the engine.
+        ``server.config.app.state.engine`` is the engine. On shutdown (a signal or
+        ``should_exit``) the engine stops first: a request still running gets a 503 error
+        body with code ``server_shutting_down`` (streamed: a last ``error`` event).
     """
+    import asyncio
+
     import uvicorn
 
     from .api import create_app
@@ -142,7 +168,16 @@ def build_server(
         access_log=False,
         timeout_graceful_shutdown=5,
     )
-    return uvicorn.Server(config)
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            # Stop the engine first: each running request then ends with a 503 body (or a
+            # last error event when streamed) before uvicorn waits for its connections; it
+            # would otherwise cancel them after its grace period with a bare 500.
+            await asyncio.to_thread(engine.shutdown)
+            await super().shutdown(sockets)
+
+    return Server(config)
 
 
 def run_serve(args) -> int:
@@ -171,6 +206,7 @@ def run_serve(args) -> int:
         max_tokens_per_sequence=args.max_tokens_per_sequence,
         max_queue=args.max_queue,
         prefill_chunk=args.prefill_chunk,
+        prefill_ratio=args.prefill_ratio,
         prefix_cache_mb=args.prefix_cache_mb,
     )
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)

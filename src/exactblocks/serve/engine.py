@@ -17,6 +17,7 @@ with a seed gets the same tokens and logprobs, bit for bit, alone or among any o
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import itertools
 import math
 import queue
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from exactblocks import _ext
+from exactblocks.runtime import get_num_threads
 from exactblocks.sampling import Detokenizer, pick_token
 
 from .prefix_cache import PrefixCache, clear_row, restore_row, snapshot_row
@@ -45,6 +47,10 @@ __all__ = [
 
 DEFAULT_MAX_TOKENS_PER_SEQUENCE = 4096
 MAX_TOP_LOGPROBS = 20
+#: Prompt tokens a step may always carry beside decoding rows (prefill never starves).
+MIN_PREFILL_TOKENS = 16
+#: The error of the FinishEvent("abort") every unfinished request gets at shutdown.
+SHUTTING_DOWN = "the server is shutting down"
 
 
 class QueueFull(RuntimeError):
@@ -247,19 +253,41 @@ class Engine:
     prefill_chunk : int, default=64
         Prompt tokens per row per step, and the prefix cache's boundary spacing.
     prefill_budget : int or None, default=None
-        Prompt tokens per step over all rows (None = ``2 * prefill_chunk``), so prefills never
-        stall the decode steps of running requests for long.
+        Prompt tokens per step over all rows while no row decodes (None =
+        ``2 * prefill_chunk``).
+    prefill_ratio : float, default=1.0
+        While rows decode, a step carries at most ``max(MIN_PREFILL_TOKENS, prefill_ratio *
+        decoding rows)`` prompt tokens (and never more than ``prefill_budget``). A step's cost
+        grows about linearly with the tokens it carries once a batch is large, so a step with
+        prompt chunks then costs at most about ``1 + prefill_ratio`` times a decode step: the
+        bound on the per-token latency of running requests that a long or a burst of prompts
+        can cause. Larger = faster time to first token, slower tokens for the others; 0 = only
+        ``MIN_PREFILL_TOKENS`` (16) prompt tokens per step beside decodes.
     prefix_cache_mb : float, default=256
         Budget of the prefix cache (0 disables it).
+    sample_threads : int or None, default=None
+        Threads that pick the tokens of a step's rows when some sample (temperature > 0);
+        None = ``exactblocks.get_num_threads()`` when the engine starts; 1 = the loop thread
+        alone. The tokens do not depend on it.
+
+    Raises
+    ------
+    ValueError
+        ``max_batch``, ``prefill_chunk`` or ``prefill_budget`` < 1, ``max_queue`` < 0,
+        ``prefill_ratio`` negative or not finite, ``max_tokens_per_sequence`` beyond the
+        model's positions.
 
     Notes
     -----
     One loop thread owns the state. Each step: admit waiting requests into free rows
     (restoring their longest cached prefix), run one ragged ``forward`` with every row's
     next chunk (a prompt chunk or one decode token; idle rows have length 0), save prefix
-    boundaries, sample the rows whose prompt is done, deliver events, free finished rows.
-    Events are delivered by calling the request's sink from the loop thread: it must be quick
-    and must not block (e.g. ``loop.call_soon_threadsafe``).
+    boundaries, sample the rows whose prompt is done, free finished rows, then deliver the
+    step's events in one burst. Prompt chunks take the rows in round-robin order within the
+    step's prompt-token allowance (``prefill_budget``, or the ``prefill_ratio`` bound while
+    rows decode); chunks end at multiples of ``prefill_chunk``, where the prefix cache saves
+    its boundaries. Events are delivered by calling the request's sink from the loop thread:
+    it must be quick and must not block (e.g. ``loop.call_soon_threadsafe``).
     """
 
     def __init__(
@@ -271,10 +299,21 @@ class Engine:
         max_queue: int = 64,
         prefill_chunk: int = 64,
         prefill_budget: int | None = None,
+        prefill_ratio: float = 1.0,
         prefix_cache_mb: float = 256,
+        sample_threads: int | None = None,
     ):
         if max_batch < 1 or max_queue < 0 or prefill_chunk < 1:
-            raise ValueError("max_batch and prefill_chunk must be >= 1, max_queue >= 0")
+            raise ValueError(
+                f"Engine: max_batch={max_batch} and prefill_chunk={prefill_chunk} must be >= 1, "
+                f"max_queue={max_queue} >= 0"
+            )
+        if prefill_budget is not None and prefill_budget < 1:
+            raise ValueError(f"Engine: prefill_budget={prefill_budget} must be >= 1 or None")
+        if sample_threads is not None and sample_threads < 1:
+            raise ValueError(f"Engine: sample_threads={sample_threads} must be >= 1 or None")
+        if not (math.isfinite(prefill_ratio) and prefill_ratio >= 0):
+            raise ValueError(f"Engine: prefill_ratio={prefill_ratio!r} must be finite and >= 0")
         self.model = model
         limit = model.max_positions
         cap = max_tokens_per_sequence or DEFAULT_MAX_TOKENS_PER_SEQUENCE
@@ -289,6 +328,7 @@ class Engine:
         self.max_queue = int(max_queue)
         self.prefill_chunk = int(prefill_chunk)
         self.prefill_budget = int(prefill_budget or 2 * prefill_chunk)
+        self.prefill_ratio = float(prefill_ratio)
         self.state = model.allocate_state(
             self.max_batch, None if model.family == "mamba2" else self.max_tokens_per_sequence
         )
@@ -301,6 +341,10 @@ class Engine:
         self._waiting: collections.deque[_Seq] = collections.deque()
         self._rows: list[_Seq | None] = [None] * self.max_batch
         self._turn = 0
+        self._outbox: list[tuple[_Seq, object]] = []  # events of this iteration, in order
+        self._burst_hooks: list[Callable[[], None]] = []
+        self.sample_threads = sample_threads
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._stop = False
         self._thread: threading.Thread | None = None
         self.counters = collections.Counter()
@@ -310,6 +354,13 @@ class Engine:
     def start(self) -> Engine:
         """Start the loop thread (idempotent); return self."""
         if self._thread is None:
+            workers = self.sample_threads
+            if workers is None:
+                workers = get_num_threads()
+            if workers > 1:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    workers, thread_name_prefix="exactblocks-sample"
+                )
             self._thread = threading.Thread(target=self._loop, name="exactblocks-engine")
             self._thread.daemon = True
             self._thread.start()
@@ -323,6 +374,9 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
 
     def __enter__(self) -> Engine:
         return self.start()
@@ -411,6 +465,16 @@ class Engine:
             self._cond.notify_all()
         return handle
 
+    def add_burst_hook(self, hook: Callable[[], None]) -> None:
+        """Call ``hook()`` from the loop thread after each burst of events is delivered.
+
+        A burst is the events of one loop iteration (one step), passed to the sinks back to
+        back; a consumer can buffer in its sinks and wake its own thread once per burst from
+        the hook. The hook must be quick and must not block; if it raises, the requests of
+        the burst are cancelled (their consumer is gone).
+        """
+        self._burst_hooks.append(hook)
+
     def _free_rows(self) -> int:
         return sum(1 for s in self._rows if s is None)
 
@@ -464,10 +528,11 @@ class Engine:
                 self._drop(cancelled)
                 self._admit()
                 self._step()
+                self._flush()
         except BaseException as exc:  # pragma: no cover - a bug: fail every request loudly
             self._fail_all(f"engine loop failed: {type(exc).__name__}: {exc}")
             raise
-        self._fail_all("the server is shutting down", reason="abort")
+        self._fail_all(SHUTTING_DOWN, reason="abort")
 
     def _fail_all(self, message: str, reason: str = "error") -> None:
         with self._cond:
@@ -480,6 +545,7 @@ class Engine:
         for seq in self._rows:
             if seq is not None:
                 self._finish(seq, reason, error=message)
+        self._flush()
 
     def _drop(self, cancelled: set) -> None:
         if not cancelled:
@@ -514,7 +580,8 @@ class Engine:
     def _step(self) -> None:
         B, chunk = self.max_batch, self.prefill_chunk
         lens = np.zeros(B, np.int64)
-        budget = self.prefill_budget
+        decoding = sum(1 for s in self._rows if s is not None and s.next_token is not None)
+        budget = self.prefill_allowance(decoding)
         self._turn = (self._turn + 1) % B  # prefill budget shared round-robin over the rows
         for row in [(self._turn + i) % B for i in range(B)]:
             seq = self._rows[row]
@@ -562,9 +629,28 @@ class Engine:
                     self._save(seq, logits[row])
                 if seq.pos == len(seq.ids):
                     seq.logits = logits[row]
-        for seq in list(self._rows):
-            if seq is not None and seq.logits is not None:
-                self._sample(seq)
+        ready = [seq for seq in self._rows if seq is not None and seq.logits is not None]
+        for seq, pick in zip(ready, self._pick_all(ready)):
+            self._sample(seq, pick)
+
+    def prefill_allowance(self, decoding: int) -> int:
+        """Prompt tokens the next step may carry when ``decoding`` rows decode in it.
+
+        Parameters
+        ----------
+        decoding : int
+            Rows that feed one decode token in the step, >= 0.
+
+        Returns
+        -------
+        int
+            ``prefill_budget`` when ``decoding`` is 0, else ``min(prefill_budget,
+            max(MIN_PREFILL_TOKENS, floor(prefill_ratio * decoding)))``.
+        """
+        if decoding <= 0:
+            return self.prefill_budget
+        share = max(MIN_PREFILL_TOKENS, int(self.prefill_ratio * decoding))
+        return min(self.prefill_budget, share)
 
     def _save(self, seq: _Seq, last_logits: np.ndarray) -> None:
         if not seq.chain_ok or self.cache.max_bytes <= 0:
@@ -595,13 +681,37 @@ class Engine:
             top = [(int(i), float(zs[i]) - log_sum) for i in cand]
         return lp, top
 
-    def _sample(self, seq: _Seq) -> None:
+    @staticmethod
+    def _pick(seq: _Seq):
+        """The row's next token, or the ValueError pick_token raised (non-finite logits)."""
+        p = seq.handle.params
+        try:
+            return pick_token(seq.logits, temperature=p.temperature, top_p=p.top_p, rng=seq.rng)
+        except ValueError as exc:
+            return exc
+
+    def _pick_all(self, ready: list) -> list:
+        """The picks of the rows ready to sample, in their order.
+
+        Seeded sampling sorts the whole vocabulary (about 1.5 ms a row for 49152 tokens),
+        mostly in calls that release the GIL (NumPy's sort, the library's exp), while the
+        model's threads wait for the tokens: the rows are then picked on a pool of as many
+        threads as the library uses. Each row draws from its own generator and nothing else,
+        so the tokens do not depend on this.
+        """
+        if (
+            self._pool is None
+            or len(ready) < 2
+            or all(s.handle.params.temperature == 0 for s in ready)
+        ):
+            return [self._pick(seq) for seq in ready]
+        return list(self._pool.map(self._pick, ready))
+
+    def _sample(self, seq: _Seq, token) -> None:
         p = seq.handle.params
         logits, seq.logits = seq.logits, None
-        try:
-            token = pick_token(logits, temperature=p.temperature, top_p=p.top_p, rng=seq.rng)
-        except ValueError as exc:
-            self._finish(seq, "error", error=str(exc))
+        if isinstance(token, ValueError):
+            self._finish(seq, "error", error=str(token))
             return
         if seq.handle.first_token is None:
             seq.handle.first_token = time.perf_counter()
@@ -628,11 +738,30 @@ class Engine:
             seq.next_token = token
 
     def _emit(self, seq: _Seq, ev) -> None:
-        try:
-            seq.handle._sink(ev)
-        except Exception:  # a consumer gone (closed event loop): the request is abandoned
+        self._outbox.append((seq, ev))
+
+    def _flush(self) -> None:
+        """Deliver the events of this loop iteration, in order: one burst per step, so a
+        consumer that wakes an event loop per burst (``exactblocks.serve.api``) wakes once."""
+        out, self._outbox = self._outbox, []
+        for seq, ev in out:
+            try:
+                seq.handle._sink(ev)
+            except Exception:  # a consumer gone (closed event loop): the request is abandoned
+                self._abandon(seq.handle)
+        if not out:
+            return
+        for hook in self._burst_hooks:
+            try:
+                hook()
+            except Exception:  # the consumer is gone: so are the requests it was told of
+                for seq, _ in out:
+                    self._abandon(seq.handle)
+
+    def _abandon(self, handle: RequestHandle) -> None:
+        if handle.finished is None:
             with self._cond:
-                self._cancelled.add(seq.handle)
+                self._cancelled.add(handle)
 
     def _finish(self, seq: _Seq, reason: str, error: str | None = None) -> None:
         tail, text = "", ""
