@@ -36,7 +36,7 @@ import exactblocks
 from exactblocks import _ext
 
 from .environment import cpu_model, loadavg
-from .gemv_cache import quantised
+from .gemv_cache import at_least, quantised
 
 LAYER_GEMVS = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
 
@@ -70,10 +70,10 @@ def main(argv=None) -> None:
     from exactblocks.loaders.gguf import default_smollm2_path
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--context", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=4, help="decode steps per sample")
+    ap.add_argument("--rounds", type=at_least(1), default=9)
+    ap.add_argument("--threads", type=at_least(1), default=2)
+    ap.add_argument("--context", type=at_least(1), default=128, help="cached tokens")
+    ap.add_argument("--steps", type=at_least(1), default=4, help="decode steps per sample")
     args = ap.parse_args(argv)
     exactblocks.set_num_threads(args.threads)
     core = _ext.core()
