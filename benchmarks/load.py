@@ -9,6 +9,8 @@ renders a short chat prompt and generates one token greedily. It reports, per re
 
 - ``import``: seconds to import exactblocks (and its extension);
 - ``load``: seconds in ``load_model``;
+- ``encode``: seconds to tokenise the prompt (chat template + encode); a GGUF SentencePiece
+  tokenizer (Gemma 3's) builds its ``tokenizers`` object here, on first use, not in ``load``;
 - ``first token``: seconds from the start of ``load_model`` to the first generated token
   (load + tokenisation + prefill + head);
 - the CPU seconds (user + system, all threads) of both, a steadier number than wall time on a
@@ -67,6 +69,7 @@ def child(path: str | None, threads: int | None) -> dict:
     model = exactblocks.load_model(path)
     t_load, c_load = time.perf_counter() - t1, cpu() - c1
     tok = model.tokenizer
+    t2 = time.perf_counter()
     msgs = [{"role": "user", "content": PROMPT}]
     if tok is not None and getattr(tok, "chat_template", None):
         ids = list(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
@@ -74,6 +77,7 @@ def child(path: str | None, threads: int | None) -> dict:
         ids = list(tok.encode(PROMPT))
     else:
         ids = [1, 2, 3, 4]
+    t_encode = time.perf_counter() - t2
     out = model.generate(ids, max_new_tokens=1)
     t_first, c_first = time.perf_counter() - t1, cpu() - c1
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KB on Linux
@@ -85,6 +89,7 @@ def child(path: str | None, threads: int | None) -> dict:
     return {
         "import_s": t_import,
         "load_s": t_load,
+        "encode_s": t_encode,
         "first_token_s": t_first,
         "load_cpu_s": c_load,
         "first_token_cpu_s": c_first,
@@ -133,7 +138,8 @@ def main(argv=None) -> int:
         budget = 1.5 * (r["packed_mb"] + r["kv_mb"])
         print(
             f"run {i + 1}: import {r['import_s']:.2f} s, load {r['load_s']:.2f} s (CPU "
-            f"{r['load_cpu_s']:.2f} s), first token {r['first_token_s']:.2f} s (CPU "
+            f"{r['load_cpu_s']:.2f} s), encode {r['encode_s']:.2f} s, first token "
+            f"{r['first_token_s']:.2f} s (CPU "
             f"{r['first_token_cpu_s']:.2f} s), peak RSS {r['peak_rss_mb']:.0f} MB "
             f"({r['peak_rss_mb'] - r['rss_after_import_mb']:.0f} MB after imports), packed "
             f"{r['packed_mb']:.1f} MB + KV {r['kv_mb']:.2f} MB (1.5x = {budget:.0f} MB)"

@@ -20,12 +20,15 @@ SentencePiece-style vocabularies (``tokenizer.ggml.model == "llama"``: scores, t
 transformers 5.23 builds them (``gguf_tokenizer_mapping.py``: ``sentencepiece_tokenizer``,
 ``gemma_tokenizer``, merges from ``tokenization_utils_base.generate_merges``;
 :meth:`GGUFTokenizer.from_sentencepiece`); tests/models/test_models_gemma3_gguf.py checks
-Gemma 3's ids and text against transformers.
+Gemma 3's ids and text against transformers. Their ``tokenizers`` object is built on first
+use (Gemma 3's 262144 tokens and 514906 derived merges take about a second and 130 MB), so
+loading a model does not pay for it.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -323,7 +326,10 @@ class GGUFTokenizer:
         if user:
             tok.add_tokens(user)
 
-        self._tok = tok
+        self._backend = tok
+        self._special_ids = frozenset(tok.token_to_id(t.content) for t in control)
+        self._recipe = None
+        self._lock = threading.Lock()
         self._tokens = tokens
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
@@ -331,7 +337,6 @@ class GGUFTokenizer:
         self.pad_token_id = pad_token_id
         self.add_bos_token = bool(add_bos_token)
         self.chat_template = chat_template
-        self.special_token_ids = frozenset(tok.token_to_id(t.content) for t in control)
         self._template = None
 
     @classmethod
@@ -503,8 +508,18 @@ class GGUFTokenizer:
         tokens (bos, eos, unk, pad; GemmaTokenizer also ``<mask>``) as special tokens.
         Merges: every split of a token into two tokens, ordered by the token's score
         descending (Gemma: token id ascending), then the left part's length descending (stable
-        in vocabulary order), as ``generate_merges``; built in one pass when the order needs
-        no sort (Gemma's 262144 tokens give 514906 merges).
+        in vocabulary order), as ``generate_merges``; derived with NumPy (``_spm_merges``:
+        hashed prefixes, every hit checked on the strings) in one pass when the order needs no
+        sort (Gemma's 262144 tokens give 514906 merges).
+
+        Cost: the arguments are checked here, but the ``tokenizers`` object is built on first
+        use (:meth:`encode`, :meth:`decode`, :attr:`special_token_ids`, a tokenized chat), once,
+        under a lock; :attr:`vocab_size`, :meth:`id_to_token` and rendering a chat as text do
+        not build it. For Gemma 3 the build takes about 1-1.5 s of CPU and leaves about 130 MB
+        resident (the BPE model's vocabulary, reverse vocabulary and merge table), with about
+        60 MB more at its peak (README "Loading cost"), so that ``load_model`` and runs on token
+        ids do not pay it. A file that states its merges (``merges`` given) is built at once,
+        so that ``tokenizers`` refuses merges outside the vocabulary here.
 
         Examples
         --------
@@ -517,14 +532,7 @@ class GGUFTokenizer:
         ([1, 6, 5, 6], 'ab a')
         """
         try:
-            from tokenizers import (
-                AddedToken,
-                Tokenizer,
-                decoders,
-                models,
-                normalizers,
-                pre_tokenizers,
-            )
+            import tokenizers  # noqa: F401 - checked here, used by _build_sentencepiece
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise ImportError(
                 "GGUFTokenizer: needs the `tokenizers` package; install it with "
@@ -547,6 +555,57 @@ class GGUFTokenizer:
             raise ValueError(f"{where}: {len(types)} token types for {n} tokens")
         _check_special_ids(where, n, bos_token_id, eos_token_id, unk_token_id, pad_token_id)
 
+        pairs = None
+        if merges is not None:  # the file's own merges: checked now, used as they are
+            pairs = []
+            for i, merge in enumerate(merges):
+                pair = merge.split(" ")
+                if len(pair) != 2:
+                    raise ValueError(
+                        f"{where}: merges[{i}]={merge!r} is not two tokens separated by one space"
+                    )
+                pairs.append((pair[0], pair[1]))
+
+        self = cls.__new__(cls)
+        self._tokens = tokens
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.unk_token_id = unk_token_id
+        self.pad_token_id = pad_token_id
+        self.add_bos_token = bool(add_bos_token)
+        self.add_eos_token = bool(add_eos_token)
+        self.chat_template = chat_template
+        self._template = None
+        self._lock = threading.Lock()
+        self._backend = None
+        self._special_ids = None
+        # what _build_sentencepiece needs; the scores only where they order derived merges
+        self._recipe = (variant, types, score_arr if variant == "llama" else None, pairs)
+        if pairs is not None:  # tokenizers checks a file's merges against the vocabulary:
+            self._tok  # noqa: B018 - raise that now, not at the first encode
+        return self
+
+    def _build_sentencepiece(self):
+        """Build the ``tokenizers.Tokenizer`` of :meth:`from_sentencepiece` from ``_recipe``.
+
+        Returns ``(tokenizer, special token ids)``. Runs once, on first use (:attr:`_tok`):
+        for Gemma 3's 262144 tokens it derives 514906 merges and builds the BPE model (about
+        1-1.5 s and 100 MB), which loading a model and running it on ids never need.
+        """
+        from tokenizers import (
+            AddedToken,
+            Tokenizer,
+            decoders,
+            models,
+            normalizers,
+            pre_tokenizers,
+        )
+
+        variant, types, score_arr, pairs = self._recipe
+        tokens = self._tokens
+        bos_token_id, eos_token_id = self.bos_token_id, self.eos_token_id
+        unk_token_id, pad_token_id = self.unk_token_id, self.pad_token_id
+        n = len(tokens)
         if variant == "gemma":
             # gemma_tokenizer: a token of spaces only is looked up as that many '▁'; its
             # position in the file is its merge priority (the last one of a repeated token)
@@ -556,19 +615,11 @@ class GGUFTokenizer:
         vocab = {t: i for i, t in enumerate(spelled)}
         if variant == "gemma":
             # without repeats the vocabulary order is the priority order already
-            priority = None if len(vocab) == n else {t: -i for i, t in enumerate(spelled)}
+            derive = pairs is None and len(vocab) != n
+            priority = {t: -i for i, t in enumerate(spelled)} if derive else None
         else:
-            priority = dict(zip(tokens, score_arr.tolist()))
-        if merges is not None:
-            pairs = []
-            for i, merge in enumerate(merges):
-                pair = merge.split(" ")
-                if len(pair) != 2:
-                    raise ValueError(
-                        f"{where}: merges[{i}]={merge!r} is not two tokens separated by one space"
-                    )
-                pairs.append((pair[0], pair[1]))
-        else:
+            priority = dict(zip(tokens, score_arr.tolist())) if pairs is None else None
+        if pairs is None:
             pairs = _spm_merges(vocab, priority)
 
         if variant == "gemma":  # GemmaTokenizer.__init__
@@ -627,19 +678,39 @@ class GGUFTokenizer:
         if extra:
             tok.add_tokens(extra)
 
-        self = cls.__new__(cls)
-        self._tok = tok
-        self._tokens = tokens
-        self.bos_token_id = bos_token_id
-        self.eos_token_id = eos_token_id
-        self.unk_token_id = unk_token_id
-        self.pad_token_id = pad_token_id
-        self.add_bos_token = bool(add_bos_token)
-        self.add_eos_token = bool(add_eos_token)
-        self.chat_template = chat_template
-        self.special_token_ids = frozenset(tok.token_to_id(t.content) for t in control + extra)
-        self._template = None
-        return self
+        return tok, frozenset(tok.token_to_id(t.content) for t in control + extra)
+
+    @property
+    def _tok(self):
+        """The ``tokenizers.Tokenizer`` (built here on first use for a SentencePiece vocabulary
+        whose merges are derived: :meth:`_build_sentencepiece`; once, under a lock)."""
+        tok = self._backend
+        if tok is None:
+            with self._lock:
+                if self._backend is None:
+                    self._backend, self._special_ids = self._build_sentencepiece()
+                    self._recipe = None
+                tok = self._backend
+        return tok
+
+    @property
+    def special_token_ids(self) -> frozenset:
+        """frozenset of int: Ids of the special tokens (control tokens, and for a SentencePiece
+        vocabulary the named bos/eos/unk/pad tokens), those ``decode(skip_special_tokens=True)``
+        drops. Reading it builds the tokenizer if it is not built yet."""
+        if self._special_ids is None:
+            self._tok  # noqa: B018 - sets _special_ids
+        return self._special_ids
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        del state["_lock"]
+        state["_template"] = None  # a compiled jinja2 template; compiled again on use
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     @property
     def vocab_size(self) -> int:
@@ -841,8 +912,196 @@ def compile_chat_template(source: str, where: str):
     return env.from_string(source)
 
 
-def _spm_merges(vocab: Mapping[str, int], priority: Mapping[str, float] | None) -> list:
+# Polynomial string hash of _spm_merges: h(s) = sum_j (ord(s[j]) + 1) * BASE**j mod 2**64 (the
+# FNV-1 64-bit prime as BASE; any odd BASE works, only the speed depends on it: every hit is
+# checked on the strings themselves). MIX spreads a hash over the table (Fibonacci hashing:
+# Knuth, TAOCP vol. 3, 6.4).
+_HASH_BASE = 0x100000001B3
+_HASH_MIX = 0x9E3779B97F4A7C15
+_HASH_CHUNK = 1 << 13  # tokens split per pass (bounds the temporary arrays to about 1 MB)
+
+
+def _prefix_hashes(strs: Sequence[str], base: int):
+    """For each string, its length and the hash of every prefix (one flat uint64 array).
+
+    Returns ``(lengths int64 (n,), starts int64 (n + 1,), prefix uint64 (sum(lengths),))``:
+    ``prefix[starts[i] + j]`` is h(strs[i][: j + 1]) (code points, as Python slices count).
+    """
+    n = len(strs)
+    lengths = np.fromiter(map(len, strs), dtype=np.int64, count=n)
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    chars = np.frombuffer("".join(strs).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    width = int(lengths.max(initial=0))
+    powers = np.ones(max(width, 1), dtype=np.uint64)
+    for j in range(1, width):
+        powers[j] = int(powers[j - 1]) * base % 2**64
+    owner = np.repeat(np.arange(n), lengths)
+    within = np.arange(len(chars)) - starts[owner]
+    with np.errstate(over="ignore"):  # arithmetic modulo 2**64
+        running = np.cumsum((chars.astype(np.uint64) + np.uint64(1)) * powers[within])
+        before = np.concatenate((np.zeros(1, np.uint64), running))[starts[:-1]]
+        prefix = running - before[owner]
+    return lengths, starts, prefix
+
+
+def _token_hashes(strs: Sequence[str], base: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(lengths int64, hashes uint64)`` of whole strings, in chunks of :data:`_HASH_CHUNK`."""
+    lengths, hashes = [], []
+    for c in range(0, len(strs), _HASH_CHUNK):
+        n_c, starts, prefix = _prefix_hashes(strs[c : c + _HASH_CHUNK], base)
+        h = np.zeros(len(n_c), dtype=np.uint64)
+        some = n_c > 0
+        h[some] = prefix[starts[1:][some] - 1]
+        lengths.append(n_c)
+        hashes.append(h)
+    if not lengths:
+        return np.zeros(0, np.int64), np.zeros(0, np.uint64)
+    return np.concatenate(lengths), np.concatenate(hashes)
+
+
+class _HashIndex:
+    """Exact-match table uint64 hash -> position (open addressing, linear probing, NumPy).
+
+    ``None`` from :meth:`build` when two keys share a hash (the caller then takes the slow path).
+    """
+
+    def __init__(self, table, keys, bits):
+        self.table, self.keys, self.bits = table, keys, bits
+
+    @staticmethod
+    def _home(hashes, bits):
+        with np.errstate(over="ignore"):
+            return ((hashes * np.uint64(_HASH_MIX)) >> np.uint64(64 - bits)).astype(np.int64)
+
+    @classmethod
+    def build(cls, keys: np.ndarray) -> _HashIndex | None:
+        ordered = np.sort(keys)
+        if (ordered[1:] == ordered[:-1]).any():
+            return None
+        del ordered
+        bits = max((4 * len(keys) - 1).bit_length(), 4)  # load factor <= 1/4
+        size = 1 << bits
+        table = np.full(size, -1, dtype=np.int32)
+        home = cls._home(keys, bits)
+        pending = np.arange(len(keys))
+        step = 0
+        while pending.size:  # each pass places one key in every free slot it reaches
+            slots = (home[pending] + step) & (size - 1)
+            free = table[slots] < 0
+            slots, cand = slots[free], pending[free]
+            slots, first = np.unique(slots, return_index=True)
+            table[slots] = cand[first]
+            placed = np.zeros(len(keys), dtype=bool)
+            placed[cand[first]] = True
+            pending = pending[~placed[pending]]
+            step += 1
+        return cls(table, keys, bits)
+
+    def find(self, queries: np.ndarray) -> np.ndarray:
+        """Position of each query's hash among the keys, -1 where absent (int64)."""
+        size = 1 << self.bits
+        out = np.full(len(queries), -1, dtype=np.int64)
+        active = np.arange(len(queries))
+        home = self._home(queries, self.bits)
+        step = 0
+        while active.size:
+            idx = self.table[(home[active] + step) & (size - 1)]
+            match = idx >= 0
+            done = ~match
+            match[match] = self.keys[idx[match]] == queries[active[match]]
+            out[active[match]] = idx[match]
+            active = active[~(done | match)]
+            step += 1
+        return out
+
+
+def _spm_merges(
+    vocab: Mapping[str, int], priority: Mapping[str, float] | None, *, base: int = _HASH_BASE
+) -> list:
     """The merges transformers' ``generate_merges(vocab, priority)`` derives from a vocabulary.
+
+    Every split ``(token[:k], token[k:])`` of a token of ``priority`` whose two parts are in
+    ``vocab``, ordered by the token's priority descending, then ``len(left)`` descending, then
+    ``len(right)`` descending, ties in ``priority``'s order (a stable sort). ``priority=None``
+    means the vocabulary's own order is the priority order (Gemma: minus the token id, no
+    repeated token); then, as when the priorities descend strictly, the splits come out sorted
+    and no sort runs. Equal to :func:`_spm_merges_ref` (tests/unit/test_spm_merges.py).
+
+    Vectorised with NumPy: every prefix of every token is hashed at once (a polynomial hash
+    modulo 2**64, ``base``), each split's two parts are looked up by hash in a table of the
+    vocabulary, and each hit is then checked on the strings (``token.startswith(left)`` and
+    ``token.endswith(right)`` with ``len(left) + len(right) == len(token)``), so a hash
+    collision can drop nothing and add nothing; two vocabulary strings of one hash send the
+    whole derivation to :func:`_spm_merges_ref`. The pairs returned are the vocabulary's own
+    string objects (no new strings: about 100 MB less at the peak for Gemma 3's 514906 merges).
+    Tokens are split :data:`_HASH_CHUNK` at a time, so the temporary arrays stay small.
+    """
+    keys = list(vocab)
+    split_keys = keys if priority is None else list(priority)
+    lengths, hashes = _token_hashes(keys, base)
+    index = _HashIndex.build(hashes)
+    if index is None:
+        return _spm_merges_ref(vocab, priority)
+    inv = pow(base, -1, 2**64)
+    width = int(lengths.max(initial=0)) + 1
+    inv_powers = np.ones(width, dtype=np.uint64)
+    for j in range(1, width):
+        inv_powers[j] = int(inv_powers[j - 1]) * inv % 2**64
+    parts = []  # per chunk: (token, k, left, right) as positions in split_keys / keys
+    for c in range(0, len(split_keys), _HASH_CHUNK):
+        n_c, starts, prefix = _prefix_hashes(split_keys[c : c + _HASH_CHUNK], base)
+        # the splits of token i after k = L_i - 1, ..., 1 code points (k descending)
+        splits = np.maximum(n_c - 1, 0)
+        tok = np.repeat(np.arange(len(n_c)), splits)
+        first = np.zeros(len(n_c) + 1, dtype=np.int64)
+        np.cumsum(splits, out=first[1:])
+        k = n_c[tok] - 1 - (np.arange(len(tok)) - first[tok])
+        whole = np.zeros(len(n_c), dtype=np.uint64)
+        some = n_c > 0
+        whole[some] = prefix[starts[1:][some] - 1]
+        with np.errstate(over="ignore"):
+            left_h = prefix[starts[tok] + k - 1]
+            right_h = (whole[tok] - left_h) * inv_powers[k]  # h(token[k:])
+        left = index.find(left_h)
+        hit = np.flatnonzero(left >= 0)
+        hit = hit[lengths[left[hit]] == k[hit]]
+        right = index.find(right_h[hit])
+        ok = right >= 0
+        hit, right = hit[ok], right[ok]
+        ok = lengths[right] == n_c[tok[hit]] - k[hit]
+        hit, right = hit[ok], right[ok]
+        parts.append((tok[hit] + c, k[hit], left[hit], right))
+    tok, k, left, right = (
+        (np.concatenate(a) for a in zip(*parts)) if parts else [np.zeros(0, int)] * 4
+    )
+    if priority is not None:
+        p = np.fromiter(priority.values(), dtype=np.float64, count=len(split_keys))
+        if not (p[:-1] > p[1:]).all():  # generate_merges' stable sort
+            split_len = np.fromiter(map(len, split_keys), dtype=np.int64, count=len(split_keys))
+            order = np.lexsort((k - split_len[tok], -k, -p[tok]))
+            tok, left, right = tok[order], left[order], right[order]
+    # the strings through object arrays: no Python int per pair (3 x 16 MB for Gemma 3)
+    keys_arr = np.empty(len(keys), dtype=object)
+    keys_arr[:] = keys
+    split_arr = keys_arr if split_keys is keys else np.empty(len(split_keys), dtype=object)
+    if split_arr is not keys_arr:
+        split_arr[:] = split_keys
+    lefts, rights = keys_arr[left].tolist(), keys_arr[right].tolist()
+    tokens = split_arr[tok].tolist()
+    del keys_arr, split_arr
+    exact = np.fromiter(map(str.startswith, tokens, lefts), dtype=bool, count=len(tokens))
+    exact &= np.fromiter(map(str.endswith, tokens, rights), dtype=bool, count=len(tokens))
+    del tokens
+    if not exact.all():  # a hash collision: keep only the true splits
+        keep = np.flatnonzero(exact).tolist()
+        lefts, rights = [lefts[i] for i in keep], [rights[i] for i in keep]
+    return list(zip(lefts, rights))
+
+
+def _spm_merges_ref(vocab: Mapping[str, int], priority: Mapping[str, float] | None) -> list:
+    """The merges transformers' ``generate_merges(vocab, priority)`` derives from a vocabulary
+    (the plain-Python twin of :func:`_spm_merges`, kept as its reference in the tests).
 
     Every split ``(token[:k], token[k:])`` of a token of ``priority`` whose two parts are in
     ``vocab``, ordered by the token's priority descending, then ``len(left)`` descending, then

@@ -25,6 +25,8 @@ def _load(path: str, threads: int | None, err):
     err.write(f"loading {path} ...\n")
     err.flush()
     model = exactblocks.load_model(path)
+    if model.tokenizer is not None:  # `run` and `chat` encode text: build a lazily built
+        model.tokenizer.encode("")  # tokenizer (a GGUF SentencePiece one) in the load time
     packed = sum(model.weight_storage().values())
     err.write(
         f"loaded {model.family} model ({len(model.blocks)} blocks, d_model {model.d_model}, "
