@@ -66,6 +66,12 @@ def test_truncated_safetensors(tiny, tmp_path):
             r"rope_parameters\['rope_type'\]='dynamic' is not supported",
         ),
         ({"quantization_config": {"quant_method": "gptq"}}, "quantization_config"),
+        (  # both spellings, differently: transformers takes rope_scaling, so never one silently
+            {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+            r"'rope_scaling'=\{'rope_type': 'linear', 'factor': 4.0\} is not supported .*"
+            r"null or the same as rope_parameters",
+        ),
+        ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "'rope_scaling'=.*dynamic"),
     ],
 )
 def test_config_that_disagrees_or_is_unsupported(tiny, tmp_path, changes, match):
@@ -73,6 +79,17 @@ def test_config_that_disagrees_or_is_unsupported(tiny, tmp_path, changes, match)
     _edit_config(m, **changes)
     with pytest.raises(ValueError, match=match):
         exactblocks.load_model(str(m))
+
+
+def test_rope_scaling_equal_to_rope_parameters_is_accepted(tiny, tmp_path):
+    folder, hf = tiny("llama")
+    m = _copy(folder, tmp_path)
+    cfg = json.loads((m / "config.json").read_text())
+    assert "rope_parameters" in cfg  # transformers 5 writes this spelling
+    _edit_config(m, rope_scaling={"type": "default"})
+    a = exactblocks.load_model(str(folder)).forward([[1, 2, 3]])
+    b = exactblocks.load_model(str(m)).forward([[1, 2, 3]])
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 def test_tied_head_that_differs_from_the_embedding(tiny):

@@ -83,6 +83,21 @@ def decode_json_floats(value: Any) -> Any:
     return value
 
 
+def _rope_kind(d) -> Any:
+    """A RoPE dict without its base (``rope_theta``) and with ``type`` spelled ``rope_type``:
+    what two spellings of one RoPE setting have in common."""
+    if not isinstance(d, Mapping):
+        return d
+    out = {k: v for k, v in d.items() if k not in ("rope_theta", "type")}
+    out.setdefault("rope_type", d.get("type", "default"))
+    return out
+
+
+def _params_shown(d: Mapping) -> str:
+    """``d`` without ``rope_theta``, for a message."""
+    return repr({k: v for k, v in d.items() if k != "rope_theta"})
+
+
 class ConfigReader:
     """Typed access to one config mapping, with the family's class defaults.
 
@@ -229,6 +244,15 @@ class ConfigReader:
                     self._fail(field, rp, "a mapping")
                 rp = dict(rp)
                 rp.setdefault("rope_theta", self.raw.get("rope_theta", default_theta))
+                legacy = self.raw.get("rope_scaling")
+                if legacy is not None and _rope_kind(legacy) != _rope_kind(rp):
+                    # transformers folds rope_scaling into rope_parameters, overriding it: a
+                    # file that states both differently is ambiguous, never silently one
+                    self._fail(
+                        "rope_scaling",
+                        legacy,
+                        f"null or the same as rope_parameters={_params_shown(rp)}",
+                    )
         rtype = rp.get("rope_type", rp.get("type", "default"))
         if rtype not in ROPE_KEYS:
             self._fail(f"{field}['rope_type']", rtype, "one of " + ", ".join(map(repr, ROPE_KEYS)))
