@@ -106,6 +106,11 @@ def test_api_key_guards_every_route_but_health(smol):
             _check_error(got, payload, 401)
             got, _, payload = s.request(method, path, {}, headers={"Authorization": "Bearer no"})
             _check_error(got, payload, 401)
+        for header in ("Basic s3cret", "s3cret", "Bearer s3cret2", "Bearers3cret"):
+            got, _, payload = s.request("GET", "/v1/models", headers={"Authorization": header})
+            _check_error(got, payload, 401)
+        for header in ("bearer s3cret", "BEARER  s3cret"):  # the scheme is case-insensitive
+            assert s.request("GET", "/v1/models", headers={"Authorization": header})[0] == 200
         bad = openai.OpenAI(base_url=s.url + "/v1", api_key="wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             bad.models.list()

@@ -143,7 +143,7 @@ class _AuthAndCount:
 
     def __init__(self, app, api_key: str | None, counts: Counter):
         self.app = app
-        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self.expected = None if api_key is None else api_key.encode()
         self.counts = counts
 
     async def __call__(self, scope, receive, send):
@@ -155,7 +155,10 @@ class _AuthAndCount:
             route = "other"  # bounded label values, whatever paths clients send
         if self.expected is not None and path != "/health":
             given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            scheme, _, token = given.strip().partition(b" ")
+            # the scheme name is case-insensitive (RFC 9110 11.1): "bearer KEY" is accepted
+            ok = scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected)
+            if not ok:
                 self.counts[(route, 401)] += 1
                 err = APIError(401, "invalid or missing API key", code="invalid_api_key")
                 return await _error_response(err)(scope, receive, send)
