@@ -5,6 +5,7 @@
 // Not here: greedy decoding and the argument checks (sampling.py). Reference twin:
 // sampling._pick_token_reference (NumPy), which tests/unit/test_sampling.py compares bitwise.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -16,6 +17,7 @@ namespace eb::ops {
 // Reusable buffers of sample_token (one per calling thread); grown, never shrunk.
 struct SampleScratch {
   std::vector<uint64_t> items, tmp;  // (vocab): key << 32 | id, then sorted
+  std::vector<uint32_t> keys, tie;   // top_k only: (vocab) keys; those in the k-th's bucket
   std::vector<float> e;              // (kept): z[order[j]] - z[order[0]], then its exp
   std::vector<double> c;             // (kept): the running float64 sums
 };
@@ -30,6 +32,14 @@ inline uint32_t sample_descending_key(float z) {
   std::memcpy(&bits, &z, sizeof bits);
   if ((bits & 0x7FFFFFFFu) == 0u) bits = 0u;
   return bits ^ (((bits >> 31) - 1u) >> 1);
+}
+
+// The value of a key of sample_descending_key (its inverse; zeros come back as +0.0).
+inline float sample_key_value(uint32_t key) {
+  const uint32_t bits = key < 0x80000000u ? key ^ 0x7FFFFFFFu : key;
+  float z;
+  std::memcpy(&z, &bits, sizeof z);
+  return z;
 }
 
 // Stable least-significant-digit radix sort of `items` (n) by their high 32 bits, ascending,
@@ -76,8 +86,8 @@ inline void sample_radix_sort(std::vector<uint64_t>& items, std::vector<uint64_t
 // state, when z[order[0]] is not finite (logits / t overflowed). The caller holds FpEnvGuard.
 // Steps (pick_token's Notes):
 //   1. z = logits / float32(t) in binary32 (z = logits when float32(t) == 1: x / 1 == x).
-//   2. order: radix sort of sample_descending_key(z[i]) << 32 | i.
-//   3. top_k: the first k entries and every later one with the k-th entry's key (same z).
+//   2, 3. top_k: the entries whose key is <= the k-th smallest key (z >= the k-th largest z,
+//      ties kept), found without sorting; order: radix sort of key << 32 | id over them.
 //   4. e[j] = exp_f32(z[order[j]] - z[order[0]]) via V::exp_array (the same bits as exp_f32,
 //      SPEC 3.1), widened; c[j] = c[j-1] + e[j] in binary64, left to right. The differences
 //      fall with j, so once one is below kExpF32Zero every later e is exactly +0 and every
@@ -97,22 +107,43 @@ inline int64_t sample_token(const float* logits, int64_t vocab, double temperatu
   uint64_t* items = s.items.data();
   // z itself is not stored: z[i] is recomputed from logits[i] (the same division, same bits).
   const auto z_of = [&](int64_t i) { return t32 == 1.0f ? logits[i] : logits[i] / t32; };
-  for (int64_t i = 0; i < vocab; ++i)
-    items[i] =
-        (static_cast<uint64_t>(sample_descending_key(z_of(i))) << 32) | static_cast<uint64_t>(i);
-  sample_radix_sort(s.items, s.tmp, vocab);
+  int64_t kept = vocab;
+  if (top_k > 0 && top_k < vocab) {
+    // Step 3 before the sort, as the NumPy twin: the k-th smallest key (the k-th largest z)
+    // by a histogram of the top 11 key bits, then nth_element inside its bucket only; the
+    // kept entries are those with a key <= it (z >= the k-th z, ties kept), in id order.
+    if (s.keys.size() < nv) s.keys.resize(nv);
+    uint32_t* keys = s.keys.data();
+    std::vector<int64_t> count(2048, 0);
+    for (int64_t i = 0; i < vocab; ++i) {
+      keys[i] = sample_descending_key(z_of(i));
+      ++count[keys[i] >> 21];
+    }
+    uint32_t b = 0;
+    int64_t below = 0;  // entries in buckets before b
+    while (below + count[b] < top_k) below += count[b++];
+    s.tie.clear();
+    for (int64_t i = 0; i < vocab; ++i)
+      if ((keys[i] >> 21) == b) s.tie.push_back(keys[i]);
+    const int64_t rank = top_k - 1 - below;  // the k-th entry's rank inside bucket b
+    std::nth_element(s.tie.begin(), s.tie.begin() + rank, s.tie.end());
+    const uint32_t kth = s.tie[static_cast<size_t>(rank)];
+    kept = 0;
+    for (int64_t i = 0; i < vocab; ++i)
+      if (keys[i] <= kth)
+        items[kept++] = (static_cast<uint64_t>(keys[i]) << 32) | static_cast<uint64_t>(i);
+  } else {
+    for (int64_t i = 0; i < vocab; ++i)
+      items[i] =
+          (static_cast<uint64_t>(sample_descending_key(z_of(i))) << 32) | static_cast<uint64_t>(i);
+  }
+  sample_radix_sort(s.items, s.tmp, kept);
   const auto id_at = [&](int64_t j) { return static_cast<int64_t>(items[j] & 0xFFFFFFFFu); };
   const float z0 = z_of(id_at(0));
   uint32_t z0_bits;
   std::memcpy(&z0_bits, &z0, sizeof z0_bits);
   if ((z0_bits & 0x7F800000u) == 0x7F800000u) return -1;  // inf or NaN: refused
 
-  int64_t kept = vocab;
-  if (top_k > 0 && top_k < vocab) {
-    const uint64_t kth = items[top_k - 1] >> 32;
-    kept = top_k;
-    while (kept < vocab && (items[kept] >> 32) == kth) ++kept;
-  }
   // m: the entries whose difference is >= kExpF32Zero (a prefix, since z falls along order).
   const size_t nk = static_cast<size_t>(kept);
   if (s.e.size() < nk) {
@@ -121,8 +152,11 @@ inline int64_t sample_token(const float* logits, int64_t vocab, double temperatu
   }
   float* e = s.e.data();
   int64_t m = 0;
+  // z[order[m]] is read back from the sorted key (sequential, no division): it differs from z
+  // only by the sign of a zero, and a difference of zeros is a zero, whose exp is 1 either way;
+  // any other difference is the same number.
   for (; m < kept; ++m) {
-    const float d = z_of(id_at(m)) - z0;
+    const float d = sample_key_value(static_cast<uint32_t>(items[m] >> 32)) - z0;
     if (d < math::detail::kExpF32Zero) break;
     e[m] = d;
   }
