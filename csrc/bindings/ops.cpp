@@ -28,6 +28,7 @@
 #include "ops/gemm/ref.hpp"
 #include "ops/ref/ref.hpp"
 #include "ops/rope.hpp"
+#include "ops/sample.hpp"
 #include "ops/ssm_scan.hpp"
 
 namespace eb::bindings {
@@ -340,6 +341,29 @@ void bind_ops(nb::module_& m) {
           }
           return hit.offset;
         });
+  // The token exactblocks.sampling.pick_token draws (ops/sample.hpp) from logits (vocab) for
+  // temperature > 0, top_k (0 = all), top_p (1 = all) and the caller's draw r in [0, 1); the
+  // Python layer checks every argument first. Scratch per calling thread; GIL released, so the
+  // serving engine's rows sample in parallel.
+  m.def(
+      "sample_token",
+      [](CArr1 logits, double temperature, int64_t top_k, double top_p, double r) -> int64_t {
+        const int64_t vocab = dim(logits, 0);
+        EB_CHECK(vocab >= 1 && vocab <= 0x7FFFFFFF, "sample_token: vocab size out of range");
+        EB_CHECK(
+            temperature > 0.0 && top_k >= 0 && top_p > 0.0 && top_p <= 1.0 && r >= 0.0 && r < 1.0,
+            "sample_token: arguments out of range");
+        thread_local ops::SampleScratch scratch;  // reused: no allocation once warm
+        int64_t token;
+        {
+          nb::gil_scoped_release release;
+          token =
+              kernels().sample_token(logits.data(), vocab, temperature, top_k, top_p, r, scratch);
+        }
+        EB_CHECK(token >= 0, "sample_token: logits / temperature overflows float32");
+        return token;
+      },
+      nb::arg("logits"), nb::arg("temperature"), nb::arg("top_k"), nb::arg("top_p"), nb::arg("r"));
   m.def("exp_f64", [](double x) {
     FpEnvGuard guard;
     return math::exp_f64(x);

@@ -11,7 +11,9 @@ the same token and the same text everywhere. What does not: computing logits
 Exactness: the probabilities are built from the float32 logits with the library's own float32
 ``exp`` (``_core.elementwise("exp")``, the same bits on every ISA) and summed in float64 in a
 fixed order, and one ``Generator.random()`` draw picks the token, so a seeded generation picks
-the same tokens on every machine.
+the same tokens on every machine. The work after the checks and the draw runs in the native
+core (``_core.sample_token``, csrc/ops/sample.hpp), GIL released; ``_pick_token_reference`` is
+the NumPy implementation of the same steps, which the tests hold it to token for token.
 """
 
 from __future__ import annotations
@@ -68,6 +70,45 @@ def _check_logits(logits) -> np.ndarray:
     return logits
 
 
+def _check_args(where, logits, temperature, rng, top_k, top_p):
+    """pick_token's argument checks (its Raises), before any work: (logits, temp, top_k, top_p)."""
+    logits = _check_logits(logits)
+    if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real):
+        raise TypeError(
+            f"{where}: temperature must be a real number; got {type(temperature).__name__}"
+        )
+    temp = float(temperature)
+    if not (math.isfinite(temp) and temp >= 0.0):
+        raise ValueError(f"{where}: temperature={temp} must be finite and >= 0")
+    if top_k is not None:
+        if isinstance(top_k, (bool, np.bool_)) or not isinstance(top_k, numbers.Integral):
+            raise TypeError(f"{where}: top_k must be an int or None; got {type(top_k).__name__}")
+        top_k = int(top_k)
+        if top_k < 1:
+            raise ValueError(f"{where}: top_k={top_k} must be >= 1")
+    if top_p is not None:
+        if isinstance(top_p, (bool, np.bool_)) or not isinstance(top_p, numbers.Real):
+            raise TypeError(f"{where}: top_p must be a real number or None; got "
+                            f"{type(top_p).__name__}")  # fmt: skip
+        top_p = float(top_p)
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"{where}: top_p={top_p} must be in (0, 1]")
+    if temp > 0.0:
+        if rng is None:
+            raise ValueError(f"{where}: temperature={temp} samples: pass rng= (a Generator)")
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError(
+                f"{where}: rng must be a numpy.random.Generator; got {type(rng).__name__}"
+            )
+    if not np.isfinite(logits).all():
+        bad = int(np.flatnonzero(~np.isfinite(logits))[0])
+        raise ValueError(
+            f"{where}: logits[{bad}]={logits[bad]!r} is not finite (the model's activations "
+            "overflowed)"
+        )
+    return logits, temp, top_k, top_p
+
+
 def pick_token(logits, *, temperature, rng=None, top_k=None, top_p=None) -> int:
     """Return the next token: the argmax of ``logits``, or a seeded draw from them.
 
@@ -118,9 +159,14 @@ def pick_token(logits, *, temperature, rng=None, top_k=None, top_p=None) -> int:
     6. ``u = rng.random() * c[n - 1]``; the token is ``order[i]`` for the first i with
        ``c[i] > u`` (``i = n - 1`` if none).
 
-    Cost: ``order`` comes from a radix sort (two stable 16-bit passes) instead of a
-    comparison sort, and top_k selects the k-th value with ``numpy.partition`` and orders only
-    the kept tokens. The full order of the kept tokens is still needed: a float64 addition
+    Cost: O(vocab_size) in the native core (``_core.sample_token``, csrc/ops/sample.hpp, GIL
+    released, so rows sampled on parallel threads run in parallel): ``order`` comes from a
+    stable least-significant-digit radix sort of a 32-bit key that orders like z (three
+    passes), the exps from the ISA's vectorised ``exp`` (the same bits as the scalar one), and
+    the exps of entries more than 110 below ``z[order[0]]`` (exactly +0) are not computed.
+    The overflow check runs first, on ``max(logits) / float32(temperature)`` (the division
+    never decreases, so that is ``z[order[0]]``), then the one draw, then the native steps.
+    The full order of the kept tokens is still needed: a float64 addition
     rounds, a rounding (ties to even above all) depends on the last bit of the running sum and
     so on every earlier term, and ``c[-1]`` scales ``u`` and the top_p threshold. Only terms
     below half an ulp of ``e[0]`` could be left out, and at temperatures near 1 real models
@@ -138,41 +184,38 @@ def pick_token(logits, *, temperature, rng=None, top_k=None, top_p=None) -> int:
     >>> pick_token(logits, temperature=1.0, top_k=1, rng=np.random.default_rng(0))  # ties kept
     2
     """
-    where = "pick_token"
-    logits = _check_logits(logits)
-    if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real):
-        raise TypeError(
-            f"{where}: temperature must be a real number; got {type(temperature).__name__}"
-        )
-    temp = float(temperature)
-    if not (math.isfinite(temp) and temp >= 0.0):
-        raise ValueError(f"{where}: temperature={temp} must be finite and >= 0")
-    if top_k is not None:
-        if isinstance(top_k, (bool, np.bool_)) or not isinstance(top_k, numbers.Integral):
-            raise TypeError(f"{where}: top_k must be an int or None; got {type(top_k).__name__}")
-        top_k = int(top_k)
-        if top_k < 1:
-            raise ValueError(f"{where}: top_k={top_k} must be >= 1")
-    if top_p is not None:
-        if isinstance(top_p, (bool, np.bool_)) or not isinstance(top_p, numbers.Real):
-            raise TypeError(f"{where}: top_p must be a real number or None; got "
-                            f"{type(top_p).__name__}")  # fmt: skip
-        top_p = float(top_p)
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"{where}: top_p={top_p} must be in (0, 1]")
-    if temp > 0.0:
-        if rng is None:
-            raise ValueError(f"{where}: temperature={temp} samples: pass rng= (a Generator)")
-        if not isinstance(rng, np.random.Generator):
-            raise TypeError(
-                f"{where}: rng must be a numpy.random.Generator; got {type(rng).__name__}"
-            )
-    if not np.isfinite(logits).all():
-        bad = int(np.flatnonzero(~np.isfinite(logits))[0])
-        raise ValueError(
-            f"{where}: logits[{bad}]={logits[bad]!r} is not finite (the model's activations "
-            "overflowed)"
-        )
+    logits, temp, top_k, top_p = _check_args("pick_token", logits, temperature, rng, top_k, top_p)
+    if temp == 0.0:
+        return int(np.argmax(logits))  # the first maximum: the lowest id on ties
+    # z[order[0]] is the largest z, and x -> fl(x / t) never decreases, so it is
+    # fl(max(logits) / t): the overflow is refused here, before the draw.
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        top = logits.max() if temp == 1.0 else logits.max() / np.float32(temp)
+    if not math.isfinite(top):
+        raise ValueError(_overflow_message(temp))
+    k = 0 if top_k is None or top_k >= logits.size else top_k
+    p = 1.0 if top_p is None else top_p
+    r = rng.random()
+    return int(_ext.core().sample_token(np.ascontiguousarray(logits), temp, k, p, r))
+
+
+def _overflow_message(temp: float) -> str:
+    return (
+        f"pick_token: temperature={temp} is too small for these logits: logits / temperature "
+        "overflows float32 (use temperature=0 for greedy)"
+    )
+
+
+def _pick_token_reference(logits, *, temperature, rng=None, top_k=None, top_p=None) -> int:
+    """:func:`pick_token` computed with NumPy, step by step as its Notes: the tests' twin.
+
+    The same arguments, checks, token and generator use as :func:`pick_token`, whose native
+    ``_core.sample_token`` must return the same token for every input (tests/unit/
+    test_sampling.py). The order is a radix sort (two stable NumPy argsort passes over 16-bit
+    halves of the key), top_k selects the k-th value with ``numpy.partition`` and orders only
+    the kept tokens. Parameters, Returns and Raises as :func:`pick_token`.
+    """
+    logits, temp, top_k, top_p = _check_args("pick_token", logits, temperature, rng, top_k, top_p)
     if temp == 0.0:
         return int(np.argmax(logits))  # the first maximum: the lowest id on ties
     with np.errstate(over="ignore"):  # an overflow is refused below, with its reason
@@ -185,11 +228,9 @@ def pick_token(logits, *, temperature, rng=None, top_k=None, top_p=None) -> int:
         order = _descending_order(z)
     zs = z[order]
     if not math.isfinite(zs[0]):
-        raise ValueError(
-            f"{where}: temperature={temp} is too small for these logits: logits / temperature "
-            "overflows float32 (use temperature=0 for greedy)"
-        )
-    e = _ext.core().elementwise("exp", zs - zs[0]).astype(np.float64)
+        raise ValueError(_overflow_message(temp))
+    with np.errstate(over="ignore"):  # -3e38 - 3e38 = -inf, whose exp is +0: exact
+        e = _ext.core().elementwise("exp", zs - zs[0]).astype(np.float64)
     cum = np.cumsum(e)  # sequential float64 sums, in the order above
     if top_p is not None and top_p < 1.0:
         # c[j-1] < top_p * c[-1] for j = 0 (0.0 < a positive threshold) and for each j >= 1

@@ -5,15 +5,23 @@ The reference below is written from pick_token's documented definition with Pyth
 piece it uses is the float32 ``exp`` the definition names. pick_token must return the same
 token and leave the generator in the same state, over many random logits with ties, signed
 zeros, temperatures, top_k, top_p and seeds, and at real vocabulary sizes.
+
+pick_token runs the native ``_core.sample_token`` (csrc/ops/sample.hpp); the NumPy
+implementation it replaced is kept as ``sampling._pick_token_reference``. The two must return
+the same token and consume the generator identically, on every ISA and from parallel threads.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from exactblocks import _ext
-from exactblocks.sampling import Detokenizer, pick_token
+from exactblocks.sampling import Detokenizer, _pick_token_reference, pick_token
 
 
 def _exp32(x: np.ndarray) -> np.ndarray:
@@ -163,6 +171,153 @@ def test_pick_token_errors_name_the_argument():
     with pytest.raises(ValueError, match="temperature=1e-30 is too small"):
         pick_token(big, temperature=1e-30, rng=g)
     assert g.bit_generator.state == before  # nothing drawn on a refused call
+
+
+def _native_vs_numpy(logits, kw, seed, draws=3):
+    """Tokens of pick_token (native) and _pick_token_reference (NumPy), and both generators."""
+    ga, gb = np.random.default_rng(seed), np.random.default_rng(seed)
+    got = [pick_token(logits, rng=ga, **kw) for _ in range(draws)]
+    want = [_pick_token_reference(logits, rng=gb, **kw) for _ in range(draws)]
+    return got, want, ga.bit_generator.state, gb.bit_generator.state
+
+
+@pytest.fixture(params=_ext.core().available_isas())
+def isa(request):
+    core = _ext.core()
+    saved = core.get_isa()
+    core.set_isa(request.param)
+    yield request.param
+    core.set_isa(saved)
+
+
+_EDGE_VALUES = np.array(
+    [0.0, -0.0, 1e-45, -1e-45, 1e-38, -1e-38, 0.5, -0.5, 1.0, 88.0, -88.0, 3e38, -3e38],
+    np.float32,
+)
+
+
+def _edge_logits(rs: np.random.Generator, V: int) -> np.ndarray:
+    kind = rs.integers(4)
+    if kind == 0:  # ties everywhere, signed zeros, subnormals, huge values
+        z = rs.choice(_EDGE_VALUES, V)
+    elif kind == 1:  # a k-th value shared by many entries
+        z = rs.integers(-2, 3, V).astype(np.float32)
+    elif kind == 2:  # differences on both sides of exp's underflow (-103.97) and cut (-110)
+        z = rs.uniform(-130.0, 0.0, V).astype(np.float32)
+    else:
+        z = _random_logits(rs, V)
+    return np.ascontiguousarray(z, dtype=np.float32)
+
+
+@pytest.mark.parametrize("block", range(3))
+def test_native_equals_numpy_reference_on_edge_logits(block, isa):
+    """Same token and generator state as the NumPy twin: ties at the k-th value, signed zeros,
+    subnormals, temperatures from 1e-30 (overflow: both refuse, nothing drawn) to 1e30,
+    top_p from 1e-12 to 1 - 1e-16, vocabulary sizes 1 and 2 included, on every ISA."""
+    rs = np.random.default_rng(7000 + block)
+    for case in range(250):
+        V = int(rs.choice([1, 2, 3, 5, 64, 1000, 4099]))
+        logits = _edge_logits(rs, V)
+        temp = float(rs.choice([1e-30, 1e-6, 0.01, 0.5, 1.0, 1.0 + 1e-9, 2.0, 1e6, 1e30]))
+        top_k = rs.choice([None, 1, 2, 3, int(rs.integers(1, V + 1)), V, V + 1])
+        top_p = rs.choice([None, 1e-12, 0.25, 0.9, 1.0 - 1e-16, 1.0])
+        kw = dict(
+            temperature=temp,
+            top_k=None if top_k is None else int(top_k),
+            top_p=None if top_p is None else float(top_p),
+        )
+        seed = int(rs.integers(2**63))
+        cfg = dict(case=case, V=V, seed=seed, isa=isa, **kw)
+        try:
+            got, want, sa, sb = _native_vs_numpy(logits, kw, seed)
+        except ValueError as exc:  # the overflow refusal: both must refuse, before a draw
+            assert "is too small for these logits" in str(exc), cfg
+            ga, gb = np.random.default_rng(seed), np.random.default_rng(seed)
+            with pytest.raises(ValueError, match="is too small for these logits"):
+                pick_token(logits, rng=ga, **kw)
+            with pytest.raises(ValueError, match="is too small for these logits"):
+                _pick_token_reference(logits, rng=gb, **kw)
+            assert ga.bit_generator.state == gb.bit_generator.state
+            assert ga.bit_generator.state == np.random.default_rng(seed).bit_generator.state
+            continue
+        assert got == want, cfg
+        assert sa == sb, cfg  # one draw per token, in both
+
+
+@pytest.mark.parametrize("V", [1, 2, 49152, 262144])
+def test_native_equals_numpy_reference_at_vocabulary_size(V, isa):
+    rs = np.random.default_rng(V + 11)
+    for case in range(4 if V > 1000 else 40):
+        logits = rs.normal(0.0, 3.5, V).astype(np.float32)
+        if V > 1000:
+            logits[rs.integers(0, V, 40)] = rs.normal(12.0, 2.0, 40).astype(np.float32)
+            logits[rs.integers(0, V, V // 50)] = np.float32(-1.5)  # a block of ties
+            logits[rs.integers(0, V, 50)] = np.float32(-0.0)
+            logits[rs.integers(0, V, 50)] = np.float32(0.0)
+        k = [None, 40, 50, V][case % 4]  # 40 and 50: the k-th value may sit in a tie block
+        kw = dict(
+            temperature=[1.0, 0.7, 1.3, 0.05][case % 4], top_k=k, top_p=[None, 0.95][case % 2]
+        )
+        got, want, sa, sb = _native_vs_numpy(logits, kw, seed=case)
+        assert got == want, (case, kw)
+        assert sa == sb, (case, kw)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    values=st.lists(
+        st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=1, max_size=300
+    ),
+    temperature=st.floats(1e-3, 1e3),
+    top_k=st.none() | st.integers(1, 320),
+    top_p=st.none() | st.floats(1e-9, 1.0),
+    seed=st.integers(0, 2**32),
+)
+def test_native_equals_numpy_reference_hypothesis(values, temperature, top_k, top_p, seed):
+    logits = np.array(values, np.float32)
+    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    try:
+        got, want, sa, sb = _native_vs_numpy(logits, kw, seed, draws=2)
+    except ValueError:  # logits / temperature overflows: the twin must refuse as well
+        with pytest.raises(ValueError, match="is too small for these logits"):
+            _pick_token_reference(logits, rng=np.random.default_rng(seed), **kw)
+        return
+    assert got == want
+    assert sa == sb
+
+
+def test_native_from_parallel_threads_equals_serial():
+    """The GIL is released in sample_token and its scratch is per thread: rows sampled on a
+    thread pool (as the serving engine does) give the tokens of a serial loop."""
+    rs = np.random.default_rng(3)
+    rows = [rs.normal(0.0, 3.0, 49152).astype(np.float32) for _ in range(8)]
+    kw = [dict(temperature=0.8, top_p=0.9), dict(temperature=1.2, top_k=30)]
+
+    def run(i):
+        g = np.random.default_rng(i)
+        return [pick_token(rows[i], rng=g, **kw[i % 2]) for _ in range(5)]
+
+    serial = [run(i) for i in range(len(rows))]
+    want = [
+        [_pick_token_reference(rows[i], rng=g, **kw[i % 2]) for _ in range(5)]
+        for i, g in ((i, np.random.default_rng(i)) for i in range(len(rows)))
+    ]
+    assert serial == want
+    for _ in range(3):
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(run, range(len(rows)))) == serial
+
+
+def test_overflow_with_temperature_rounding_to_zero_is_refused():
+    """float32(1e-300) == 0: logits / 0 is inf or NaN, z[order[0]] is not finite; refused with
+    the overflow error before a draw, with and without top_k."""
+    logits = np.array([0.0, -1.0, -2.0], np.float32)
+    for top_k in (None, 1):
+        g = np.random.default_rng(1)
+        before = g.bit_generator.state
+        with pytest.raises(ValueError, match="temperature=1e-300 is too small"):
+            pick_token(logits, temperature=1e-300, top_k=top_k, rng=g)
+        assert g.bit_generator.state == before
 
 
 class _Utf8Bytes:
