@@ -25,7 +25,7 @@ LATENCY_LIMIT = 0.5  # seconds from the signal to the exception
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 _CASE = """
-    import copy, os, signal, sys, threading, time
+    import copy, os, signal, subprocess, sys, threading, time
     import numpy as np
     sys.path[:0] = [{here!r}, {tests!r}]
     import exactblocks as eb
@@ -86,20 +86,19 @@ _CASE = """
     def interrupted(how, x, st):
         # seconds from the signal to the exception, the call started 0.5 s before the signal
         if how == "sigint":
-            sent = []
-            def fire():
-                time.sleep(0.5)
-                sent.append(time.monotonic())
-                os.kill(os.getpid(), signal.SIGINT)
-            th = threading.Thread(target=fire)
-            th.start()
+            # sent by another process, as a terminal's Ctrl-C is: a thread of this one would
+            # need the GIL to send it, which a loaded machine can hand it late
+            sender = subprocess.Popen(
+                [sys.executable, "-c", "import os, sys, time; time.sleep(0.5); "
+                 "print(time.monotonic(), flush=True); os.kill(int(sys.argv[1]), 2)",
+                 str(os.getpid())], stdout=subprocess.PIPE, text=True)
             try:
                 call(x, st)
                 sys.exit(f"{{KIND}}: the call completed before SIGINT stopped it")
             except KeyboardInterrupt:
                 got = time.monotonic()
-            th.join()
-            return got - sent[0]
+            sent = float(sender.communicate()[0])
+            return got - sent
         def handler(signum, frame):
             raise Stop()
         old = signal.signal(signal.SIGALRM, handler)
