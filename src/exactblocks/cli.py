@@ -481,11 +481,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        Exit status: 0 success, 1 the demo's bitwise check failed, 2 usage error or missing
-        model/dependency (the message names the command and the argument, and says what to
-        install), 141 (128 + SIGPIPE) when stdout's reader went away, as in
-        ``exactblocks demo | head -1`` (nothing is printed then), 130 (128 + SIGINT) when
-        interrupted by Ctrl-C (one line, ``exactblocks <command>: interrupted``, on stderr).
+        Exit status: 0 success, 1 the demo's bitwise check failed, 2 usage error, missing
+        model/dependency or out of memory loading it (the message names the command and the
+        argument, and says what to install), 141 (128 + SIGPIPE) when stdout's reader went
+        away, as in ``exactblocks demo | head -1`` (nothing is printed then), 130 (128 +
+        SIGINT) when interrupted by Ctrl-C (one line, ``exactblocks <command>: interrupted``,
+        on stderr).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -530,7 +531,7 @@ def _main(argv: Sequence[str] | None) -> int:
             return bad
         try:
             return (run_text if args.command == "run" else run_chat)(args)
-        except (FileNotFoundError, ImportError, TypeError, ValueError) as exc:
+        except (FileNotFoundError, ImportError, MemoryError, TypeError, ValueError) as exc:
             # a loading error names the model path: it is about the MODEL argument
             return _error(args.command, exc, "MODEL" if args.model in str(exc) else None)
     if args.command == "serve":
@@ -538,7 +539,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
         try:
             return run_serve(args)
-        except (FileNotFoundError, ImportError, TypeError, ValueError) as exc:
+        except (FileNotFoundError, ImportError, MemoryError, TypeError, ValueError) as exc:
             return _error("serve", exc, "MODEL" if args.model in str(exc) else None)
     if args.command != "demo":
         ap.print_help()
@@ -549,5 +550,5 @@ def _main(argv: Sequence[str] | None) -> int:
             return bad
     try:
         return run_demo(args.prompt, args.max_new_tokens, args.gguf, args.threads)
-    except (FileNotFoundError, ImportError, ValueError) as exc:
+    except (FileNotFoundError, ImportError, MemoryError, ValueError) as exc:
         return _error("demo", exc, "--gguf" if args.gguf is not None else None)

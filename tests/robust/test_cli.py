@@ -168,3 +168,30 @@ def test_threads_above_the_cpus_is_a_note_of_the_command(tmp_path, capsys):
         f"exactblocks demo: --threads 999 exceeds the {cpus} CPU{plural} usable by this "
         f"process; using {cpus} thread{plural}"
     ), err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc: Linux")
+def test_out_of_memory_loading_is_an_error_line():
+    # load_model's MemoryError (here: the GGUF cannot be mapped) is the command's error line
+    from robust_helpers import run_python
+
+    from exactblocks.loaders.gguf import default_smollm2_path
+
+    try:
+        gguf = default_smollm2_path()
+    except FileNotFoundError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
+    code = f"""
+        import os, resource, sys
+        from exactblocks.cli import main
+
+        vm = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (50 << 20), resource.RLIM_INFINITY))
+        sys.exit(main(["run", {gguf!r}, "--prompt", "hi"]))
+    """
+    res = run_python(code, timeout=120)
+    assert res.returncode == 2, res.stderr[-3000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert last == f"exactblocks run: error: MODEL: out of memory while reading {gguf!r}", last
