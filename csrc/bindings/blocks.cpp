@@ -8,7 +8,10 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -80,21 +83,55 @@ const ops::PackedMatrix& packed_by_name(const Mamba2Model& t, const std::string&
 
 using IOut = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
+// The process's fork generation: bumped in the child of every fork (pthread_atfork). A state
+// lock taken in an older generation was held by a thread of the parent, which does not exist in
+// the child: no call runs there, but the state's contents are whatever that call had written
+// when the process forked (SPEC 2.6).
+std::atomic<uint64_t> g_fork_generation{0};
+
+void on_fork_child_bump_generation() { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
+
+uint64_t fork_generation() {
+  // Registered by the first lock made: every lock that can be held at a fork is made after it.
+  static const bool registered =
+      (pthread_atfork(nullptr, nullptr, on_fork_child_bump_generation), true);
+  (void)registered;
+  return g_fork_generation.load(std::memory_order_relaxed);
+}
+
+// "Class.method" of a claim's message "Class.method: ...".
+std::string where_of(const std::string& message) { return message.substr(0, message.find(": ")); }
+
+// What a call or a snapshot of a state held at a fork raises in the child.
+std::string forked_message(const std::string& message) {
+  return where_of(message) +
+         ": the state was in use by a call on another thread when the process forked; its "
+         "contents are undefined here: reset() it (all rows) or allocate a new one";
+}
+
 // A state's lock (SPEC 2.6). Claimed through a context manager whose __enter__ and __exit__ are
 // native, so no Python-level exception (KeyboardInterrupt, a signal handler that raises) can
 // fall between taking the lock and entering the protected region, or between leaving it and
 // releasing the lock: the interpreter calls __exit__ whenever __enter__ returned.
+// A lock found held in a forked child by a thread of the parent (taken in an older fork
+// generation) is released and marked forked: calls and snapshots refuse the state until a reset
+// of all its rows (a reset claim) clears the mark.
 class StateLock {
  public:
-  bool try_acquire() {
+  enum Acquired { kOk = 0, kBusy = 1, kForked = 2 };
+  StateLock() { (void)fork_generation(); }
+  // take_forked: a reset's claim, which may take a lock marked forked.
+  Acquired try_acquire(bool take_forked = false) {
     std::lock_guard<std::mutex> g(m_);
-    if (busy_) return false;
-    busy_ = true;
-    owner_ = std::this_thread::get_id();
-    return true;
+    check_fork();
+    if (busy_) return kBusy;
+    if (forked_ && !take_forked) return kForked;
+    take();
+    return kOk;
   }
   // Waits (GIL released, in slices so that Ctrl-C is seen) up to `timeout` seconds. Returns 0
-  // on success, 1 when the holder is this thread (waiting would deadlock), 2 on timeout.
+  // on success, 1 when the holder is this thread (waiting would deadlock), 2 on timeout, 3 when
+  // the lock is marked forked.
   int acquire_for(double timeout) {
     using Clock = std::chrono::steady_clock;
     const Clock::time_point deadline =
@@ -103,6 +140,8 @@ class StateLock {
     for (;;) {
       {
         std::lock_guard<std::mutex> g(m_);
+        check_fork();
+        if (forked_ && !busy_) return 3;
         if (busy_ && owner_ == std::this_thread::get_id()) return 1;
       }
       bool got = false;
@@ -112,33 +151,54 @@ class StateLock {
         const Clock::time_point slice =
             std::min(deadline, Clock::now() + Clock::duration(std::chrono::milliseconds(50)));
         got = cv_.wait_until(lk, slice, [&] { return !busy_; });
-        if (got) {
-          busy_ = true;
-          owner_ = std::this_thread::get_id();
-        }
+        if (got && !forked_) take();
       }
-      if (got) return 0;
+      if (got && !forked_) return 0;
+      if (got) return 3;
       if (PyErr_CheckSignals() != 0) throw nb::python_error();
       if (Clock::now() >= deadline) return 2;
     }
   }
-  void release() {
+  // reset_done: a reset of every row ran under this claim, so the state is defined again.
+  void release(bool reset_done = false) {
     {
       std::lock_guard<std::mutex> g(m_);
       busy_ = false;
       owner_ = std::thread::id();
+      if (reset_done) forked_ = false;
     }
     cv_.notify_all();
   }
   bool locked() {
     std::lock_guard<std::mutex> g(m_);
+    check_fork();
     return busy_;
+  }
+  bool forked() {
+    std::lock_guard<std::mutex> g(m_);
+    check_fork();
+    return forked_;
   }
 
  private:
+  void take() {
+    busy_ = true;
+    owner_ = std::this_thread::get_id();
+    generation_ = fork_generation();
+  }
+  // m_ held. A holder of an older fork generation is a thread of the parent process.
+  void check_fork() {
+    if (busy_ && generation_ != fork_generation()) {
+      busy_ = false;
+      owner_ = std::thread::id();
+      forked_ = true;
+    }
+  }
   std::mutex m_;
   std::condition_variable cv_;
   bool busy_ = false;
+  bool forked_ = false;
+  uint64_t generation_ = 0;
   std::thread::id owner_;
 };
 
@@ -147,19 +207,24 @@ class StateLock {
 // `with lock.transaction(message, undo):` (a whole-model call) is a call's claim whose exit
 // also ends the undo log's transaction: an exception leaving the block rolls back every entry
 // (every layer the call wrote), otherwise they are committed (forgotten).
+// `with lock.reset_claim(message, all_rows):` (a reset) is a call's claim that may also take a
+// lock marked forked when every row is reset; leaving it without an exception clears the mark.
 struct StateClaim {
   nb::object owner;  // keeps the StateLock alive
   StateLock* lock = nullptr;
   std::string message;
   double timeout = -1.0;  // < 0: do not wait
   bool held = false;
-  nb::object undo_owner;  // keeps the UndoLog alive
+  bool reset_all = false;  // a reset of every row: may take (and clears) a forked lock
+  nb::object undo_owner;   // keeps the UndoLog alive
   UndoLog* undo = nullptr;
 
   void enter() {
     if (held) throw std::runtime_error("state claim entered twice");
     if (timeout < 0.0) {
-      if (!lock->try_acquire()) throw std::runtime_error(message);
+      const StateLock::Acquired r = lock->try_acquire(reset_all);
+      if (r == StateLock::kBusy) throw std::runtime_error(message);
+      if (r == StateLock::kForked) throw std::runtime_error(forked_message(message));
     } else {
       const int r = lock->acquire_for(timeout);
       if (r == 1)
@@ -171,6 +236,7 @@ struct StateClaim {
                                  ": the state is in use by another call that did not "
                                  "finish within " +
                                  std::to_string(timeout) + " s");
+      if (r == 3) throw std::runtime_error(forked_message(message));
     }
     held = true;
     if (undo != nullptr) undo->commit();  // an empty log: this transaction's entries only
@@ -185,7 +251,7 @@ struct StateClaim {
       undo->commit();
     }
     held = false;
-    lock->release();
+    lock->release(reset_all && !failed);
   }
 };
 
@@ -731,7 +797,22 @@ void bind_blocks(nb::module_& m) {
             return c;
           },
           nb::arg("message"), nb::arg("undo"))
-      .def("locked", &StateLock::locked);
+      // `with lock.reset_claim(message, all_rows):` a reset's claim (StateClaim above)
+      .def(
+          "reset_claim",
+          [](nb::handle self, std::string message, bool all_rows) {
+            StateClaim c;
+            c.owner = nb::borrow(self);
+            c.lock = nb::cast<StateLock*>(self);
+            c.message = std::move(message);
+            c.reset_all = all_rows;
+            return c;
+          },
+          nb::arg("message"), nb::arg("all_rows"))
+      .def("locked", &StateLock::locked)
+      // whether the lock was found held by a thread of the parent after a fork (and no reset of
+      // every row has run since)
+      .def("forked", &StateLock::forked);
 
   // reset(rows) of either state as one native step: zero rows of both float buffers, then
   // their counters. Everything is checked before the first write.
@@ -782,12 +863,23 @@ void bind_blocks(nb::module_& m) {
           for (size_t i = 0; i < rows.shape(0); ++i)
             EB_CHECK(rows.data()[i] >= 0 && rows.data()[i] < B, "row out of range");
         }
+        // every row of every layer: a layer lock held by a thread of the parent at a fork may
+        // be taken (and its mark cleared, StateLock); a reset of some rows cannot define it
+        bool all_rows = true;
+        for (const Layer& l : ls) {
+          std::vector<char> seen(l.rt.shape(0), 0);
+          for (size_t i = 0; i < rows.shape(0); ++i) seen[static_cast<size_t>(rows.data()[i])] = 1;
+          all_rows = all_rows && std::all_of(seen.begin(), seen.end(), [](char c) { return c; });
+        }
         size_t taken = 0;
-        for (; taken < ls.size(); ++taken)
-          if (!ls[taken].lock->try_acquire()) break;
+        StateLock::Acquired why = StateLock::kOk;
+        for (; taken < ls.size(); ++taken) {
+          why = ls[taken].lock->try_acquire(all_rows);
+          if (why != StateLock::kOk) break;
+        }
         if (taken < ls.size()) {
           for (size_t i = 0; i < taken; ++i) ls[i].lock->release();
-          throw std::runtime_error(message);
+          throw std::runtime_error(why == StateLock::kForked ? forked_message(message) : message);
         }
         {
           nb::gil_scoped_release release;
@@ -802,7 +894,7 @@ void bind_blocks(nb::module_& m) {
             }
           }
         }
-        for (Layer& l : ls) l.lock->release();
+        for (Layer& l : ls) l.lock->release(all_rows);
       },
       nb::arg("layers"), nb::arg("rows"), nb::arg("message"));
   // Bytes held by this OS thread's own scratch workspace (tests: a failed call keeps none).

@@ -148,7 +148,9 @@ class StateBase:
         under the state's lock and after re-checking its buffers, in one native step; nothing
         is written when a check fails or an exception interrupts it."""
         idx = np.array(_check_rows(rows, self.batch_size, where), dtype=np.int64)
-        with self._lock.claim(f"{where}: state is in use by another call"):
+        # a reset of every row also makes a state held by a call at a fork usable (SPEC 2.6)
+        all_rows = len(set(idx.tolist())) == self.batch_size
+        with self._lock.reset_claim(f"{where}: state is in use by another call", all_rows):
             self._check_buffers(where)
             a, b = (getattr(self, name) for name in self._BUFFERS)
             # One native step: an interrupt cannot leave some buffers zeroed and others not.

@@ -433,6 +433,10 @@ def _parser() -> argparse.ArgumentParser:
 _INTERNAL_PREFIX = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*: )+")
 
 
+# The subcommands (for the one-line report of an interrupt).
+_COMMANDS = ("demo", "run", "chat", "serve")
+
+
 def _error(command: str, exc: BaseException, argument: str | None = None) -> int:
     """Print ``exactblocks <command>: error: [<argument>: ]<message>`` on stderr; return 2."""
     msg = _INTERNAL_PREFIX.sub("", str(exc))
@@ -477,22 +481,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        Exit status: 0 success, 1 the demo's bitwise check failed, 2 usage error or missing
-        model/dependency (the message names the command and the argument, and says what to
-        install), 141 (128 + SIGPIPE) when stdout's reader went away, as in
-        ``exactblocks demo | head -1`` (nothing is printed then).
+        Exit status: 0 success, 1 the demo's bitwise check failed, 2 usage error, missing
+        model/dependency or out of memory loading it (the message names the command and the
+        argument, and says what to install), 141 (128 + SIGPIPE) when stdout's reader went
+        away, as in ``exactblocks demo | head -1`` (nothing is printed then), 130 (128 +
+        SIGINT) when interrupted by Ctrl-C (one line, ``exactblocks <command>: interrupted``,
+        on stderr).
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         status = _main(argv)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
         return status
     except BrokenPipeError:
         return _quiet_broken_pipe()
+    except KeyboardInterrupt:
+        # a long call stops within about 100 ms of Ctrl-C (SPEC.md 2.5); a traceback would
+        # only show where: one line, and the status a shell gives a tool killed by SIGINT
+        command = next((a for a in argv if not a.startswith("-")), None)
+        name = f"exactblocks {command}" if command in _COMMANDS else "exactblocks"
+        try:
+            sys.stdout.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+        print(f"\n{name}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 def _main(argv: Sequence[str] | None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        from exactblocks.runtime import _count, usable_cpus
+
+        cpus = usable_cpus()
+        if threads > cpus:  # a note of the command, not a warning pointing into exactblocks
+            print(
+                f"exactblocks {args.command}: --threads {threads} exceeds the "
+                f"{_count(cpus, 'CPU')} usable by this process; using {_count(cpus, 'thread')}",
+                file=sys.stderr,
+            )
+            args.threads = cpus
     if args.command in ("run", "chat"):
         from exactblocks.models.cli import run_chat, run_text
 
@@ -501,7 +531,7 @@ def _main(argv: Sequence[str] | None) -> int:
             return bad
         try:
             return (run_text if args.command == "run" else run_chat)(args)
-        except (FileNotFoundError, ImportError, TypeError, ValueError) as exc:
+        except (FileNotFoundError, ImportError, MemoryError, TypeError, ValueError) as exc:
             # a loading error names the model path: it is about the MODEL argument
             return _error(args.command, exc, "MODEL" if args.model in str(exc) else None)
     if args.command == "serve":
@@ -509,7 +539,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
         try:
             return run_serve(args)
-        except (FileNotFoundError, ImportError, TypeError, ValueError) as exc:
+        except (FileNotFoundError, ImportError, MemoryError, TypeError, ValueError) as exc:
             return _error("serve", exc, "MODEL" if args.model in str(exc) else None)
     if args.command != "demo":
         ap.print_help()
@@ -520,5 +550,5 @@ def _main(argv: Sequence[str] | None) -> int:
             return bad
     try:
         return run_demo(args.prompt, args.max_new_tokens, args.gguf, args.threads)
-    except (FileNotFoundError, ImportError, ValueError) as exc:
+    except (FileNotFoundError, ImportError, MemoryError, ValueError) as exc:
         return _error("demo", exc, "--gguf" if args.gguf is not None else None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import threading
 import warnings
 
@@ -47,6 +48,27 @@ def usable_cpus() -> int:
     return min(max(1, n), MAX_NUM_THREADS)
 
 
+def _count(n: int, noun: str) -> str:
+    """``"1 CPU"``, ``"2 CPUs"``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _warn_outside(message: str) -> None:
+    """A RuntimeWarning attributed to the first frame outside the exactblocks package: the
+    user's ``import exactblocks`` line, or their call, not a line of exactblocks itself."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(0), 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if "importlib" in name and "_bootstrap" in name:
+            frame = frame.f_back  # the import machinery: warnings skips these frames too
+            continue
+        if not name.startswith(package):
+            break
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, RuntimeWarning, stacklevel=level if frame is not None else 1)
+
+
 def _env_threads(name: str) -> int | None:
     """The thread count a variable asks for, or None (unset, empty, or invalid: warned).
 
@@ -64,10 +86,8 @@ def _env_threads(name: str) -> int | None:
     if 1 <= n <= MAX_NUM_THREADS:
         return n
     shown = raw if len(raw) <= 40 else raw[:37] + "..."
-    warnings.warn(
-        f"exactblocks: {name}={shown!r} is not an integer in [1, {MAX_NUM_THREADS}]; ignored",
-        RuntimeWarning,
-        stacklevel=4,
+    _warn_outside(
+        f"exactblocks: {name}={shown!r} is not an integer in [1, {MAX_NUM_THREADS}]; ignored"
     )
     return None
 
@@ -81,11 +101,9 @@ def _default_num_threads() -> int:
         if n is None:
             continue
         if n > cpus:
-            warnings.warn(
-                f"exactblocks: {name}={n} exceeds the {cpus} CPUs usable by this process "
-                f"(its affinity mask); using {cpus} threads",
-                RuntimeWarning,
-                stacklevel=3,
+            _warn_outside(
+                f"exactblocks: {name}={n} exceeds the {_count(cpus, 'CPU')} usable by this "
+                f"process (its affinity mask); using {_count(cpus, 'thread')}"
             )
             return cpus
         return n
@@ -222,8 +240,8 @@ def set_num_threads(n: int) -> None:
     cpus = usable_cpus()
     if v > cpus:
         warnings.warn(
-            f"exactblocks.set_num_threads: n={v} exceeds the {cpus} CPUs usable by this "
-            f"process (its affinity mask); using {cpus} threads",
+            f"exactblocks.set_num_threads: n={v} exceeds the {_count(cpus, 'CPU')} usable by "
+            f"this process (its affinity mask); using {_count(cpus, 'thread')}",
             RuntimeWarning,
             stacklevel=2,
         )

@@ -88,7 +88,11 @@ def test_demo_into_head_ends_quietly():
             ["run", "{tmp}/missing", "--prompt", "hi"],
             "exactblocks run: error: MODEL: '{tmp}/missing' does not exist",
         ),
-        (["run", "{tmp}/bad.gguf", "--prompt", "hi"], "exactblocks run: error: MODEL: "),
+        (
+            ["run", "{tmp}/bad.gguf", "--prompt", "hi"],
+            "exactblocks run: error: MODEL: cannot read '{tmp}/bad.gguf' as a GGUF model: "
+            "'{tmp}/bad.gguf' is not a GGUF file",
+        ),
         (["chat", "{tmp}"], "exactblocks chat: error: MODEL: config file "),
     ],
 )
@@ -99,5 +103,95 @@ def test_errors_name_the_command_and_argument(tmp_path, capsys, argv, says):
     assert main([a.format(tmp=tmp) for a in argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(says.format(tmp=tmp)), err
-    for internal in ("open_gguf", "load_model", "run_demo", "load_gguf"):
+    for internal in ("open_gguf", "load_model", "run_demo", "load_gguf", "GGUFFile"):
         assert internal not in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "{gguf}", "--prompt", "Tell me a long story.", "--max-new-tokens", "2000"],
+        ["demo", "--max-new-tokens", "2000"],
+    ],
+)
+def test_ctrl_c_prints_one_line_and_exits_130(argv):
+    # Ctrl-C during `exactblocks run` or `demo` printed a whole traceback (a fresh-user review
+    # of issue #16): now one line on stderr and the status of a tool killed by SIGINT.
+    import signal
+    import time
+
+    from exactblocks.loaders.gguf import default_smollm2_path
+
+    try:
+        gguf = default_smollm2_path()
+    except FileNotFoundError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, *sys.path]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exactblocks", *(a.format(gguf=gguf) for a in argv)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        assert proc.stdout.read(1), "no output before the interrupt"  # it is generating
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # pragma: no cover - a hang: the timeout above failed the test
+            proc.kill()
+            proc.wait()
+    text = err.decode(errors="replace")
+    assert proc.returncode == 130, text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    assert text.rstrip().splitlines()[-1] == f"exactblocks {argv[0]}: interrupted", text[-3000:]
+
+
+def test_threads_above_the_cpus_is_a_note_of_the_command(tmp_path, capsys):
+    # `demo --threads 999` warned with a RuntimeWarning pointing at cli.py
+    import warnings
+
+    from exactblocks.runtime import usable_cpus
+
+    cpus = usable_cpus()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        status = main(["demo", "--threads", "999", "--gguf", str(tmp_path / "missing.gguf")])
+    assert status == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    plural = "" if cpus == 1 else "s"
+    assert err[0] == (
+        f"exactblocks demo: --threads 999 exceeds the {cpus} CPU{plural} usable by this "
+        f"process; using {cpus} thread{plural}"
+    ), err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc: Linux")
+def test_out_of_memory_loading_is_an_error_line():
+    # load_model's MemoryError (here: the GGUF cannot be mapped) is the command's error line
+    from robust_helpers import run_python
+
+    from exactblocks.loaders.gguf import default_smollm2_path
+
+    try:
+        gguf = default_smollm2_path()
+    except FileNotFoundError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
+    code = f"""
+        import os, resource, sys
+        from exactblocks.cli import main
+
+        vm = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (50 << 20), resource.RLIM_INFINITY))
+        sys.exit(main(["run", {gguf!r}, "--prompt", "hi"]))
+    """
+    res = run_python(code, timeout=120)
+    assert res.returncode == 2, res.stderr[-3000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert last == f"exactblocks run: error: MODEL: out of memory while reading {gguf!r}", last

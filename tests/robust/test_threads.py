@@ -14,6 +14,7 @@ import pytest
 from robust_helpers import run_python
 
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+CPUS_TEXT = f"{CPUS} CPU{'' if CPUS == 1 else 's'}"  # "1 CPU", "2 CPUs"
 
 _SHOW = "import exactblocks as eb; print(eb.get_num_threads())"
 
@@ -50,7 +51,16 @@ def test_bad_omp_num_threads_is_ignored_with_a_warning():
 def test_env_above_the_cpus_is_capped_with_a_warning(name):
     got, err = _threads({name: "999"})
     assert got == CPUS
-    assert "RuntimeWarning" in err and f"{name}=999" in err and f"{CPUS} CPUs" in err, err
+    assert "RuntimeWarning" in err and f"{name}=999" in err and CPUS_TEXT in err, err
+
+
+@pytest.mark.parametrize(("name", "value"), [("OMP_NUM_THREADS", "999"), ("OMP_NUM_THREADS", "x")])
+def test_env_warnings_point_at_the_users_import_line(name, value):
+    # they pointed at exactblocks/__init__.py:20 (a fresh-user review of issue #16)
+    res = run_python("x = 1\nimport exactblocks\n", timeout=60, env={name: value})
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.startswith("<string>:2: RuntimeWarning: exactblocks: "), res.stderr
+    assert "__init__.py" not in res.stderr and "runtime.py" not in res.stderr, res.stderr
 
 
 def test_set_num_threads_caps_at_the_usable_cpus(core):
@@ -58,7 +68,10 @@ def test_set_num_threads_caps_at_the_usable_cpus(core):
 
     saved = eb.get_num_threads()
     try:
-        with pytest.warns(RuntimeWarning, match=rf"n=999 exceeds the {CPUS} CPUs"):
+        with pytest.warns(
+            RuntimeWarning,
+            match=rf"n=999 exceeds the {CPUS_TEXT} usable .*; using {CPUS} threads?$",
+        ):
             eb.set_num_threads(999)
         assert eb.get_num_threads() == CPUS == core.get_num_threads()
         with warnings.catch_warnings():

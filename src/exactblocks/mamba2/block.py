@@ -290,10 +290,7 @@ class Mamba2BlockInference(BlockCommon):
             )
         b = check_int(batch_size, "batch_size", where, min_value=1, max_value=_MAX_BATCH)
         s = self._impl.sizes
-        nbytes = (
-            b * (s["conv_dim"] * s["conv_kernel"] + s["n_heads"] * s["head_dim"] * s["d_state"]) * 4
-            + 8 * b
-        )
+        nbytes = self._state_nbytes(b)
         try:
             if nbytes > sys.maxsize:
                 raise MemoryError
@@ -315,6 +312,12 @@ class Mamba2BlockInference(BlockCommon):
                 f"{format_shape((b, s['n_heads'], s['head_dim'], s['d_state']))} float32 plus "
                 f"row_tokens need {nbytes} bytes ({nbytes / 2**30:.3g} GiB)"
             ) from None
+
+    def _state_nbytes(self, b: int) -> int:
+        """Bytes of a state of ``b`` rows: conv_window, h and row_tokens."""
+        s = self._impl.sizes
+        per_row = s["conv_dim"] * s["conv_kernel"] + s["n_heads"] * s["head_dim"] * s["d_state"]
+        return b * per_row * 4 + 8 * b
 
     # -- calls --------------------------------------------------------------------------------
     def forward(self, x, state: Mamba2State | None = None, *, lengths=None) -> np.ndarray:

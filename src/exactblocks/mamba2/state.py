@@ -187,7 +187,9 @@ class Mamba2State(StateBase):
             A row outside ``[0, batch_size)``, or a state buffer reshaped, retyped or made
             read-only in place (nothing is written then).
         RuntimeError
-            The state is in use by a running call.
+            The state is in use by a running call; or some rows are given of a state that a
+            call of another thread held when the process forked (a reset of every row makes
+            it usable again, SPEC.md 2.6).
         """
         self._reset(rows, "Mamba2State.reset")
 

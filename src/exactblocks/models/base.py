@@ -17,8 +17,10 @@ probabilities built from the float32 logits with the library's own ``exp``, so a
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
+import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -37,6 +39,65 @@ from .._weights import LazyFingerprint, fingerprint_value, same_fingerprint
 __all__ = ["GenerateOutput", "GenerationStream", "Model", "ModelState"]
 
 _PRIVATE = object()
+
+
+# A block's own error message: "<Block>.<method>: <detail>" (SPEC.md 2.7).
+_BLOCK_PREFIX = re.compile(r"^(?:TransformerBlockInference|Mamba2BlockInference|"
+                           r"TransformerDecodeSession)\.\w+: ")  # fmt: skip
+# The blocks' input check of x (SPEC.md 2.4): inside a model, x is the previous layer's output.
+_X_NOT_FINITE = re.compile(r"^x(\[[^\]]*\])? must be finite; got (.*)$")
+
+
+def _strip_block(msg: str) -> str:
+    """``msg`` without a block's ``Class.method: `` prefix."""
+    return _BLOCK_PREFIX.sub("", msg, count=1)
+
+
+def _memory_detail(exc: MemoryError) -> str:
+    """What a MemoryError says, without a block's prefix, its tail about the state (the model
+    call states its own) or a bare ``std::bad_alloc``."""
+    msg = _strip_block(str(exc))
+    msg = msg.removesuffix("; the state is unchanged")
+    return "" if msg in ("", "std::bad_alloc", "bad allocation") else msg
+
+
+def _layer_error(exc: BaseException, where: str, i: int, tail: str) -> BaseException | None:
+    """The exception a Model call raises for ``exc`` raised by its layer ``i`` (SPEC.md 2.7: a
+    Model call's errors name the model call, ``where``, never an inner block), or None to let
+    ``exc`` through (an interrupt, an exception of another kind). ``tail`` says what became of
+    the state (``"; the state is unchanged"``, or empty without a state)."""
+    if isinstance(exc, MemoryError):
+        detail = _memory_detail(exc) or "out of memory"
+        return MemoryError(f"{where}: layer {i}: {detail}{tail}")
+    if not isinstance(exc, (ValueError, RuntimeError, TypeError)):
+        return None
+    msg = str(exc)
+    if not _BLOCK_PREFIX.match(msg):
+        return None
+    detail = _strip_block(msg)
+    m = _X_NOT_FINITE.match(detail)
+    if m is not None and isinstance(exc, ValueError):
+        index = m.group(1) or ""
+        source = f"layer {i - 1}" if i > 0 else "the embedding"
+        return ValueError(
+            f"{where}: the activations overflowed in {source} (x{index} = {m.group(2)} entering "
+            f"layer {i}){tail}"
+        )
+    return type(exc)(f"{where}: layer {i}: {detail}")
+
+
+@contextlib.contextmanager
+def _memory_named(where: str, what: str, tail: str = ""):
+    """``with _memory_named(where, what, tail):`` a MemoryError raised inside (a bare
+    ``std::bad_alloc`` of the core, numpy's own) becomes ``MemoryError(f"{where}: cannot
+    allocate {what}: ...{tail}")``."""
+    try:
+        yield
+    except MemoryError as exc:
+        detail = _memory_detail(exc)
+        raise MemoryError(
+            f"{where}: cannot allocate {what}{': ' + detail if detail else ''}{tail}"
+        ) from None
 
 
 def _check_int(value, name: str, where: str, *, minimum: int = 0, allow_none=False):
@@ -169,12 +230,15 @@ class ModelState:
         TypeError, ValueError
             As the layers' ``reset`` (a row outside [0, batch_size)); nothing changes then.
         RuntimeError
-            The state (or one of its layers) is in use by a call.
+            The state (or one of its layers) is in use by a call; or some rows are given of a
+            state that a call of another thread held when the process forked.
 
         Notes
         -----
         Every layer's rows are zeroed in one native step: an exception (Ctrl-C) leaves all
-        layers reset or none.
+        layers reset or none. A reset of every row also makes usable again a state that a call
+        of another thread held when the process forked (its contents were undefined in the
+        child; SPEC.md 2.6).
         """
         from exactblocks import _ext
         from exactblocks._state import _check_rows
@@ -182,7 +246,9 @@ class ModelState:
         where = "ModelState.reset"
         idx = np.array(_check_rows(rows, self.batch_size, where), dtype=np.int64)
         busy = f"{where}: the state is in use by another call"
-        with self._lock.claim(busy):
+        # a reset of every row also makes a state held by a call at a fork usable (SPEC 2.6)
+        all_rows = len(set(idx.tolist())) == self.batch_size
+        with self._lock.reset_claim(busy, all_rows):
             layers = []
             for st in self.layers:
                 st._check_buffers(where)
@@ -463,9 +529,7 @@ class Model:
         where = "Model.allocate_state"
         b = _check_int(batch_size, "batch_size", where, minimum=1)
         m = _check_int(max_tokens, "max_tokens", where, minimum=1, allow_none=True)
-        if self._is_mamba:
-            layers = [blk.allocate_state(b) for blk in self._blocks]
-        else:
+        if not self._is_mamba:
             if m is None:
                 raise ValueError(f"{where}: max_tokens is required for a {self.family} model")
             if m > self.max_positions:
@@ -473,11 +537,23 @@ class Model:
                     f"{where}: max_tokens={m} exceeds the model's max_positions="
                     f"{self.max_positions} (pass max_positions= to load_model)"
                 )
+        recurrent = self._recurrent  # a Mamba-2 block's state has no max_tokens
+        try:
             layers = [
                 blk.allocate_state(b) if rec else blk.allocate_state(b, m)
-                for blk, rec in zip(self._blocks, self._recurrent)
+                for blk, rec in zip(self._blocks, recurrent)
             ]
-        return ModelState._make(_PRIVATE, layers, b, m, self._fingerprint)
+            return ModelState._make(_PRIVATE, layers, b, m, self._fingerprint)
+        except MemoryError:
+            nbytes = sum(
+                blk._state_nbytes(b) if rec else blk._state_size(b, m)[3]
+                for blk, rec in zip(self._blocks, recurrent)
+            )
+            size = f"batch_size={b}" + ("" if self._is_mamba else f", max_tokens={m}")
+            raise MemoryError(
+                f"{where}: cannot allocate a state of {size}: its {len(self._blocks)} layers "
+                f"need {nbytes} bytes ({nbytes / 2**30:.3g} GiB)"
+            ) from None
 
     def _check_state(self, state, batch: int, where: str) -> None:
         if not isinstance(state, ModelState):
@@ -556,19 +632,26 @@ class Model:
             rows *= self._embed_scale
         return rows
 
-    def _run_blocks(self, x: np.ndarray, state, lens, *, step: bool, sessions=None):
+    def _run_blocks(self, x: np.ndarray, state, lens, *, step: bool, where: str, sessions=None):
         """x through every block: without a state, or with a state only this call uses (that of
-        ``generate``, with its decode sessions), which saves nothing."""
-        if state is None:
-            for blk in self._blocks:
-                x = blk.forward(x, lengths=lens)
-            return x
-        for i, (blk, st) in enumerate(zip(self._blocks, state.layers)):
-            sess = None if sessions is None else sessions[i]
-            x = blk._model_call(x, st, lens, step=step, session=sess, undo=None)
+        ``generate``, with its decode sessions), which saves nothing. A layer's error is named
+        after the model call ``where`` (:func:`_layer_error`)."""
+        for i, blk in enumerate(self._blocks):
+            try:
+                if state is None:
+                    x = blk.forward(x, lengths=lens)
+                else:
+                    sess = None if sessions is None else sessions[i]
+                    x = blk._model_call(x, state.layers[i], lens, step=step, session=sess,
+                                        undo=None)  # fmt: skip
+            except BaseException as exc:
+                named = _layer_error(exc, where, i, "")
+                if named is None:
+                    raise
+                raise named from None
         return x
 
-    def _run_layers(self, x: np.ndarray, state: ModelState, lens, *, step: bool):
+    def _run_layers(self, x: np.ndarray, state: ModelState, lens, *, step: bool, where: str):
         """x through every layer of ``state``, inside its transaction (the caller's ``with``).
 
         On the main thread, where signal handlers raise, every layer saves what it overwrites
@@ -583,12 +666,33 @@ class Model:
         for i, (blk, st) in enumerate(zip(self._blocks, state.layers)):
             try:
                 x = blk._model_call(x, st, lens, step=step, session=None, undo=undo)
-            except BaseException:
+            except BaseException as exc:
+                tail = "; the state is unchanged"
                 if not main and i > 0:  # layers < i advanced: those rows are inconsistent
                     rows = range(state.batch_size) if lens is None else np.flatnonzero(lens)
-                    state._broken.update(int(r) for r in rows)
-                raise
+                    rows = [int(r) for r in rows]
+                    state._broken.update(rows)
+                    tail = (
+                        f"; state rows {rows} are left inconsistent (the call ran on another "
+                        "thread than the main one): reset() them"
+                    )
+                named = _layer_error(exc, where, i, tail)
+                if named is None:
+                    raise
+                raise named from None
         return x
+
+    def _head_what(self, n: int) -> str:
+        """What the output head allocates for ``n`` positions (a MemoryError's message)."""
+        return f"the output head's logits of {n} positions ({n * self.vocab_size * 4} bytes)"
+
+    @staticmethod
+    def _head_tail() -> str:
+        """What a failure of the head (after every layer ran) leaves of a model state: rolled
+        back on the main thread; on another thread nothing was saved, every layer advanced."""
+        if threading.current_thread() is threading.main_thread():
+            return "; the state is unchanged"
+        return "; the state has advanced by this call's tokens (the call ran on another thread)"
 
     def _in_transaction(self, state: ModelState, where: str):
         """``with self._in_transaction(state, where):`` the state for one call: refused at once
@@ -698,13 +802,20 @@ class Model:
         where = "Model.forward"
         which = check_choice(logits, "logits", where, ("all", "last"))
         ids, lens = self._prepare(ids, state, lengths, where)
-        x = self._embed_rows(ids, lens)
+        B, L = ids.shape
+        unchanged = "" if state is None else "; the state is unchanged"
+        with _memory_named(where, f"the embeddings of {B} x {L} tokens", unchanged):
+            x = self._embed_rows(ids, lens)
         head = self._last_logits if which == "last" else self._logits
+        n_out = B if which == "last" else B * L
         if state is None:
-            return head(self._run_blocks(x, None, lens, step=False), lens)
+            x = self._run_blocks(x, None, lens, step=False, where=where)
+            with _memory_named(where, self._head_what(n_out)):
+                return head(x, lens)
         with self._in_transaction(state, where):  # the head too: a stop there rolls back
-            x = self._run_layers(x, state, lens, step=False)
-            return head(x, lens)
+            x = self._run_layers(x, state, lens, step=False, where=where)
+            with _memory_named(where, self._head_what(n_out), self._head_tail()):
+                return head(x, lens)
 
     __call__ = forward
 
@@ -736,10 +847,13 @@ class Model:
         if state is None:
             raise TypeError(f"{where}: state is required (use forward() without a state)")
         arr, _ = self._prepare(arr, state, None, where)
-        x = self._lookup(arr[:, 0])  # (B, d)
+        B = arr.shape[0]
+        with _memory_named(where, f"the embeddings of {B} tokens", "; the state is unchanged"):
+            x = self._lookup(arr[:, 0])  # (B, d)
         with self._in_transaction(state, where):
-            x = self._run_layers(x, state, None, step=True)
-            x = self._head.forward(x.reshape(-1, self.d_model))
+            x = self._run_layers(x, state, None, step=True, where=where)
+            with _memory_named(where, self._head_what(B), self._head_tail()):
+                x = self._head.forward(x.reshape(-1, self.d_model))
         return x.reshape(-1, 1, self.vocab_size)
 
     # -- generation -----------------------------------------------------------------------------
@@ -877,7 +991,7 @@ class Model:
             t0 = time.perf_counter()
             ids = np.asarray([prompt_ids], np.int64)
             x = self._run_blocks(self._embed_rows(ids, None), state, None, step=False,
-                                 sessions=sessions)  # fmt: skip
+                                 where="Model.generate", sessions=sessions)  # fmt: skip
             logits = self._last_logits(x, None)[0]  # the head on the last position only
             res.prefill_seconds = time.perf_counter() - t0
             t1 = time.perf_counter()
@@ -899,7 +1013,8 @@ class Model:
                 if len(res.ids) == n_new:
                     break
                 x = self._lookup(np.asarray([token]))
-                x = self._run_blocks(x, state, None, step=True, sessions=sessions)
+                x = self._run_blocks(x, state, None, step=True, where="Model.generate",
+                                     sessions=sessions)  # fmt: skip
                 logits = self._head.forward(x.reshape(1, self.d_model))[0]
                 res.decode_steps += 1
             res.decode_seconds = time.perf_counter() - t1

@@ -10,7 +10,9 @@ built, then the blocks, the embedding and the output head. What does not: file f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -27,6 +29,53 @@ __all__ = ["build_model", "load_model"]
 # Tensors HF itself skips when loading these classes: RoPE tables that old checkpoints
 # stored as buffers (LlamaPreTrainedModel._keys_to_ignore_on_load_unexpected in 4.x).
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+
+
+# The "Class.method: " prefixes of an inner reader's message (SPEC.md 2.7: a message names the
+# public call, here load_model, not the reader it used).
+_INNER_PREFIX = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*: )+")
+
+
+def _out_of_memory(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an exception it was raised from, is an out-of-memory failure: a
+    MemoryError, an OSError ENOMEM (a failed mmap of the file), or a shared library that could
+    not be mapped (an ImportError of ``tokenizers`` under an address-space limit)."""
+    for _ in range(8):
+        if exc is None:
+            return False
+        if isinstance(exc, MemoryError):
+            return True
+        if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+            return True
+        if isinstance(exc, ImportError) and "failed to map segment" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _memory_error(what: str, exc: BaseException) -> MemoryError:
+    """``MemoryError("load_model: out of memory while <what> (...)")``; the detail is kept when
+    it says more than the bare failure (not ``std::bad_alloc``, not an empty message)."""
+    detail = str(exc)
+    if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+        detail = ""
+    if detail in ("", "std::bad_alloc") or isinstance(exc, ImportError):
+        detail = ""
+    return MemoryError(
+        f"load_model: out of memory while {what}" + (f" ({detail})" if detail else "")
+    )
+
+
+@contextlib.contextmanager
+def _building(what: str):
+    """``with _building(what):`` an out-of-memory failure inside (:func:`_out_of_memory`)
+    becomes a MemoryError naming ``what`` (SPEC.md 2.7); one already named passes as is."""
+    try:
+        yield
+    except (MemoryError, OSError, ImportError) as exc:
+        if not _out_of_memory(exc) or str(exc).startswith("load_model: "):
+            raise
+        raise _memory_error(what, exc) from None
 
 
 def _matrix(value):
@@ -127,6 +176,12 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
         check runs before the first block is made.
     ImportError
         A reader the source needs (``gguf``, ``tokenizers``) is not installed.
+    MemoryError
+        Memory ran out (``RLIMIT_AS``, a container limit): the message names what was being
+        read or built (``load_model: out of memory while reading '<file>'``, ``... while
+        building layer 16 of <file>``). One case cannot be caught: the ``tokenizers`` library
+        aborts the process when an allocation fails inside it (building a GGUF or
+        ``tokenizer.json`` tokenizer; it is Rust code that cannot raise).
 
     Examples
     --------
@@ -170,7 +225,8 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
                 raise TypeError("load_model: config= is not taken with a GGUF file")
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"load_model: {path!r} is not a file")
-            return _load_gguf(path, max_positions)
+            with _building(f"loading {path!r}"):
+                return _load_gguf(path, max_positions)
         elif path.endswith(".safetensors"):
             from exactblocks.loaders.safetensors import SafetensorsSource
 
@@ -193,8 +249,9 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
             "load_model: source must be a path (folder, .safetensors, .gguf), a transformers "
             f"model or a state dict; got {type(source).__name__}"
         )
-    return build_model(cfg, tensors, tokenizer=tokenizer, max_positions=max_positions,
-                       generation_config=gen_config, origin=origin)  # fmt: skip
+    with _building(f"building the model of {origin}"):
+        return build_model(cfg, tensors, tokenizer=tokenizer, max_positions=max_positions,
+                           generation_config=gen_config, origin=origin)  # fmt: skip
 
 
 def _load_gguf(path: str, max_positions) -> Model:
@@ -216,9 +273,15 @@ def _load_gguf(path: str, max_positions) -> Model:
     except (FileNotFoundError, ImportError):
         raise
     except Exception as exc:
-        raise ValueError(f"load_model: cannot read {path!r} as a GGUF model: {exc}") from exc
+        if _out_of_memory(exc):  # ENOMEM mapping the file, a MemoryError reading it
+            raise _memory_error(f"reading {path!r}", exc) from None
+        detail = _INNER_PREFIX.sub("", str(exc))  # "GGUFFile: ...": the reader's own name
+        raise ValueError(f"load_model: cannot read {path!r} as a GGUF model: {detail}") from exc
     try:
-        tokenizer = GGUFTokenizer.from_gguf(reader)
+        # the tokenizers library aborts the process when an allocation fails in its Rust code
+        # (it cannot raise): only a failure on this side can become a MemoryError
+        with _building(f"building the tokenizer of {path!r}"):
+            tokenizer = GGUFTokenizer.from_gguf(reader)
     except ValueError as exc:  # a tokenizer kind GGUFTokenizer does not implement
         warnings.warn(f"load_model: {path!r}: no tokenizer ({exc})", stacklevel=3)
         tokenizer = None
@@ -395,7 +458,10 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
     hc.norm_bias = fn["norm_bias"]
     for key, value in spec.head_options().items():  # logits_scaling, logit_softcap
         setattr(hc, key, value)
-    head = core.OutputHead(hc, norm_w, norm_b, _core_arg(head_w))
+    with _building(
+        f"packing the output head ({spec.vocab_size} x {spec.d_model} matrix) of {origin}"
+    ):
+        head = core.OutputHead(hc, norm_w, norm_b, _core_arg(head_w))
     del head_w
     release = getattr(tensors, "release", None) or (lambda: None)
     forget = getattr(tensors, "forget", None) or (lambda names: None)
@@ -406,7 +472,8 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
     for i, ts in enumerate(layer_specs):
         arrays = {t.name: tensors[t.name] for t in ts if t.name in names}
         try:
-            built = spec.build_layer(i, arrays, max_positions)
+            with _building(f"building layer {i} of {origin}"):
+                built = spec.build_layer(i, arrays, max_positions)
             blocks.extend(built if isinstance(built, list) else [built])  # hybrids: 1-2 blocks
         except (TypeError, ValueError) as exc:
             raise ValueError(f"load_model: layer {i} of {origin}: {exc}") from exc

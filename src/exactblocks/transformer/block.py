@@ -388,11 +388,8 @@ class TransformerBlockInference(BlockCommon):
                 f"{impl.opts['max_positions']} of the block (raise max_positions, "
                 "up to 2**24, with set_params or at construction)"
             )
-        # an MLP-only block keeps no keys or values: (B, 0, cap, 0) buffers, counters only
-        kv, hd = impl.opts["n_kv_heads"] or 0, impl.opts["head_dim"] or 0
+        kv, hd, cap, nbytes = self._state_size(b, m)
         w = impl.opts["window"]
-        cap = min(w, m) if w > 0 else m
-        nbytes = 2 * b * kv * cap * hd * 4 + 8 * b
         try:
             if nbytes > sys.maxsize:
                 raise MemoryError
@@ -412,6 +409,16 @@ class TransformerBlockInference(BlockCommon):
                 f"and v_cache of shape {format_shape((b, kv, cap, hd))} float32 plus row_tokens "
                 f"need {nbytes} bytes ({nbytes / 2**30:.3g} GiB)"
             ) from None
+
+    def _state_size(self, b: int, m: int) -> tuple:
+        """``(n_kv_heads, head_dim, capacity, nbytes)`` of a state of ``b`` rows and
+        ``max_tokens=m``: nbytes of k_cache, v_cache and row_tokens."""
+        # an MLP-only block keeps no keys or values: (B, 0, cap, 0) buffers, counters only
+        opts = self._impl.opts
+        kv, hd = opts["n_kv_heads"] or 0, opts["head_dim"] or 0
+        w = opts["window"]
+        cap = min(w, m) if w > 0 else m
+        return kv, hd, cap, 2 * b * kv * cap * hd * 4 + 8 * b
 
     def decode_session(self, state: TransformerState):
         """Open an exclusive decode session working in place on ``state``.
