@@ -357,8 +357,11 @@ void bind_ops(nb::module_& m) {
         int64_t token;
         {
           nb::gil_scoped_release release;
-          token =
-              kernels().sample_token(logits.data(), vocab, temperature, top_k, top_p, r, scratch);
+          FpEnvGuard guard;
+          token = ops::sample_token(logits.data(), vocab, temperature, top_k, top_p, r, scratch,
+                                    [](const float* x, float* y, int64_t n) {
+                                      kernels().elementwise(kOpExpVec, x, y, n);
+                                    });
         }
         EB_CHECK(token >= 0, "sample_token: logits / temperature overflows float32");
         return token;

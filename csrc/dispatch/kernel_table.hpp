@@ -10,7 +10,6 @@
 #include "blocks/mamba2/model.hpp"
 #include "blocks/transformer/model.hpp"
 #include "ops/gemm/format.hpp"
-#include "ops/sample.hpp"
 
 namespace eb {
 
@@ -65,14 +64,10 @@ struct KernelTable {
                const float* inv_freq, float* scratch);
   // mlp_combine<V>: gu (2 * it gated, it ungated), u (it).
   void (*mlp_combine)(int kind, const float* gu, int64_t it, float* u);
-  // sample_token<V> (ops/sample.hpp) under FpEnvGuard: the sampled id of logits (vocab) for
-  // the draw r, or -1 when logits / temperature overflows; single-threaded, so rows can be
-  // sampled on parallel threads, each with its own scratch.
-  int64_t (*sample_token)(const float* logits, int64_t vocab, double temperature, int64_t top_k,
-                          double top_p, double r, ops::SampleScratch& scratch);
 };
 
-// Elementwise op codes for KernelTable::elementwise (tests only).
+// Elementwise op codes for KernelTable::elementwise (tests, and kOpExpVec for ops/sample.hpp's
+// exps, passed in by the binding).
 enum ElementwiseOp : int {
   kOpExp = 0,
   kOpLog1p,

@@ -13,7 +13,6 @@
 #include "ops/norm.hpp"
 #include "ops/reduce.hpp"
 #include "ops/rope.hpp"
-#include "ops/sample.hpp"
 #include "ops/ssm_scan.hpp"
 
 #if defined(EB_ISA_avx512)
@@ -205,12 +204,6 @@ void mlp_combine(int kind, const float* gu, int64_t it, float* u) {
   ops::mlp_combine<V>(kind, gu, it, u);
 }
 
-int64_t sample_token(const float* logits, int64_t vocab, double temperature, int64_t top_k,
-                     double top_p, double r, ops::SampleScratch& scratch) {
-  FpEnvGuard guard;
-  return ops::sample_token<V>(logits, vocab, temperature, top_k, top_p, r, scratch);
-}
-
 }  // namespace
 
 extern const KernelTable kTable;
@@ -231,7 +224,6 @@ const KernelTable kTable = {EB_ISA_STR,
                             ssm_scan_step,
                             ssm_scan_tokens,
                             rope,
-                            mlp_combine,
-                            sample_token};
+                            mlp_combine};
 
 }  // namespace eb::EB_ISA_NAME

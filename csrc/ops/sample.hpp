@@ -4,13 +4,17 @@
 // Generator.random()), so this op consumes nothing and owns no random state.
 // Not here: greedy decoding and the argument checks (sampling.py). Reference twin:
 // sampling._pick_token_reference (NumPy), which tests/unit/test_sampling.py compares bitwise.
+// Scalar code compiled once, with the baseline flags, in the binding's translation unit (never
+// in an ISA's kernels_isa.cpp: its std::vector members would be emitted by every ISA object
+// under one name, tests/cross); the one vectorised step, the exps, comes in as a function of
+// the dispatched ISA (KernelTable::elementwise's kOpExpVec, bitwise the scalar exp, SPEC 3.1).
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
-#include "math/exp.hpp"
+#include "math/exp.hpp"  // kExpF32Zero only
 
 namespace eb::ops {
 
@@ -88,16 +92,18 @@ inline void sample_radix_sort(std::vector<uint64_t>& items, std::vector<uint64_t
 //   1. z = logits / float32(t) in binary32 (z = logits when float32(t) == 1: x / 1 == x).
 //   2, 3. top_k: the entries whose key is <= the k-th smallest key (z >= the k-th largest z,
 //      ties kept), found without sorting; order: radix sort of key << 32 | id over them.
-//   4. e[j] = exp_f32(z[order[j]] - z[order[0]]) via V::exp_array (the same bits as exp_f32,
-//      SPEC 3.1), widened; c[j] = c[j-1] + e[j] in binary64, left to right. The differences
-//      fall with j, so once one is below kExpF32Zero every later e is exactly +0 and every
-//      later c[j] equals the last computed sum: those are not computed (adding +0.0 is exact).
+//   4. e[j] = exp_f32(z[order[j]] - z[order[0]]) via exp_array (the ISA's V::exp_array, the
+//      same bits as exp_f32, SPEC 3.1), widened; c[j] = c[j-1] + e[j] in binary64, left to right.
+//      The differences fall with j, so once one is below kExpF32Zero every later e is exactly +0
+//      and every later c[j] equals the last computed sum: those are not computed (adding +0.0 is
+//      exact).
 //   5. top_p < 1: n = 1 + #{j < kept - 1 : c[j] < top_p * c[kept - 1]}.
 //   6. u = r * c[n - 1]; the token is order[i] for the first i < n with c[i] > u, else n - 1
 //      (c never decreases, so a binary search finds it).
-template <class V>
+using ExpArrayFn = void (*)(const float* x, float* y, int64_t n);
+
 inline int64_t sample_token(const float* logits, int64_t vocab, double temperature, int64_t top_k,
-                            double top_p, double r, SampleScratch& s) {
+                            double top_p, double r, SampleScratch& s, ExpArrayFn exp_array) {
   const float t32 = static_cast<float>(temperature);
   const size_t nv = static_cast<size_t>(vocab);
   if (s.items.size() < nv) {
@@ -160,7 +166,7 @@ inline int64_t sample_token(const float* logits, int64_t vocab, double temperatu
     if (d < math::detail::kExpF32Zero) break;
     e[m] = d;
   }
-  V::exp_array(e, e, m);
+  exp_array(e, e, m);
   double* c = s.c.data();
   double sum = 0.0;
   for (int64_t j = 0; j < m; ++j) {
