@@ -26,6 +26,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 _CASE = """
     import copy, os, signal, subprocess, sys, threading, time
+    # SIGINT at its default and not blocked, as from a terminal, whatever this test run's
+    # process passed down (in the whole suite its children once started with SIGINT lost)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     import numpy as np
     sys.path[:0] = [{here!r}, {tests!r}]
     import exactblocks as eb
