@@ -27,32 +27,28 @@ def port_number(text: str) -> int:
     return value
 
 
-def non_negative_mb(text: str) -> float:
-    """argparse type of ``--prefix-cache-mb``: a finite float >= 0 (MiB; 0 disables the cache)."""
-    import argparse
-    import math
+def _non_negative(what: str):
+    """argparse type: a finite float >= 0; ``what`` names it in the message ("a number of MiB")."""
 
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of MiB >= 0; got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number of MiB >= 0; got {text!r}")
-    return value
+    def parse(text: str) -> float:
+        import argparse
+        import math
+
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} >= 0; got {text!r}") from None
+        if not math.isfinite(value) or value < 0:
+            finite = what.replace("a number", "a finite number", 1)
+            raise argparse.ArgumentTypeError(f"expected {finite} >= 0; got {text!r}")
+        return value
+
+    return parse
 
 
-def non_negative_ratio(text: str) -> float:
-    """argparse type of ``--prefill-ratio``: a finite float >= 0."""
-    import argparse
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0; got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0; got {text!r}")
-    return value
+#: ``--prefix-cache-mb`` (MiB; 0 disables the cache) and ``--prefill-ratio``.
+non_negative_mb = _non_negative("a number of MiB")
+non_negative_ratio = _non_negative("a number")
 
 
 def add_parser(sub, positive_int) -> None:
