@@ -24,6 +24,7 @@ struct SampleScratch {
   std::vector<uint32_t> keys, tie;   // top_k only: (vocab) keys; those in the k-th's bucket
   std::vector<float> e;              // (kept): z[order[j]] - z[order[0]], then its exp
   std::vector<double> c;             // (kept): the running float64 sums
+  std::vector<int64_t> count;        // the radix sort's and top_k's digit histograms
 };
 
 // The sort key of a float32 that orders like the value, descending, as
@@ -51,10 +52,11 @@ inline float sample_key_value(uint32_t key) {
 // every item is skipped (it would not move anything). Stable passes keep equal keys in input
 // order, so items built as key << 32 | id in id order come out by key, then id: exactly the
 // permutation np.argsort(key, kind="stable") gives, whatever the pass widths.
-inline void sample_radix_sort(std::vector<uint64_t>& items, std::vector<uint64_t>& tmp, int64_t n) {
+inline void sample_radix_sort(std::vector<uint64_t>& items, std::vector<uint64_t>& tmp,
+                              std::vector<int64_t>& count, int64_t n) {
   static constexpr int kShift[3] = {32, 43, 54};
   static constexpr uint64_t kMask[3] = {0x7FF, 0x7FF, 0x3FF};
-  std::vector<int64_t> count(3 * 2048, 0);
+  count.assign(3 * 2048, 0);
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t v = items[static_cast<size_t>(i)];
     for (int p = 0; p < 3; ++p)
@@ -120,7 +122,8 @@ inline int64_t sample_token(const float* logits, int64_t vocab, double temperatu
     // kept entries are those with a key <= it (z >= the k-th z, ties kept), in id order.
     if (s.keys.size() < nv) s.keys.resize(nv);
     uint32_t* keys = s.keys.data();
-    std::vector<int64_t> count(2048, 0);
+    std::vector<int64_t>& count = s.count;
+    count.assign(2048, 0);
     for (int64_t i = 0; i < vocab; ++i) {
       keys[i] = sample_descending_key(z_of(i));
       ++count[keys[i] >> 21];
@@ -143,7 +146,7 @@ inline int64_t sample_token(const float* logits, int64_t vocab, double temperatu
       items[i] =
           (static_cast<uint64_t>(sample_descending_key(z_of(i))) << 32) | static_cast<uint64_t>(i);
   }
-  sample_radix_sort(s.items, s.tmp, kept);
+  sample_radix_sort(s.items, s.tmp, s.count, kept);
   const auto id_at = [&](int64_t j) { return static_cast<int64_t>(items[j] & 0xFFFFFFFFu); };
   const float z0 = z_of(id_at(0));
   uint32_t z0_bits;
