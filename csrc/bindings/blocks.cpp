@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -374,6 +375,75 @@ nb::list storage_list(
   for (const auto& [name, pm] : items)
     out.append(nb::make_tuple(std::string(name), std::string(pm->format_name()), pm->bytes()));
   return out;
+}
+
+// One layer of a whole-model stack call (transformer_stack below): its core, its state's lock,
+// buffers and counters, where each row starts and how many positions it may hold.
+struct StackLayer {
+  const TransformerModel* core = nullptr;
+  StateLock* lock = nullptr;
+  float* k = nullptr;
+  float* v = nullptr;
+  int64_t capacity = 0;
+  int64_t* row_tokens = nullptr;
+  std::vector<int64_t> start;  // the state's counters when the call began
+  int rope_set = 0;
+  bool attn = false;
+};
+
+// Whether every real position (t < lengths[b]) of x (B, L, d) is finite: the input check of a
+// block call (check_finite in Python), as one pass over the exponent bits.
+bool real_rows_finite(const float* x, int64_t B, int64_t L, int64_t d, const int64_t* lengths) {
+  for (int64_t b = 0; b < B; ++b) {
+    const uint32_t* p = reinterpret_cast<const uint32_t*>(x + b * L * d);
+    const int64_t n = lengths[b] * d;
+    uint32_t bad = 0;
+    for (int64_t i = 0; i < n; ++i)
+      bad |= static_cast<uint32_t>((p[i] & 0x7f800000u) == 0x7f800000u);
+    if (bad) return false;
+  }
+  return true;
+}
+
+// Casts layer `h` of a stack call, a tuple (core, lock, k_cache, v_cache, row_tokens,
+// max_tokens, rope_set), and checks what the block's own call checks of it (SPEC 2.5): false,
+// with nothing done, when anything is off (the caller's per-layer path then raises the error).
+bool stack_layer(nb::handle h, int64_t B, int64_t L, int64_t d, const int64_t* lengths,
+                 StackLayer& out) {
+  nb::tuple t;
+  if (!nb::try_cast(h, t) || t.size() != 7) return false;
+  if (!nb::try_cast(t[0], out.core) || out.core == nullptr) return false;
+  if (!nb::try_cast(t[1], out.lock) || out.lock == nullptr) return false;
+  MArr k, v;
+  IOut rt;
+  int64_t max_tokens = 0;
+  if (!nb::try_cast(t[2], k) || !nb::try_cast(t[3], v) || !nb::try_cast(t[4], rt) ||
+      !nb::try_cast(t[5], max_tokens) || !nb::try_cast(t[6], out.rope_set))
+    return false;
+  const TransformerConfig& c = out.core->cfg;
+  if (c.d_model != d || static_cast<int64_t>(rt.shape(0)) != B) return false;
+  if (!(out.rope_set == 0 || (out.rope_set == 1 && c.rope_scaling == ops::kRopeLongrope)))
+    return false;
+  out.attn = blocks::has_attention(c);
+  if (out.attn) {
+    if (k.ndim() != 4 || v.ndim() != 4) return false;
+    out.capacity = static_cast<int64_t>(k.shape(2));
+    if (static_cast<int64_t>(k.shape(0)) != B || static_cast<int64_t>(k.shape(1)) != c.n_kv_heads ||
+        static_cast<int64_t>(k.shape(3)) != c.head_dim || out.capacity <= 0)
+      return false;
+    for (size_t i = 0; i < 4; ++i)
+      if (k.shape(i) != v.shape(i)) return false;
+  }
+  out.k = k.data();
+  out.v = v.data();
+  out.row_tokens = rt.data();
+  out.start.assign(rt.data(), rt.data() + B);
+  const int64_t limit = out.attn ? std::min<int64_t>(max_tokens, c.max_positions) : max_tokens;
+  for (int64_t b = 0; b < B; ++b)
+    if (out.start[b] < 0 || out.start[b] > max_tokens || lengths[b] < 0 || lengths[b] > L ||
+        out.start[b] + lengths[b] > limit)
+      return false;
+  return true;
 }
 
 void bind_kinds(nb::module_& m) {
@@ -743,6 +813,92 @@ void bind_blocks(nb::module_& m) {
           nb::arg("workspace").none() = nb::none(), nb::arg("check_state") = false,
           nb::arg("start").none() = nb::none(), nb::arg("row_tokens").none() = nb::none(),
           nb::arg("undo").none() = nb::none());
+
+  // A run of transformer layers of one model call in one native call (Model's layers, SPEC
+  // 2.5): layer i's output is layer i+1's input, each layer exactly the block's own forward
+  // (same kernels, same bits; its state claimed, its slots saved into `undo`, its counters
+  // committed right after its kernel). It stops before the first layer it cannot run as the
+  // block's call would (a layer that does not cast or fit, a busy state, a non-finite input or
+  // cache slot, scratch that cannot be allocated), having changed nothing of that layer, and
+  // returns (output of the last layer run or None, layers run): the caller runs that layer
+  // through the block's own call, which raises the error the block names.
+  m.def(
+      "transformer_stack",
+      [](nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> x, IArr lengths,
+         nb::list layers, Workspace* ws, bool check_cache, UndoLog* undo) -> nb::tuple {
+        const int64_t B = static_cast<int64_t>(x.shape(0)), L = static_cast<int64_t>(x.shape(1)),
+                      d = static_cast<int64_t>(x.shape(2));
+        check_rows(lengths, B, "lengths");
+        const int64_t* lens = lengths.data();
+        std::vector<StackLayer> run(layers.size());
+        size_t n = 0;
+        double flops = 0.0;
+        for (; n < run.size(); ++n) {
+          if (!stack_layer(layers[n], B, L, d, lens, run[n])) break;
+          const TransformerModel& mdl = *run[n].core;
+          for (int64_t b = 0; b < B; ++b) {
+            const double len = static_cast<double>(lens[b]);
+            double keys = static_cast<double>(run[n].start[b]) + 0.5 * len;
+            if (mdl.cfg.window > 0) keys = std::min(keys, static_cast<double>(mdl.cfg.window));
+            flops += matrix_flops(mdl.w_qkv, len) + matrix_flops(mdl.w_o, len) +
+                     matrix_flops(mdl.w_gu, len) + matrix_flops(mdl.w_down, len);
+            if (run[n].attn)
+              flops += 4.0 * len * keys * static_cast<double>(mdl.cfg.n_heads * mdl.cfg.head_dim);
+          }
+        }
+        if (n == 0) return nb::make_tuple(nb::none(), 0);
+        OutArr ya = new_output(B, L, d), yb = new_output(B, L, d);
+        nb::object oa = nb::cast(ya), ob = nb::cast(yb);
+        const size_t bytes = static_cast<size_t>(B * L * d) * sizeof(float);
+        size_t done = 0;
+        runtime::CallScratch scratch(ws);
+        SignalPoll poll(flops);
+        run_kernel(ws, scratch.get(), total_tokens(lengths), poll, undo, [&] {
+          const float* in = x.data();
+          for (size_t i = 0; i < n; ++i) {
+            StackLayer& ly = run[i];
+            if (!real_rows_finite(in, B, L, d, lens)) return;
+            if (ly.lock->try_acquire() != StateLock::kOk) return;
+            struct Release {
+              StateLock* l;
+              ~Release() { l->release(); }
+            } release{ly.lock};
+            float* out = (i % 2 == 0) ? ya.data() : yb.data();
+            std::memset(out, 0, bytes);
+            int cache_bad = 0;
+            TransformerCall call{in,
+                                 out,
+                                 B,
+                                 L,
+                                 lens,
+                                 ly.start.data(),
+                                 ly.k,
+                                 ly.v,
+                                 ly.attn ? ly.capacity : 0,
+                                 runtime::num_threads(),
+                                 scratch.get(),
+                                 check_cache && ly.attn ? &cache_bad : nullptr,
+                                 ly.rope_set,
+                                 undo};
+            const size_t mark = undo != nullptr ? undo->size() : 0;
+            try {
+              if (undo != nullptr) undo->add_saved(ly.row_tokens, static_cast<size_t>(B));
+              kernels().transformer_forward(*ly.core, call);
+            } catch (const std::bad_alloc&) {
+              if (undo != nullptr) undo->rollback(mark);
+              return;  // the block's own call retries it (and names the memory if it fails)
+            }
+            if (cache_bad) return;  // nothing written: the block's call names the slot
+            for (int64_t b = 0; b < B; ++b) ly.row_tokens[b] = ly.start[b] + lens[b];
+            in = out;
+            ++done;
+          }
+        });
+        if (done == 0) return nb::make_tuple(nb::none(), 0);
+        return nb::make_tuple(done % 2 == 1 ? oa : ob, done);
+      },
+      nb::arg("x"), nb::arg("lengths"), nb::arg("layers"), nb::arg("workspace").none(),
+      nb::arg("check_cache"), nb::arg("undo").none());
 
   // The state lock (StateLock above) and its two context managers.
   nb::class_<StateClaim>(m, "StateClaim")

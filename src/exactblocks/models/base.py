@@ -462,6 +462,13 @@ class Model:
 
         # per block: a recurrent Mamba-2 state (no capacity, no decode session) or a KV cache
         self._recurrent = tuple(isinstance(b, Mamba2BlockInference) for b in self._blocks)
+        # per block: the index one past the run of transformer blocks it starts (its own index
+        # for a Mamba-2 block): such a run goes through one native call (_stack_run)
+        ends, end = [0] * len(self._blocks), len(self._blocks)
+        for i in range(len(self._blocks) - 1, -1, -1):
+            end = i if self._recurrent[i] else end
+            ends[i] = end
+        self._run_end = tuple(ends)
         scale = getattr(spec, "embed_scale", None)
         self._embed_scale = None if scale is None else np.float32(scale)
         # Computed on first read (states of this model hold the object and are recognised by
@@ -632,18 +639,56 @@ class Model:
             rows *= self._embed_scale
         return rows
 
-    def _run_blocks(self, x: np.ndarray, state, lens, *, step: bool, where: str, sessions=None):
+    def _stack_run(self, x: np.ndarray, state: ModelState, lens, i: int, *, undo, workspace):
+        """Layers ``i`` .. of ``state`` in one native call (``_core.transformer_stack``), as far
+        as the run of transformer blocks starting at ``i`` goes; returns ``(x, next layer)``.
+
+        Each layer is exactly its block's own call (same kernels and checks, so the same bits
+        and state updates), minus the Python around it: about 25 us per layer, a seventh of a
+        SmolLM2 decode step. The native call stops before any layer it cannot run as the block
+        would (a state it cannot take, a non-finite input or cache slot, memory), having changed
+        nothing of it; the caller then runs that layer through the block's call, which raises
+        the block's error (or runs it, when the cause has gone)."""
+        end = self._run_end[i]
+        if end <= i:
+            return x, i
+        items = []
+        for blk, st in zip(self._blocks[i:end], state.layers[i:end]):
+            impl = blk._impl
+            if st._fingerprint is not impl.fp or st._session is not None:
+                break  # another configuration (set_params) or a session: the block's call
+            items.append((impl.core, st._lock, st.k_cache, st.v_cache, st.row_tokens,
+                          st.max_tokens, int(st.rope_factors == "long")))  # fmt: skip
+        if not items:
+            return x, i
+        from exactblocks import _ext
+
+        B = x.shape[0]
+        x3 = x.reshape(B, -1, self.d_model)
+        n_tok = x3.shape[1]
+        lens_arr = np.full(B, n_tok, np.int64) if lens is None else lens
+        try:
+            y, done = _ext.core().transformer_stack(x3, lens_arr, items, workspace, True, undo)
+        except MemoryError:  # its output buffers: the block's own call names the memory
+            return x, i
+        return (x, i) if done == 0 else (y, i + done)
+
+    def _run_blocks(self, x: np.ndarray, state, lens, *, step: bool, where: str, ws=None):
         """x through every block: without a state, or with a state only this call uses (that of
-        ``generate``, with its decode sessions), which saves nothing. A layer's error is named
-        after the model call ``where`` (:func:`_layer_error`)."""
-        for i, blk in enumerate(self._blocks):
+        ``generate``, with the workspace ``ws`` its calls share), which saves nothing. A layer's
+        error is named after the model call ``where`` (:func:`_layer_error`)."""
+        i, n = 0, len(self._blocks)
+        while i < n:
             try:
                 if state is None:
-                    x = blk.forward(x, lengths=lens)
-                else:
-                    sess = None if sessions is None else sessions[i]
-                    x = blk._model_call(x, state.layers[i], lens, step=step, session=sess,
-                                        undo=None)  # fmt: skip
+                    x = self._blocks[i].forward(x, lengths=lens)
+                    i += 1
+                    continue
+                x, i = self._stack_run(x, state, lens, i, undo=None, workspace=ws)
+                if i < n:
+                    x = self._blocks[i]._model_call(x, state.layers[i], lens, step=step,
+                                                    session=None, undo=None)  # fmt: skip
+                    i += 1
             except BaseException as exc:
                 named = _layer_error(exc, where, i, "")
                 if named is None:
@@ -663,9 +708,14 @@ class Model:
         """
         main = threading.current_thread() is threading.main_thread()
         undo = state._undo if main else None
-        for i, (blk, st) in enumerate(zip(self._blocks, state.layers)):
+        i, n = 0, len(self._blocks)
+        while i < n:
             try:
-                x = blk._model_call(x, st, lens, step=step, session=None, undo=undo)
+                x, i = self._stack_run(x, state, lens, i, undo=undo, workspace=None)
+                if i < n:
+                    x = self._blocks[i]._model_call(x, state.layers[i], lens, step=step,
+                                                    session=None, undo=undo)  # fmt: skip
+                    i += 1
             except BaseException as exc:
                 tail = "; the state is unchanged"
                 if not main and i > 0:  # layers < i advanced: those rows are inconsistent
@@ -974,60 +1024,50 @@ class Model:
     def _generate_iter(self, prompt_ids, n_new, temp, k, p, rng, stop_ids, stop_strs, capacity,
                        holder):  # fmt: skip
         from exactblocks import _ext
-        from exactblocks.transformer.session import TransformerDecodeSession
 
         res = GenerateOutput(prompt_ids=list(prompt_ids))
         detok = Detokenizer(self.tokenizer, stop_strs) if self.tokenizer is not None else None
+        # A state this generation alone uses (nothing saved for a rollback), and one scratch
+        # workspace for all its calls: the layers run one after another (one per layer held
+        # ~1.6 MB each after a SmolLM2 prompt: 30 layers, 47 MB of peak memory).
         state = self.allocate_state(1, None if self._is_mamba else capacity)
-        # The layers run one after another, so their sessions share one scratch workspace
-        # (one per layer held ~1.6 MB each after a SmolLM2 prompt: 30 layers, 47 MB of peak
-        # memory); the sessions claim the states, which this generation alone uses.
         ws = _ext.core().Workspace()
-        sessions = [
-            None if rec else TransformerDecodeSession._open_claim(blk, st, "Model.generate", ws)
-            for blk, st, rec in zip(self._blocks, state.layers, self._recurrent)
-        ]
-        try:
-            t0 = time.perf_counter()
-            ids = np.asarray([prompt_ids], np.int64)
-            x = self._run_blocks(self._embed_rows(ids, None), state, None, step=False,
-                                 where="Model.generate", sessions=sessions)  # fmt: skip
-            logits = self._last_logits(x, None)[0]  # the head on the last position only
-            res.prefill_seconds = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            while True:
-                token = pick_token(logits, temperature=temp, top_k=k, top_p=p, rng=rng)
-                if token in stop_ids:
-                    res.finish_reason = "stop"
-                    break
-                res.ids.append(token)
-                if detok is not None:
-                    piece = detok.push(token)
-                    if piece:
-                        yield piece
-                    if detok.stopped:
-                        res.finish_reason = "stop"
-                        break
-                else:
-                    yield token
-                if len(res.ids) == n_new:
-                    break
-                x = self._lookup(np.asarray([token]))
-                x = self._run_blocks(x, state, None, step=True, where="Model.generate",
-                                     sessions=sessions)  # fmt: skip
-                logits = self._head.forward(x.reshape(1, self.d_model))[0]
-                res.decode_steps += 1
-            res.decode_seconds = time.perf_counter() - t1
+        t0 = time.perf_counter()
+        ids = np.asarray([prompt_ids], np.int64)
+        x = self._run_blocks(self._embed_rows(ids, None), state, None, step=False,
+                             where="Model.generate", ws=ws)  # fmt: skip
+        logits = self._last_logits(x, None)[0]  # the head on the last position only
+        res.prefill_seconds = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        while True:
+            token = pick_token(logits, temperature=temp, top_k=k, top_p=p, rng=rng)
+            if token in stop_ids:
+                res.finish_reason = "stop"
+                break
+            res.ids.append(token)
             if detok is not None:
-                piece = detok.finish()
-                res.text = detok.text
+                piece = detok.push(token)
                 if piece:
                     yield piece
-            holder.append(res)
-        finally:
-            for sess in sessions:
-                if sess is not None:
-                    sess.close()
+                if detok.stopped:
+                    res.finish_reason = "stop"
+                    break
+            else:
+                yield token
+            if len(res.ids) == n_new:
+                break
+            x = self._lookup(np.asarray([token]))
+            x = self._run_blocks(x, state, None, step=True, where="Model.generate",
+                                 ws=ws)  # fmt: skip
+            logits = self._head.forward(x.reshape(1, self.d_model))[0]
+            res.decode_steps += 1
+        res.decode_seconds = time.perf_counter() - t1
+        if detok is not None:
+            piece = detok.finish()
+            res.text = detok.text
+            if piece:
+                yield piece
+        holder.append(res)
 
 
 def _model_fingerprint(spec, blocks, head_bytes) -> str:

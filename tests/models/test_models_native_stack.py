@@ -1,0 +1,102 @@
+"""A model call runs each run of transformer layers in one native call (``_core.transformer_stack``,
+``Model._stack_run``): the same bits and state updates as the blocks' own calls one by one, and,
+for anything the native call will not run (a busy layer state, a non-finite cache slot, a layer
+state made read-only, an open decode session), the block's own error, named after the model
+call and the layer, with the state unchanged.
+
+The per-layer path is what a model call did before the native call: it is forced here by
+giving the model runs of length zero (white-box: ``Model._run_end``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from models_helpers import bits
+
+import exactblocks as eb
+
+
+def _layer_bytes(state) -> list:
+    return [
+        (st.k_cache.tobytes(), st.v_cache.tobytes(), st.row_tokens.tobytes()) for st in state.layers
+    ]
+
+
+def _per_layer(model):
+    """The same model, its layers called one by one through the blocks (the reference path)."""
+    object.__setattr__(model, "_run_end", tuple(range(len(model.blocks))))
+    return model
+
+
+@pytest.fixture(scope="module")
+def llama(tiny):
+    folder, _ = tiny("llama")
+    return eb.load_model(folder), _per_layer(eb.load_model(folder))
+
+
+def test_native_stack_is_bitwise_the_per_layer_path(llama):
+    fast, slow = llama
+    n = len(fast.blocks)
+    assert fast._run_end[0] == n
+    probe = fast.allocate_state(1, 8)
+    x = fast._lookup(np.array([5]))
+    _, ran = fast._stack_run(x, probe, None, 0, undo=None, workspace=None)
+    assert ran == n  # every layer in one native call
+    ids = np.array([[5, 9, 3, 7, 1, 2], [4, 8, 6, 0, 0, 0]])
+    states = [m.allocate_state(2, 32) for m in (fast, slow)]
+    outs = [m.forward(ids, st, lengths=[6, 3]) for m, st in zip((fast, slow), states)]
+    assert np.array_equal(bits(outs[0]), bits(outs[1]))
+    for tok in ([11, 12], [13, 14], [15, 16]):
+        steps = [m.step(tok, st) for m, st in zip((fast, slow), states)]
+        assert np.array_equal(bits(steps[0]), bits(steps[1]))
+    assert _layer_bytes(states[0]) == _layer_bytes(states[1])
+    # decode == prefill through the native path, as through the blocks
+    full = fast.forward(np.array([[5, 9, 3, 7, 1, 2, 11, 13, 15]]))
+    assert np.array_equal(bits(steps[0][0, 0]), bits(full[0, -1]))
+    # generate (its own state and workspace) gives the same tokens either way
+    g = [m.generate([5, 9, 3], max_new_tokens=8).ids for m in (fast, slow)]
+    assert g[0] == g[1] and len(g[0]) == 8
+
+
+def test_busy_layer_state_is_refused_naming_the_layer(llama):
+    fast, _ = llama
+    st = fast.allocate_state(1, 16)
+    fast.forward(np.array([[5, 9, 3]]), st)
+    before = _layer_bytes(st)
+    with st.layers[1]._lock.claim("TransformerBlockInference.step: state is in use"):
+        with pytest.raises(RuntimeError, match=r"^Model\.step: layer 1: .*in use"):
+            fast.step([7], st)
+    assert _layer_bytes(st) == before  # layer 0 ran natively, and was rolled back
+    ref = fast.allocate_state(1, 16)
+    fast.forward(np.array([[5, 9, 3]]), ref)
+    assert np.array_equal(bits(fast.step([7], st)), bits(fast.step([7], ref)))
+
+
+def test_nonfinite_cache_slot_of_a_late_layer_is_named(llama):
+    fast, _ = llama
+    st = fast.allocate_state(1, 16)
+    fast.forward(np.array([[5, 9, 3]]), st)
+    st.layers[1].k_cache[0, 1, 2, 3] = np.nan
+    before = _layer_bytes(st)
+    with pytest.raises(ValueError, match=r"^Model\.step: layer 1: state\.k_cache\[0, 1, 2, 3\]"):
+        fast.step([7], st)
+    assert _layer_bytes(st) == before
+
+
+def test_read_only_layer_buffer_and_open_session_are_refused(llama):
+    fast, _ = llama
+    st = fast.allocate_state(1, 16)
+    fast.forward(np.array([[5, 9, 3]]), st)
+    before = _layer_bytes(st)
+    st.layers[1].v_cache.setflags(write=False)
+    try:
+        with pytest.raises(ValueError, match=r"^Model\.step: layer 1: .*v_cache"):
+            fast.step([7], st)
+    finally:
+        st.layers[1].v_cache.setflags(write=True)
+    assert _layer_bytes(st) == before
+    with fast.blocks[1].decode_session(st.layers[1]):
+        with pytest.raises(ValueError, match=r"^Model\.step: layer 1: .*decode session"):
+            fast.step([7], st)
+    assert _layer_bytes(st) == before
