@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -386,7 +387,8 @@ struct StackLayer {
   float* v = nullptr;
   int64_t capacity = 0;
   int64_t* row_tokens = nullptr;
-  std::vector<int64_t> start;  // the state's counters when the call began
+  int64_t max_tokens = 0;
+  std::vector<int64_t> start;  // the state's counters, read under its lock
   int rope_set = 0;
   bool attn = false;
 };
@@ -405,43 +407,67 @@ bool real_rows_finite(const float* x, int64_t B, int64_t L, int64_t d, const int
   return true;
 }
 
+// Whether [a, a + na) and [b, b + nb) (bytes) share memory.
+bool overlap(const void* a, size_t na, const void* b, size_t nb) {
+  const auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  return na > 0 && nb > 0 && pa < pb + nb && pb < pa + na;
+}
+
 // Casts layer `h` of a stack call, a tuple (core, lock, k_cache, v_cache, row_tokens,
-// max_tokens, rope_set), and checks what the block's own call checks of it (SPEC 2.5): false,
-// with nothing done, when anything is off (the caller's per-layer path then raises the error).
-bool stack_layer(nb::handle h, int64_t B, int64_t L, int64_t d, const int64_t* lengths,
-                 StackLayer& out) {
+// max_tokens, rope_set, n_kv_heads, capacity, head_dim) of a state the Python side found to
+// belong to the core's configuration, and checks what the block's own call checks of its
+// buffers (SPEC 2.5: the arrays themselves, never a converted copy, exactly the state's shapes,
+// C-contiguous, aligned, writable and sharing no memory): false, with nothing done, when
+// anything is off (the block's own call then raises the error).
+bool stack_layer(nb::handle h, int64_t B, int64_t d, StackLayer& out) {
   nb::tuple t;
-  if (!nb::try_cast(h, t) || t.size() != 7) return false;
-  if (!nb::try_cast(t[0], out.core) || out.core == nullptr) return false;
-  if (!nb::try_cast(t[1], out.lock) || out.lock == nullptr) return false;
+  if (!nb::try_cast(h, t, false) || t.size() != 10) return false;
+  if (!nb::try_cast(t[0], out.core, false) || out.core == nullptr) return false;
+  if (!nb::try_cast(t[1], out.lock, false) || out.lock == nullptr) return false;
   MArr k, v;
   IOut rt;
-  int64_t max_tokens = 0;
-  if (!nb::try_cast(t[2], k) || !nb::try_cast(t[3], v) || !nb::try_cast(t[4], rt) ||
-      !nb::try_cast(t[5], max_tokens) || !nb::try_cast(t[6], out.rope_set))
+  int64_t n_kv = 0, cap = 0, hd = 0;
+  if (!nb::try_cast(t[2], k, false) || !nb::try_cast(t[3], v, false) ||
+      !nb::try_cast(t[4], rt, false) || !nb::try_cast(t[5], out.max_tokens, false) ||
+      !nb::try_cast(t[6], out.rope_set, false) || !nb::try_cast(t[7], n_kv, false) ||
+      !nb::try_cast(t[8], cap, false) || !nb::try_cast(t[9], hd, false))
     return false;
   const TransformerConfig& c = out.core->cfg;
   if (c.d_model != d || static_cast<int64_t>(rt.shape(0)) != B) return false;
   if (!(out.rope_set == 0 || (out.rope_set == 1 && c.rope_scaling == ops::kRopeLongrope)))
     return false;
-  out.attn = blocks::has_attention(c);
-  if (out.attn) {
-    if (k.ndim() != 4 || v.ndim() != 4) return false;
-    out.capacity = static_cast<int64_t>(k.shape(2));
-    if (static_cast<int64_t>(k.shape(0)) != B || static_cast<int64_t>(k.shape(1)) != c.n_kv_heads ||
-        static_cast<int64_t>(k.shape(3)) != c.head_dim || out.capacity <= 0)
-      return false;
+  const int64_t shape[4] = {B, n_kv, cap, hd};
+  for (const MArr* a : {&k, &v}) {
+    if (a->ndim() != 4) return false;
     for (size_t i = 0; i < 4; ++i)
-      if (k.shape(i) != v.shape(i)) return false;
+      if (static_cast<int64_t>(a->shape(i)) != shape[i]) return false;
   }
+  const size_t kv_bytes = k.size() * sizeof(float), rt_bytes = static_cast<size_t>(B) * 8;
+  if (reinterpret_cast<uintptr_t>(k.data()) % alignof(float) != 0 ||
+      reinterpret_cast<uintptr_t>(v.data()) % alignof(float) != 0 ||
+      reinterpret_cast<uintptr_t>(rt.data()) % alignof(int64_t) != 0 ||
+      overlap(k.data(), kv_bytes, v.data(), kv_bytes) ||
+      overlap(k.data(), kv_bytes, rt.data(), rt_bytes) ||
+      overlap(v.data(), kv_bytes, rt.data(), rt_bytes))
+    return false;
+  out.attn = blocks::has_attention(c);
+  if (out.attn && (n_kv != c.n_kv_heads || hd != c.head_dim || cap <= 0)) return false;
+  out.capacity = cap;
   out.k = k.data();
   out.v = v.data();
   out.row_tokens = rt.data();
-  out.start.assign(rt.data(), rt.data() + B);
-  const int64_t limit = out.attn ? std::min<int64_t>(max_tokens, c.max_positions) : max_tokens;
+  return true;
+}
+
+// The counters of layer `ly` (under its lock): each row's start, in [0, max_tokens] with room
+// for its tokens (and within max_positions for an attention layer), as the block checks them.
+bool stack_counters(StackLayer& ly, int64_t B, int64_t L, const int64_t* lengths) {
+  ly.start.assign(ly.row_tokens, ly.row_tokens + B);
+  const int64_t limit =
+      ly.attn ? std::min<int64_t>(ly.max_tokens, ly.core->cfg.max_positions) : ly.max_tokens;
   for (int64_t b = 0; b < B; ++b)
-    if (out.start[b] < 0 || out.start[b] > max_tokens || lengths[b] < 0 || lengths[b] > L ||
-        out.start[b] + lengths[b] > limit)
+    if (ly.start[b] < 0 || ly.start[b] > ly.max_tokens || lengths[b] < 0 || lengths[b] > L ||
+        ly.start[b] + lengths[b] > limit)
       return false;
   return true;
 }
@@ -832,38 +858,41 @@ void bind_blocks(nb::module_& m) {
         const int64_t* lens = lengths.data();
         std::vector<StackLayer> run(layers.size());
         size_t n = 0;
-        double flops = 0.0;
-        for (; n < run.size(); ++n) {
-          if (!stack_layer(layers[n], B, L, d, lens, run[n])) break;
-          const TransformerModel& mdl = *run[n].core;
-          for (int64_t b = 0; b < B; ++b) {
-            const double len = static_cast<double>(lens[b]);
-            double keys = static_cast<double>(run[n].start[b]) + 0.5 * len;
-            if (mdl.cfg.window > 0) keys = std::min(keys, static_cast<double>(mdl.cfg.window));
-            flops += matrix_flops(mdl.w_qkv, len) + matrix_flops(mdl.w_o, len) +
-                     matrix_flops(mdl.w_gu, len) + matrix_flops(mdl.w_down, len);
-            if (run[n].attn)
-              flops += 4.0 * len * keys * static_cast<double>(mdl.cfg.n_heads * mdl.cfg.head_dim);
-          }
-        }
+        while (n < run.size() && stack_layer(layers[n], B, d, run[n])) ++n;
         if (n == 0) return nb::make_tuple(nb::none(), 0);
         OutArr ya = new_output(B, L, d), yb = new_output(B, L, d);
         nb::object oa = nb::cast(ya), ob = nb::cast(yb);
         const size_t bytes = static_cast<size_t>(B * L * d) * sizeof(float);
         size_t done = 0;
+        const float* in = x.data();
         runtime::CallScratch scratch(ws);
-        SignalPoll poll(flops);
-        run_kernel(ws, scratch.get(), total_tokens(lengths), poll, undo, [&] {
-          const float* in = x.data();
-          for (size_t i = 0; i < n; ++i) {
-            StackLayer& ly = run[i];
+        // Layer by layer, each as the block's own call: its own signal watch (a layer disarms
+        // its watch for its last, short cache copy), its lock, then its counters read and
+        // checked under the lock.
+        for (size_t i = 0; i < n; ++i) {
+          StackLayer& ly = run[i];
+          const TransformerModel& mdl = *ly.core;
+          double flops = 0.0;  // as transformer_flops, from the counters seen now (an estimate)
+          for (int64_t b = 0; b < B; ++b) {
+            const double len = static_cast<double>(lens[b]);
+            double keys = static_cast<double>(ly.row_tokens[b]) + 0.5 * len;
+            if (mdl.cfg.window > 0) keys = std::min(keys, static_cast<double>(mdl.cfg.window));
+            flops += matrix_flops(mdl.w_qkv, len) + matrix_flops(mdl.w_o, len) +
+                     matrix_flops(mdl.w_gu, len) + matrix_flops(mdl.w_down, len);
+            if (ly.attn)
+              flops += 4.0 * len * keys * static_cast<double>(mdl.cfg.n_heads * mdl.cfg.head_dim);
+          }
+          float* out = (i % 2 == 0) ? ya.data() : yb.data();
+          bool ran = false;
+          SignalPoll poll(flops);
+          run_kernel(ws, scratch.get(), total_tokens(lengths), poll, undo, [&] {
             if (!real_rows_finite(in, B, L, d, lens)) return;
             if (ly.lock->try_acquire() != StateLock::kOk) return;
             struct Release {
               StateLock* l;
               ~Release() { l->release(); }
             } release{ly.lock};
-            float* out = (i % 2 == 0) ? ya.data() : yb.data();
+            if (!stack_counters(ly, B, L, lens)) return;
             std::memset(out, 0, bytes);
             int cache_bad = 0;
             TransformerCall call{in,
@@ -883,17 +912,19 @@ void bind_blocks(nb::module_& m) {
             const size_t mark = undo != nullptr ? undo->size() : 0;
             try {
               if (undo != nullptr) undo->add_saved(ly.row_tokens, static_cast<size_t>(B));
-              kernels().transformer_forward(*ly.core, call);
+              kernels().transformer_forward(mdl, call);
             } catch (const std::bad_alloc&) {
               if (undo != nullptr) undo->rollback(mark);
               return;  // the block's own call retries it (and names the memory if it fails)
             }
             if (cache_bad) return;  // nothing written: the block's call names the slot
             for (int64_t b = 0; b < B; ++b) ly.row_tokens[b] = ly.start[b] + lens[b];
-            in = out;
-            ++done;
-          }
-        });
+            ran = true;
+          });
+          if (!ran) break;
+          in = out;
+          ++done;
+        }
         if (done == 0) return nb::make_tuple(nb::none(), 0);
         return nb::make_tuple(done % 2 == 1 ? oa : ob, done);
       },

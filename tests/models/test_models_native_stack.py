@@ -100,3 +100,67 @@ def test_read_only_layer_buffer_and_open_session_are_refused(llama):
         with pytest.raises(ValueError, match=r"^Model\.step: layer 1: .*decode session"):
             fast.step([7], st)
     assert _layer_bytes(st) == before
+
+
+def _tamper(st, how: str) -> None:
+    """Swap a buffer of layer 1 the way SPEC 2.5's buffer check guards against."""
+    layer = st.layers[1]
+    k = layer.k_cache
+    if how == "alias":  # v_cache the very array of k_cache
+        object.__setattr__(layer, "v_cache", k)
+    elif how == "capacity":  # a k_cache with more slots than the state's capacity
+        bigger = np.zeros(k.shape[:2] + (k.shape[2] + 4,) + k.shape[3:], np.float32)
+        object.__setattr__(layer, "k_cache", bigger)
+    elif how == "byteorder":  # the same values, big-endian
+        object.__setattr__(layer, "k_cache", k.astype(">f4"))
+    elif how == "unaligned":  # float32 values one byte off a float's alignment
+        raw = np.zeros(k.nbytes + 1, np.uint8)
+        view = raw[1:].view(np.float32).reshape(k.shape)
+        view[...] = k
+        object.__setattr__(layer, "k_cache", view)
+    elif how == "fortran":  # the same values in Fortran order (not C-contiguous)
+        object.__setattr__(layer, "v_cache", np.asfortranarray(layer.v_cache))
+    elif how == "strided":  # row_tokens as a strided view (the native call must not copy it)
+        wide = np.zeros(2 * layer.row_tokens.shape[0], np.int64)
+        wide[::2] = layer.row_tokens
+        object.__setattr__(layer, "row_tokens", wide[::2])
+    elif how == "counters":  # row_tokens past max_tokens
+        layer.row_tokens[0] = layer.max_tokens + 1
+
+
+@pytest.mark.parametrize(
+    "how", ["alias", "capacity", "byteorder", "unaligned", "fortran", "strided", "counters"]
+)
+def test_tampered_layer_state_gives_the_per_layer_error(llama, how):
+    # the native call refuses what the block's own call refuses, so the model raises the same
+    # error, naming layer 1, whichever path runs, and changes nothing
+    messages = []
+    for model in llama:
+        st = model.allocate_state(2, 16)
+        model.forward(np.array([[5, 9, 3], [4, 8, 6]]), st)
+        _tamper(st, how)
+        before = _layer_bytes(st)
+        with pytest.raises(ValueError, match=r"^Model\.step: layer 1: ") as err:
+            model.step([7, 2], st)
+        assert _layer_bytes(st) == before
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
+
+
+def test_copied_and_unpickled_states_run_natively(llama):
+    # a state restored from a pickle holds the fingerprint as a str: still recognised as the
+    # model's, so its layers run in the native call, with the same bits as the original
+    import copy
+    import pickle
+
+    fast, _ = llama
+    st = fast.allocate_state(1, 16)
+    fast.forward(np.array([[5, 9, 3]]), st)
+    n = len(fast.blocks)
+    x = fast._lookup(np.array([7]))
+    outs = []
+    for other in (copy.copy(st), pickle.loads(pickle.dumps(st)), st):
+        y, ran = fast._stack_run(x, other, None, 0, undo=None, workspace=None)
+        assert ran == n
+        outs.append(bits(y))
+    assert np.array_equal(outs[0], outs[2]) and np.array_equal(outs[1], outs[2])

@@ -36,3 +36,14 @@ def hybrid_folder(tmp_path_factory):
 
     folder = str(tmp_path_factory.mktemp("hybrid"))
     return save_hybrid_model(folder, hidden=256, heads=4, head_dim=64, state=64, max_positions=4096)
+
+
+@pytest.fixture(scope="session")
+def long_run_folder(tmp_path_factory):
+    """A small Nemotron-H model folder whose first eight layers form one run of
+    transformer layers (attention and MLP), which a model call runs in one native call."""
+    from robust_helpers import save_hybrid_model
+
+    folder = str(tmp_path_factory.mktemp("long_run"))
+    return save_hybrid_model(folder, hidden=256, heads=4, head_dim=64, state=64,
+                             max_positions=4096, pattern="*-*-*-*-M")  # fmt: skip

@@ -33,10 +33,10 @@ def small_mamba2():
 
 
 def save_hybrid_model(folder: str, *, hidden: int, heads: int, head_dim: int, state: int,
-                      max_positions: int) -> str:  # fmt: skip
-    """Save a random Nemotron-H model (Mamba-2, attention and MLP layers: pattern ``M*-M*-``)
-    as transformers saves it, into ``folder``; return ``folder``. Needs torch and transformers
-    (a skip locally without them, an error under CI)."""
+                      max_positions: int, pattern: str = "M*-M*-") -> str:  # fmt: skip
+    """Save a random Nemotron-H model (Mamba-2, attention and MLP layers: ``pattern``, HF's
+    ``hybrid_override_pattern``) as transformers saves it, into ``folder``; return ``folder``.
+    Needs torch and transformers (a skip locally without them, an error under CI)."""
     import pytest
 
     if os.environ.get("CI"):  # CI has them: fail rather than skip there
@@ -48,7 +48,7 @@ def save_hybrid_model(folder: str, *, hidden: int, heads: int, head_dim: int, st
     cfg = transformers.NemotronHConfig(
         vocab_size=320,
         hidden_size=hidden,
-        hybrid_override_pattern="M*-M*-",
+        hybrid_override_pattern=pattern,
         num_attention_heads=heads,
         num_key_value_heads=heads // 2,
         head_dim=head_dim,

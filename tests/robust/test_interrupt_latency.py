@@ -45,7 +45,7 @@ _CASE = """
         return model_state_bytes(st) if isinstance(st, eb.ModelState) else state_bytes(st)
 
     rng = np.random.default_rng(11)
-    if KIND == "model":
+    if KIND in ("model", "model_run"):
         model = eb.load_model({folder!r})
         L, HIST = 2048, 7
         def make_state(B):
@@ -157,9 +157,14 @@ _CASE = """
 """
 
 
-@pytest.mark.parametrize("kind", ["transformer", "transformer_window", "mamba2", "model"])
+# model_run: eight transformer layers in one native call (Model._stack_run); each layer has
+# its own watch, so a stop is seen in whichever layer the call is in
+@pytest.mark.parametrize(
+    "kind", ["transformer", "transformer_window", "mamba2", "model", "model_run"]
+)
 def test_long_call_stops_quickly_and_rolls_back(core, kind, request):
-    folder = request.getfixturevalue("hybrid_folder") if kind == "model" else None
+    fixture = {"model": "hybrid_folder", "model_run": "long_run_folder"}.get(kind)
+    folder = request.getfixturevalue(fixture) if fixture else None
     code = _CASE.format(here=HERE, tests=TESTS, kind=kind, limit=LATENCY_LIMIT, folder=folder)
     res = run_python(code, timeout=600)
     sys.stdout.write(res.stdout)  # the measured latencies (pytest -s shows them)

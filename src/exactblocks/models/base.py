@@ -655,10 +655,11 @@ class Model:
         items = []
         for blk, st in zip(self._blocks[i:end], state.layers[i:end]):
             impl = blk._impl
-            if st._fingerprint is not impl.fp or st._session is not None:
-                break  # another configuration (set_params) or a session: the block's call
+            if st._session is not None or not same_fingerprint(st._fingerprint, impl.fp):
+                break  # a decode session, or another configuration (set_params): the block's call
             items.append((impl.core, st._lock, st.k_cache, st.v_cache, st.row_tokens,
-                          st.max_tokens, int(st.rope_factors == "long")))  # fmt: skip
+                          st.max_tokens, int(st.rope_factors == "long"), st.n_kv_heads,
+                          st.capacity, st.head_dim))  # fmt: skip
         if not items:
             return x, i
         from exactblocks import _ext
