@@ -7,7 +7,7 @@ round; the table gives the best sample and the median, in ms per decode token):
 
 - ``Model.step``: one whole decode step (B = 1);
 - ``layers in one native call``: the model's 30 layers as ``Model.step`` runs them (one
-  ``_core.transformer_stack`` call, ``Model._stack_run``), so ``step - layers`` is the head,
+  ``_core.layer_stack`` call, ``Model._stack_run``), so ``step - layers`` is the head,
   the embedding row and the model's own Python;
 - ``blocks``: the model's 30 blocks stepped one after the other through their public
   ``block.step`` (states filled with ``--context`` positions), with each call's Python checks;

@@ -378,13 +378,14 @@ nb::list storage_list(
   return out;
 }
 
-// One layer of a whole-model stack call (transformer_stack below): its core, its state's lock,
+// One layer of a whole-model stack call (layer_stack below): its core, its state's lock,
 // buffers and counters, where each row starts and how many positions it may hold.
 struct StackLayer {
-  const TransformerModel* core = nullptr;
+  const TransformerModel* core = nullptr;  // a transformer layer's, or
+  const Mamba2Model* mamba = nullptr;      // a Mamba-2 layer's
   StateLock* lock = nullptr;
-  float* k = nullptr;
-  float* v = nullptr;
+  float* k = nullptr;  // KV cache, or a Mamba-2 layer's conv_window
+  float* v = nullptr;  // KV cache, or a Mamba-2 layer's h
   int64_t capacity = 0;
   int64_t* row_tokens = nullptr;
   int64_t max_tokens = 0;
@@ -413,6 +414,43 @@ bool overlap(const void* a, size_t na, const void* b, size_t nb) {
   return na > 0 && nb > 0 && pa < pb + nb && pb < pa + na;
 }
 
+// A Mamba-2 layer of a stack call, a tuple (core, lock, conv_window, h, row_tokens): cast and
+// checked as stack_layer below checks a transformer layer (its buffers exactly the shapes the
+// core's configuration gives them).
+bool stack_mamba2_layer(const nb::tuple& t, int64_t B, int64_t d, StackLayer& out) {
+  if (t.size() != 5 || !nb::try_cast(t[0], out.mamba, false) || out.mamba == nullptr) return false;
+  if (!nb::try_cast(t[1], out.lock, false) || out.lock == nullptr) return false;
+  MArr cw, h;
+  IOut rt;
+  if (!nb::try_cast(t[2], cw, false) || !nb::try_cast(t[3], h, false) ||
+      !nb::try_cast(t[4], rt, false))
+    return false;
+  const Mamba2Config& c = out.mamba->cfg;
+  if (c.d_model != d || static_cast<int64_t>(rt.shape(0)) != B) return false;
+  if (cw.ndim() != 3 || static_cast<int64_t>(cw.shape(0)) != B ||
+      static_cast<int64_t>(cw.shape(1)) != c.conv_dim ||
+      static_cast<int64_t>(cw.shape(2)) != c.conv_kernel)
+    return false;
+  if (h.ndim() != 4 || static_cast<int64_t>(h.shape(0)) != B ||
+      static_cast<int64_t>(h.shape(1)) != c.n_heads ||
+      static_cast<int64_t>(h.shape(2)) != c.head_dim ||
+      static_cast<int64_t>(h.shape(3)) != c.d_state)
+    return false;
+  const size_t cw_bytes = cw.size() * sizeof(float), h_bytes = h.size() * sizeof(float),
+               rt_bytes = static_cast<size_t>(B) * 8;
+  if (reinterpret_cast<uintptr_t>(cw.data()) % alignof(float) != 0 ||
+      reinterpret_cast<uintptr_t>(h.data()) % alignof(float) != 0 ||
+      reinterpret_cast<uintptr_t>(rt.data()) % alignof(int64_t) != 0 ||
+      overlap(cw.data(), cw_bytes, h.data(), h_bytes) ||
+      overlap(cw.data(), cw_bytes, rt.data(), rt_bytes) ||
+      overlap(h.data(), h_bytes, rt.data(), rt_bytes))
+    return false;
+  out.k = cw.data();
+  out.v = h.data();
+  out.row_tokens = rt.data();
+  return true;
+}
+
 // Casts layer `h` of a stack call, a tuple (core, lock, k_cache, v_cache, row_tokens,
 // max_tokens, rope_set, n_kv_heads, capacity, head_dim) of a state the Python side found to
 // belong to the core's configuration, and checks what the block's own call checks of its
@@ -421,7 +459,9 @@ bool overlap(const void* a, size_t na, const void* b, size_t nb) {
 // anything is off (the block's own call then raises the error).
 bool stack_layer(nb::handle h, int64_t B, int64_t d, StackLayer& out) {
   nb::tuple t;
-  if (!nb::try_cast(h, t, false) || t.size() != 10) return false;
+  if (!nb::try_cast(h, t, false)) return false;
+  if (t.size() == 5) return stack_mamba2_layer(t, B, d, out);
+  if (t.size() != 10) return false;
   if (!nb::try_cast(t[0], out.core, false) || out.core == nullptr) return false;
   if (!nb::try_cast(t[1], out.lock, false) || out.lock == nullptr) return false;
   MArr k, v;
@@ -463,6 +503,13 @@ bool stack_layer(nb::handle h, int64_t B, int64_t d, StackLayer& out) {
 // for its tokens (and within max_positions for an attention layer), as the block checks them.
 bool stack_counters(StackLayer& ly, int64_t B, int64_t L, const int64_t* lengths) {
   ly.start.assign(ly.row_tokens, ly.row_tokens + B);
+  if (ly.mamba != nullptr) {  // a Mamba-2 layer: counters >= 0, room in int64
+    for (int64_t b = 0; b < B; ++b)
+      if (ly.start[b] < 0 || lengths[b] < 0 || lengths[b] > L ||
+          (lengths[b] > 0 && ly.start[b] > INT64_MAX - lengths[b]))
+        return false;
+    return true;
+  }
   const int64_t limit =
       ly.attn ? std::min<int64_t>(ly.max_tokens, ly.core->cfg.max_positions) : ly.max_tokens;
   for (int64_t b = 0; b < B; ++b)
@@ -840,8 +887,9 @@ void bind_blocks(nb::module_& m) {
           nb::arg("start").none() = nb::none(), nb::arg("row_tokens").none() = nb::none(),
           nb::arg("undo").none() = nb::none());
 
-  // A run of transformer layers of one model call in one native call (Model's layers, SPEC
-  // 2.5): layer i's output is layer i+1's input, each layer exactly the block's own forward
+  // The layers of one model call in one native call (Model's layers, SPEC 2.5: transformer
+  // and Mamba-2 layers, in any order): layer i's output is layer i+1's input, each layer
+  // exactly the block's own forward
   // (same kernels, same bits; its state claimed, its slots saved into `undo`, its counters
   // committed right after its kernel). It stops before the first layer it cannot run as the
   // block's call would (a layer that does not cast or fit, a busy state, a non-finite input or
@@ -849,7 +897,7 @@ void bind_blocks(nb::module_& m) {
   // returns (output of the last layer run or None, layers run): the caller runs that layer
   // through the block's own call, which raises the error the block names.
   m.def(
-      "transformer_stack",
+      "layer_stack",
       [](nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu> x, IArr lengths,
          nb::list layers, Workspace* ws, bool check_cache, UndoLog* undo) -> nb::tuple {
         const int64_t B = static_cast<int64_t>(x.shape(0)), L = static_cast<int64_t>(x.shape(1)),
@@ -869,8 +917,57 @@ void bind_blocks(nb::module_& m) {
         // Layer by layer, each as the block's own call: its own signal watch (a layer disarms
         // its watch for its last, short cache copy), its lock, then its counters read and
         // checked under the lock.
+        const int64_t tokens = total_tokens(lengths);
+        int64_t advancing = 0;
+        for (int64_t b = 0; b < B; ++b) advancing += lens[b] > 0;
         for (size_t i = 0; i < n; ++i) {
           StackLayer& ly = run[i];
+          float* out = (i % 2 == 0) ? ya.data() : yb.data();
+          bool ran = false;
+          if (ly.mamba != nullptr) {  // as the Mamba-2 block's forward binding above
+            SignalPoll poll(mamba2_flops(*ly.mamba, static_cast<double>(tokens)));
+            UndoLog own_undo;  // a long, watched call outside a model transaction saves here
+            UndoLog* saving = undo;
+            if (saving == nullptr && poll.watched() && tokens >= kSaveMinTokensPerRow * advancing)
+              saving = &own_undo;
+            run_kernel(ws, scratch.get(), tokens, poll, saving, [&] {
+              if (!real_rows_finite(in, B, L, d, lens)) return;
+              if (ly.lock->try_acquire() != StateLock::kOk) return;
+              struct Release {
+                StateLock* l;
+                ~Release() { l->release(); }
+              } release{ly.lock};
+              if (!stack_counters(ly, B, L, lens)) return;
+              std::memset(out, 0, bytes);
+              int state_bad = 0;
+              Mamba2Call call{in,
+                              out,
+                              B,
+                              L,
+                              lens,
+                              ly.k,
+                              ly.v,
+                              runtime::num_threads(),
+                              scratch.get(),
+                              check_cache ? &state_bad : nullptr,
+                              saving};
+              const size_t mark = saving != nullptr ? saving->size() : 0;
+              try {
+                if (undo != nullptr) undo->add_saved(ly.row_tokens, static_cast<size_t>(B));
+                kernels().mamba2_forward(*ly.mamba, call);
+              } catch (const std::bad_alloc&) {
+                if (saving != nullptr) saving->rollback(mark);
+                return;  // the block's own call retries it (and names the memory if it fails)
+              }
+              if (state_bad) return;  // nothing written: the block's call names the value
+              for (int64_t b = 0; b < B; ++b) ly.row_tokens[b] = ly.start[b] + lens[b];
+              ran = true;
+            });
+            if (!ran) break;
+            in = out;
+            ++done;
+            continue;
+          }
           const TransformerModel& mdl = *ly.core;
           double flops = 0.0;  // as transformer_flops, from the counters seen now (an estimate)
           for (int64_t b = 0; b < B; ++b) {
@@ -882,10 +979,8 @@ void bind_blocks(nb::module_& m) {
             if (ly.attn)
               flops += 4.0 * len * keys * static_cast<double>(mdl.cfg.n_heads * mdl.cfg.head_dim);
           }
-          float* out = (i % 2 == 0) ? ya.data() : yb.data();
-          bool ran = false;
           SignalPoll poll(flops);
-          run_kernel(ws, scratch.get(), total_tokens(lengths), poll, undo, [&] {
+          run_kernel(ws, scratch.get(), tokens, poll, undo, [&] {
             if (!real_rows_finite(in, B, L, d, lens)) return;
             if (ly.lock->try_acquire() != StateLock::kOk) return;
             struct Release {

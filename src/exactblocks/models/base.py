@@ -367,11 +367,13 @@ class GenerationStream:
 
 
 class _HeadRows:
-    """The rows of the output head's packed matrix, as float32 on demand.
+    """The rows of a packed vocabulary matrix, as float32 on demand.
 
-    A tied embedding without a float32 copy: ``rows[ids]`` gives ``(*ids.shape, d_model)``,
-    each row rebuilt by the core with the kernels' own operations, so it equals the embedding
-    row the head was packed from, bit for bit (``_core.OutputHead.rows``).
+    An embedding without a float32 copy: the output head's matrix for a tied embedding
+    (``_core.OutputHead``), or an untied GGUF embedding's own packed blocks
+    (``_core.PackedLinear``). ``rows[ids]`` gives ``(*ids.shape, d_model)``, each row rebuilt
+    by the core with the kernels' own operations, so it equals the row the matrix was packed
+    from, bit for bit.
     """
 
     __slots__ = ("_head", "vocab_size", "d_model")
@@ -462,13 +464,9 @@ class Model:
 
         # per block: a recurrent Mamba-2 state (no capacity, no decode session) or a KV cache
         self._recurrent = tuple(isinstance(b, Mamba2BlockInference) for b in self._blocks)
-        # per block: the index one past the run of transformer blocks it starts (its own index
-        # for a Mamba-2 block): such a run goes through one native call (_stack_run)
-        ends, end = [0] * len(self._blocks), len(self._blocks)
-        for i in range(len(self._blocks) - 1, -1, -1):
-            end = i if self._recurrent[i] else end
-            ends[i] = end
-        self._run_end = tuple(ends)
+        # per block: the index one past the run of layers that starts there and goes through
+        # one native call (_stack_run): every layer to the end, transformer or Mamba-2
+        self._run_end = (len(self._blocks),) * len(self._blocks)
         scale = getattr(spec, "embed_scale", None)
         self._embed_scale = None if scale is None else np.float32(scale)
         # Computed on first read (states of this model hold the object and are recognised by
@@ -640,23 +638,27 @@ class Model:
         return rows
 
     def _stack_run(self, x: np.ndarray, state: ModelState, lens, i: int, *, undo, workspace):
-        """Layers ``i`` .. of ``state`` in one native call (``_core.transformer_stack``), as far
-        as the run of transformer blocks starting at ``i`` goes; returns ``(x, next layer)``.
+        """Layers ``i`` .. of ``state`` in one native call (``_core.layer_stack``), as far as
+        the run starting at ``i`` goes (``_run_end``); returns ``(x, next layer)``.
 
         Each layer is exactly its block's own call (same kernels and checks, so the same bits
-        and state updates), minus the Python around it: about 25 us per layer, a seventh of a
+        and state updates), minus the Python around it: about 25 us per layer, a tenth of a
         SmolLM2 decode step. The native call stops before any layer it cannot run as the block
-        would (a state it cannot take, a non-finite input or cache slot, memory), having changed
-        nothing of it; the caller then runs that layer through the block's call, which raises
-        the block's error (or runs it, when the cause has gone)."""
+        would (a state it cannot take, a non-finite input or state value, memory), having
+        changed nothing of it; the caller then runs that layer through the block's call, which
+        raises the block's error (or runs it, when the cause has gone)."""
         end = self._run_end[i]
-        if end <= i:
-            return x, i
         items = []
-        for blk, st in zip(self._blocks[i:end], state.layers[i:end]):
+        for j in range(i, end):
+            blk, st = self._blocks[j], state.layers[j]
             impl = blk._impl
+            if self._recurrent[j]:
+                if not same_fingerprint(st._fingerprint, impl.fp):
+                    break  # another configuration (set_params): the block's call
+                items.append((impl.core, st._lock, st.conv_window, st.h, st.row_tokens))
+                continue
             if st._session is not None or not same_fingerprint(st._fingerprint, impl.fp):
-                break  # a decode session, or another configuration (set_params): the block's call
+                break  # a decode session, or another configuration: the block's call
             items.append((impl.core, st._lock, st.k_cache, st.v_cache, st.row_tokens,
                           st.max_tokens, int(st.rope_factors == "long"), st.n_kv_heads,
                           st.capacity, st.head_dim))  # fmt: skip
@@ -669,7 +671,7 @@ class Model:
         n_tok = x3.shape[1]
         lens_arr = np.full(B, n_tok, np.int64) if lens is None else lens
         try:
-            y, done = _ext.core().transformer_stack(x3, lens_arr, items, workspace, True, undo)
+            y, done = _ext.core().layer_stack(x3, lens_arr, items, workspace, True, undo)
         except MemoryError:  # its output buffers: the block's own call names the memory
             return x, i
         return (x, i) if done == 0 else (y, i + done)
