@@ -484,6 +484,63 @@ void bind_ops(nb::module_& m) {
             new (self) ops::PackedMatrix(ops::pack_matrices({w.data()}, {n}, k, {b}));
           },
           nb::arg("w"), nb::arg("bias").none() = nb::none())
+      // (n_out, k_in) weights given as GGUF blocks, (ggml type, uint8 array), or float32:
+      // packed in an exact compact format when one holds every value (as a model's matrices),
+      // so a vocabulary matrix only looked up by rows (an untied embedding) keeps its blocks'
+      // size instead of a float32 copy.
+      .def_static(
+          "from_source",
+          [](nb::object source, int64_t n_out, int64_t k_in) {
+            EB_CHECK(n_out > 0 && k_in > 0, "PackedLinear.from_source: sizes must be positive");
+            std::vector<nb::object> keep;
+            ops::MatrixSource src = matrix_source(source, keep);
+            if (src.f32 != nullptr) {
+              const CArr2 w = nb::cast<CArr2>(source, false);
+              EB_CHECK(static_cast<int64_t>(w.shape(0)) == n_out &&
+                           static_cast<int64_t>(w.shape(1)) == k_in,
+                       "PackedLinear.from_source: float32 weights are not (n_out, k_in)");
+            } else {
+              const int64_t bs = ops::ggml_block_size(src.type);
+              const nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu> raw =
+                  nb::cast<nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>>(
+                      nb::cast<nb::tuple>(source)[1], false);
+              EB_CHECK(bs > 0 && k_in % bs == 0 &&
+                           static_cast<int64_t>(raw.size()) ==
+                               n_out * (k_in / bs) * ops::ggml_type_size(src.type),
+                       "PackedLinear.from_source: GGUF blocks do not fit (n_out, k_in)");
+            }
+            src.rows = n_out;
+            nb::gil_scoped_release release;
+            FpEnvGuard guard;  // the dequantisation's float operations (SPEC 3.2)
+            return ops::pack_sources({src}, k_in, {nullptr}, true);
+          },
+          nb::arg("source"), nb::arg("n_out"), nb::arg("k_in"))
+      // ids (n,) int64 -> (n, k_in) float32: the packed rows, each rebuilt exactly (the
+      // values it was packed from, bit for bit); ids are checked in [0, n_out)
+      .def(
+          "rows",
+          [](const ops::PackedMatrix& p,
+             nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> ids) {
+            const int64_t n = static_cast<int64_t>(ids.shape(0));
+            for (int64_t i = 0; i < n; ++i)
+              EB_CHECK(ids.data()[i] >= 0 && ids.data()[i] < p.n_out,
+                       "PackedLinear.rows: id out of range");
+            OutArr y = new_array({static_cast<size_t>(n), static_cast<size_t>(p.k_in)});
+            {
+              nb::gil_scoped_release release;
+              for (int64_t i = 0; i < n; ++i)
+                ops::unpack_rows(p, ids.data()[i], ids.data()[i] + 1, y.data() + i * p.k_in);
+            }
+            return y;
+          },
+          nb::arg("ids"))
+      // rows [r0, r1) as float32, bit for bit the weights it holds
+      .def(
+          "unpack",
+          [](const ops::PackedMatrix& p, int64_t r0, int64_t r1) {
+            return unpack_array(p, r0, r1);
+          },
+          nb::arg("r0"), nb::arg("r1"))
       .def_prop_ro("n_out", [](const ops::PackedMatrix& p) { return p.n_out; })
       .def_prop_ro("k_in", [](const ops::PackedMatrix& p) { return p.k_in; })
       .def_prop_ro("format",

@@ -350,9 +350,11 @@ def test_bpe_files_carry_their_tokenizer(converted):
 # -- refusals: a converted file with one thing changed ------------------------------------------
 
 
-def _rewrite(src: str, dst: str, *, drop=(), add_keys=None, add_tensors=None, rename=None):
-    """Copy a GGUF with keys/tensors dropped, added or renamed (read with exactblocks'
-    GGUFFile, written with gguf.GGUFWriter)."""
+def _rewrite(src: str, dst: str, *, drop=(), add_keys=None, add_tensors=None, rename=None,
+             quantize=None):  # fmt: skip
+    """Copy a GGUF with keys/tensors dropped, added, renamed or quantised (``quantize``: tensor
+    name -> a ``gguf.GGMLQuantizationType``, quantised with ``gguf.quants``; read with
+    exactblocks' GGUFFile, written with gguf.GGUFWriter)."""
     gguf = require("gguf", "the gguf package rewrites the file")
     from exactblocks.loaders.gguf import GGUFFile
 
@@ -370,7 +372,12 @@ def _rewrite(src: str, dst: str, *, drop=(), add_keys=None, add_tensors=None, re
     for t in r.tensors:
         if t.name not in drop:
             assert t.tensor_type == gguf.GGMLQuantizationType.F32
-            w.add_tensor((rename or {}).get(t.name, t.name), np.array(t.data))
+            name, data = (rename or {}).get(t.name, t.name), np.array(t.data)
+            qtype = (quantize or {}).get(t.name)
+            if qtype is None:
+                w.add_tensor(name, data)
+            else:
+                w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
     for name, arr in (add_tensors or {}).items():
         w.add_tensor(name, arr)
     w.write_header_to_file()
@@ -459,3 +466,31 @@ def test_partial_rope_factor_gives_the_file_width_back():
     reader.fields["stablelm.rope.dimension_count"] = _LeanField(29, u32)
     with pytest.raises(ValueError, match="rope.dimension_count=29 is not supported"):
         _rope(_Keys(reader, "stablelm"), 100, partial=True)  # odd: not a RoPE width
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "Q5_0"])  # blocks of 32 (rows are 64 wide)
+def test_untied_quantised_embedding_stays_packed(converted, tmp_path, qtype):
+    # An untied GGUF embedding is kept in its packed form (no float32 copy of the vocabulary
+    # matrix); a lookup rebuilds exactly the rows gguf dequantises, so the logits are those of
+    # the dequantised float32 embedding, bit for bit.
+    gguf = require("gguf", "the gguf package quantises the embedding")
+    from gguf.quants import dequantize
+
+    from exactblocks.models.base import _HeadRows
+
+    _, path, _ = converted["granite"]
+    qt = getattr(gguf.GGMLQuantizationType, qtype)
+    dst = _rewrite(path, str(tmp_path / "q.gguf"), quantize={"token_embd.weight": qt})
+    from exactblocks.loaders.gguf import GGUFFile
+
+    assert "output.weight" in {t.name for t in GGUFFile(dst).tensors}  # untied
+    model = _load(dst)
+    assert isinstance(model._embed, _HeadRows)
+    raw = next(t for t in GGUFFile(dst).tensors if t.name == "token_embd.weight")
+    ref = dequantize(np.array(raw.data), qt).reshape(model.vocab_size, model.d_model)
+    ids = _ids((2, 9))
+    rows = model._embed[ids]
+    assert np.array_equal(rows.view(np.uint32), ref[ids].astype(np.float32).view(np.uint32))
+    logits = model.forward(ids)
+    object.__setattr__(model, "_embed", np.ascontiguousarray(ref, np.float32))
+    assert np.array_equal(model.forward(ids).view(np.uint32), logits.view(np.uint32))

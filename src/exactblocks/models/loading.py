@@ -485,7 +485,11 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
     if spec.tie_embeddings:
         embed = head_rows
     elif isinstance(embed, QuantizedMatrix):
-        embed = embed.dequantize()
+        # an untied GGUF embedding stays packed (no float32 copy of the vocabulary matrix):
+        # the rows a lookup needs are rebuilt exactly, the values gguf dequantises to
+        with _building(f"packing the embedding ({spec.vocab_size} x {spec.d_model}) of {origin}"):
+            packed = core.PackedLinear.from_source(_core_arg(embed), spec.vocab_size, spec.d_model)
+        embed = _HeadRows(packed, spec.vocab_size, spec.d_model)
     head_bytes = [norm_w] + ([] if norm_b is None else [norm_b])
     head_bytes += ([] if spec.tie_embeddings else [head_rows]) + [embed]
     return Model(
