@@ -373,8 +373,14 @@ void check_rows(const IArr& a, int64_t batch, const char* name) {
 nb::list storage_list(
     std::initializer_list<std::pair<const char*, const ops::PackedMatrix*>> items) {
   nb::list out;
-  for (const auto& [name, pm] : items)
-    out.append(nb::make_tuple(std::string(name), std::string(pm->format_name()), pm->bytes()));
+  for (const auto& [name, pm] : items) {
+    if (pm->parts.empty()) {
+      out.append(nb::make_tuple(std::string(name), std::string(pm->format_name()), pm->bytes()));
+      continue;
+    }
+    for (const ops::PackedMatrix& part : pm->parts)  // a mixed stack: one entry per part
+      out.append(nb::make_tuple(std::string(name), std::string(part.format_name()), part.bytes()));
+  }
   return out;
 }
 

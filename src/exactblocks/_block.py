@@ -296,7 +296,9 @@ class BlockCommon:
         packed from the blocks directly, Q4_K and Q5_K included. The arithmetic, and every
         output bit, is the same as with float32 storage; a decode step reads 5.3x (Q4_1), 3.6x
         (Q8_0), 3.2x (Q5_1, Q6_K) or 2x (bfloat16) fewer bytes. The fused q|k|v and gate|up
-        matrices are stored as one matrix each, so all their parts must fit one format. Any
+        matrices are stored as one matrix each when all their parts fit one format; parts given
+        as GGUF blocks of types that share none (a Q4_K q|k with a Q6_K v, as Q4_K_M files
+        have) are stored each run of one format on its own, listed once per part. Any
         other matrix, or one whose input size is not a multiple of 32, is stored as float32
         panels. The packer checks every weight against what the kernels rebuild, so what it
         picks never changes an output bit.

@@ -343,23 +343,6 @@ def test_direct_packed_block_equals_dequantised_block(kind):
         assert np.array_equal(u32(a.step(x[:, 5], sa)), u32(b.step(x[:, 5], sb))), (isa, nt)
 
 
-def test_direct_mixed_parts_fall_back_to_float32_packing():
-    """q/k/v of different GGUF types cannot share one compact format: they are dequantised in
-    the core and packed as the float32 packer decides, with the same values."""
-    rng = np.random.default_rng(32)
-    opts = dict(n_heads=2, n_kv_heads=1, head_dim=32)
-    w = make_transformer_weights(rng, d_model=64, intermediate=96, **opts)
-    direct, values = dict(w), dict(w)
-    for i, n in enumerate(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
-        direct[n], values[n] = quantized(("Q4_1", "Q8_0", "Q4_1")[i], *w[n].shape, seed=i)
-    a = eb.TransformerBlockInference(direct, **opts)
-    b = eb.TransformerBlockInference(values, **opts)
-    assert a.weight_storage() == b.weight_storage()
-    assert a.fingerprint == b.fingerprint
-    x = rng.standard_normal((1, 5, 64)).astype(np.float32)
-    assert np.array_equal(u32(a.forward(x)), u32(b.forward(x)))
-
-
 def test_direct_blocks_with_a_non_finite_scale_are_refused():
     rng = np.random.default_rng(33)
     opts = dict(n_heads=2, n_kv_heads=1, head_dim=32)
@@ -583,23 +566,54 @@ def test_direct_kquant_non_finite_d_is_refused():
         eb.TransformerBlockInference(w, **opts)
 
 
-def test_direct_kquant_mixed_parts_fall_back_with_the_same_values():
-    """q (Q6_K) with k and v (Q5_K) fit no one compact format: dequantised in the core and packed
-    as the float32 packer decides, with gguf's values and the same outputs."""
+@pytest.mark.parametrize(
+    "kinds, formats",
+    [
+        # Q4_K_M's usual q|k|v: Q4_K q and k, a Q6_K v (consecutive parts of one format pack
+        # together)
+        (("Q4_K", "Q4_K", "Q6_K"), ["q4_1", "q6_k"]),
+        (("Q6_K", "Q5_K", "Q5_K"), ["q6_k", "q5_1"]),
+        (("Q8_0", "Q4_1", "Q8_0"), ["q8_0", "q4_1", "q8_0"]),
+    ],
+)
+def test_direct_mixed_parts_are_packed_each_in_its_format(kinds, formats):
+    """q|k|v parts as GGUF blocks of types that share no compact format are packed each run of
+    one format on its own (not dequantised to float32 panels): the same weights (gguf's
+    values), fingerprint and outputs, bit for bit, as the block built from those values with
+    float32 panels, for ragged prefill (rebuilt panels) and decode steps (rebuilt in registers)
+    on every ISA and 1, 2 and 3 threads."""
     rng = np.random.default_rng(73)
-    opts = dict(n_heads=2, n_kv_heads=1, head_dim=128)
+    opts = dict(n_heads=4, n_kv_heads=2, head_dim=64)
     w = make_transformer_weights(rng, d_model=256, intermediate=256, **opts)
     direct, values = dict(w), dict(w)
     for i, n in enumerate(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
-        direct[n], values[n] = quantized(("Q6_K", "Q5_K", "Q5_K")[i], *w[n].shape, seed=i)
-    a = eb.TransformerBlockInference(direct, **opts)
-    b = eb.TransformerBlockInference(values, **opts)
-    assert a.weight_storage() == b.weight_storage()
+        direct[n], values[n] = quantized(kinds[i], *w[n].shape, seed=i)
+    a = eb.TransformerBlockInference(direct, **opts, max_positions=64)
+    b = eb.TransformerBlockInference(values, **opts, max_positions=64)._float32_storage_copy()
+    qkv = [(f, n) for m, f, n in a.weight_storage() if m == "qkv_proj"]
+    assert [f for f, _ in qkv] == formats
+    q_rows, kv_rows = 4 * 64, 2 * 64
+    assert sum(n for _, n in qkv) < (q_rows + 2 * kv_rows) * 256 * 4 / 2  # not float32
     assert a.fingerprint == b.fingerprint
     for n in values:
         assert np.array_equal(u32(a._impl.weights[n]), u32(values[n])), n
-    x = rng.standard_normal((1, 5, 256)).astype(np.float32)
-    assert np.array_equal(u32(a.forward(x)), u32(b.forward(x)))
+    x = rng.standard_normal((3, 20, 256)).astype(np.float32)
+    lengths = np.array([20, 7, 13])
+    for isa, nt in each_isa_and_threads(_ext.core()):
+        outs = []
+        for blk in (a, b):
+            st = blk.allocate_state(3, 32)
+            y = blk.forward(x[:, :12], st, lengths=np.minimum(lengths, 12))
+            ys = [blk.step(x[:, 12 + i], st) for i in range(3)]
+            outs.append((y, *ys, st.k_cache, st.v_cache))
+        for got, want in zip(*outs):
+            assert np.array_equal(u32(got), u32(want)), (kinds, isa, nt)
+    # get_params / a pickle rebuild the parts from the packed form: the same values
+    import pickle
+
+    c = pickle.loads(pickle.dumps(a))
+    for n in values:
+        assert np.array_equal(u32(c._impl.weights[n]), u32(values[n])), n
 
 
 def quantiser_like_q5_k(n_blocks: int, seed: int) -> np.ndarray:

@@ -22,6 +22,11 @@ namespace eb::ops {
 // rebuilt into float32 panel rows only when a chunk holds several row blocks of a panel.
 template <class V>
 int64_t gemm_scratch_floats(const PackedMatrix& w, int64_t m) {
+  if (!w.parts.empty()) {  // the parts run one after another: the most any of them needs
+    int64_t most = 0;
+    for (const PackedMatrix& p : w.parts) most = std::max(most, gemm_scratch_floats<V>(p, m));
+    return most;
+  }
   if (w.format == kPanelF32 || m <= GemmTraits<V>::kMR) return 0;
   return pad_floats(std::min(w.k_in, kGemmKC) * kGemmNR);
 }
@@ -107,6 +112,14 @@ void gemm_fmt(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, flo
 template <class V>
 void gemm(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, float* c, int64_t ldc,
           int n_threads, float* scratch = nullptr) {
+  if (!w.parts.empty()) {  // a mixed stack: each part into its own output columns
+    int64_t col = 0;
+    for (const PackedMatrix& p : w.parts) {
+      gemm<V>(a, m, lda, p, c + col, ldc, n_threads, scratch);
+      col += p.n_out;
+    }
+    return;
+  }
   if (w.format == kPanelQ4) {
     gemm_fmt<V, kPanelQ4>(a, m, lda, w, c, ldc, n_threads, scratch);
   } else if (w.format == kPanelQ8) {

@@ -62,6 +62,12 @@ struct PackedMatrix {
   AlignedVector<float> data;  // 64-byte aligned: panel rows are 3 whole cache lines
   AlignedVector<uint8_t> codes;
   std::vector<float> bias;
+  // A stack of GGUF matrices whose types share no compact format (a Q4_K q|k with a Q6_K v):
+  // its consecutive runs of one format packed each on its own, rows in order. n_out and k_in
+  // are the whole stack's; format, data, codes, bias and n_panels are unused. A GEMM runs the
+  // parts one after another into adjacent output columns: every output keeps its own FMA
+  // chain, so the bits are those of one packed matrix.
+  std::vector<PackedMatrix> parts;
   bool has_bias() const { return !bias.empty(); }
   int64_t k_blocks() const { return k_in / kQBlock; }
   int64_t scale_floats() const { return scale_floats_of(format); }  // per block
@@ -76,6 +82,7 @@ struct PackedMatrix {
   // Bytes per output column in one code row (the offset of a tile's first column).
   static constexpr int64_t code_col_bytes_of(int f) { return f == kPanelBF16 ? 2 : 1; }
   const char* format_name() const {
+    if (!parts.empty()) return "mixed";
     switch (format) {
       case kPanelQ4: return "q4_1";
       case kPanelQ8: return "q8_0";
@@ -86,8 +93,10 @@ struct PackedMatrix {
     }
   }
   int64_t bytes() const {
-    return static_cast<int64_t>(data.size() * sizeof(float) + codes.size() +
-                                bias.size() * sizeof(float));
+    int64_t b = static_cast<int64_t>(data.size() * sizeof(float) + codes.size() +
+                                     bias.size() * sizeof(float));
+    for (const PackedMatrix& p : parts) b += p.bytes();
+    return b;
   }
 };
 

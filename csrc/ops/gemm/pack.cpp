@@ -435,6 +435,29 @@ PackedMatrix pack_sources(const std::vector<MatrixSource>& parts, int64_t k_in,
   }
   const bool direct =
       any_blocks && allow_compact && fmt != kPanelF32 && k_in > 0 && k_in % kQBlock == 0;
+  // Every part GGUF blocks of a compact type, but not all of one format (a Q4_K q|k with a
+  // Q6_K v): each run of one format packed on its own, instead of a float32 copy of them all.
+  bool mixed = !direct && allow_compact && parts.size() > 1 && k_in > 0 && k_in % kQBlock == 0;
+  for (const MatrixSource& s : parts)
+    mixed = mixed && s.blocks != nullptr && direct_format(s.type) != kPanelF32;
+  if (mixed) {
+    PackedMatrix pm;
+    pm.k_in = k_in;
+    for (size_t i = 0; i < parts.size();) {
+      size_t j = i + 1;
+      while (j < parts.size() && direct_format(parts[j].type) == direct_format(parts[i].type)) ++j;
+      pm.parts.push_back(
+          pack_sources(std::vector<MatrixSource>(parts.begin() + static_cast<std::ptrdiff_t>(i),
+                                                 parts.begin() + static_cast<std::ptrdiff_t>(j)),
+                       k_in,
+                       std::vector<const float*>(biases.begin() + static_cast<std::ptrdiff_t>(i),
+                                                 biases.begin() + static_cast<std::ptrdiff_t>(j)),
+                       true));
+      pm.n_out += pm.parts.back().n_out;
+      i = j;
+    }
+    return pm;
+  }
   if (!direct) {  // float32 (dequantised here where needed) through the detecting packer
     std::vector<std::vector<float>> owned;
     std::vector<const float*> ptrs;
@@ -503,6 +526,15 @@ PackedMatrix pack_sources(const std::vector<MatrixSource>& parts, int64_t k_in,
 void unpack_rows(const PackedMatrix& w, int64_t r0, int64_t r1, float* out) {
   FpEnvGuard guard;  // the kernels' FP mode: fma and products round as in the tiles
   EB_CHECK(0 <= r0 && r0 <= r1 && r1 <= w.n_out, "unpack_rows: rows out of range");
+  if (!w.parts.empty()) {  // a mixed stack: the rows each part holds
+    int64_t first = 0;
+    for (const PackedMatrix& p : w.parts) {
+      const int64_t a = std::max(r0, first), b = std::min(r1, first + p.n_out);
+      if (a < b) unpack_rows(p, a - first, b - first, out + (a - r0) * w.k_in);
+      first += p.n_out;
+    }
+    return;
+  }
   const int64_t k_in = w.k_in, nkb = w.format == kPanelF32 ? 0 : w.k_blocks();
   for (int64_t n = r0; n < r1; ++n) {
     const int64_t p = n / kGemmNR, col = n % kGemmNR;
