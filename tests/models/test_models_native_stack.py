@@ -208,3 +208,36 @@ def test_nonfinite_mamba2_state_is_named(tiny):
     with pytest.raises(ValueError, match=rf"^Model\.step: layer {i}: state\.h\[0, 0, 0, 1\]"):
         model.step([7], st)
     assert _state_bytes(st) == before
+
+
+def test_late_failure_on_another_thread_says_which_rows_are_left_inconsistent(tiny):
+    # off the main thread nothing is saved: a layer after the first failing leaves the rows the
+    # earlier layers advanced inconsistent, and the error says so (as well as naming the value)
+    import threading
+
+    folder, _ = tiny("nemotron_h")
+    model = eb.load_model(folder)
+    i = max(j for j, b in enumerate(model.blocks) if isinstance(b, eb.Mamba2BlockInference))
+    assert i > 0
+    st = model.allocate_state(2, 16)
+    model.forward(np.array([[5, 9, 3], [4, 8, 6]]), st)
+    st.layers[i].h[1, 0, 0, 1] = np.nan
+    errors = []
+
+    def run():
+        try:
+            model.step([7, 2], st)
+        except ValueError as exc:
+            errors.append(str(exc))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert len(errors) == 1
+    assert errors[0].startswith(f"Model.step: layer {i}: state.h[1, 0, 0, 1]"), errors[0]
+    assert errors[0].endswith(
+        "state rows [0, 1] are left inconsistent (the call ran on another "
+        "thread than the main one): reset() them"
+    ), errors[0]
+    with pytest.raises(ValueError, match=r"rows \[0, 1\] are inconsistent"):
+        model.step([7, 2], st)

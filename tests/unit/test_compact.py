@@ -608,12 +608,43 @@ def test_direct_mixed_parts_are_packed_each_in_its_format(kinds, formats):
             outs.append((y, *ys, st.k_cache, st.v_cache))
         for got, want in zip(*outs):
             assert np.array_equal(u32(got), u32(want)), (kinds, isa, nt)
-    # get_params / a pickle rebuild the parts from the packed form: the same values
+    # a pickle rebuilds the block from the float32 values: the same weights and bits
     import pickle
 
     c = pickle.loads(pickle.dumps(a))
     for n in values:
         assert np.array_equal(u32(c._impl.weights[n]), u32(values[n])), n
+    assert np.array_equal(u32(c.forward(x[:1, :5])), u32(b.forward(x[:1, :5])))
+
+
+def test_mixed_parts_keep_their_formats_through_pickle_copy_and_set_params():
+    """A block rebuilt from its float32 values (pickle, copy, set_params) searches each part of
+    a q|k|v that no one format holds on its own: the parts, formats and bytes of the block
+    built from the blocks come back (Q5_K q|k as llama.cpp's quantiser leaves them, a Q6_K v),
+    not one float32 matrix."""
+    import copy
+    import pickle
+
+    from exactblocks._weights import QuantizedMatrix
+
+    rng = np.random.default_rng(84)
+    opts = dict(n_heads=4, n_kv_heads=2, head_dim=64)
+    w = make_transformer_weights(rng, d_model=256, intermediate=512, **opts)
+    raw = {
+        "q_proj.weight": ("Q5_K", quantiser_like_q5_k(256, 1), 256),
+        "k_proj.weight": ("Q5_K", quantiser_like_q5_k(128, 2), 128),
+        "v_proj.weight": ("Q6_K", random_blocks("Q6_K", 128, 3), 128),
+    }
+    for n, (kind, blocks, rows) in raw.items():
+        w[n] = QuantizedMatrix(int(getattr(T, kind)), blocks.reshape(rows, -1), (rows, 256))
+    a = eb.TransformerBlockInference(w, **opts, max_positions=64)
+    assert [f for m, f, _ in a.weight_storage() if m == "qkv_proj"] == ["q5_1", "q6_k"]
+    rebuilt = [pickle.loads(pickle.dumps(a)), copy.deepcopy(a), copy.deepcopy(a)]
+    rebuilt[2].set_params(max_positions=32)
+    x = rng.standard_normal((1, 5, 256)).astype(np.float32)
+    for c in rebuilt:
+        assert c.weight_storage() == a.weight_storage()
+        assert np.array_equal(u32(c.forward(x)), u32(a.forward(x)))
 
 
 def quantiser_like_q5_k(n_blocks: int, seed: int) -> np.ndarray:

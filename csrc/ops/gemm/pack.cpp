@@ -600,6 +600,37 @@ PackedMatrix pack_matrices(const std::vector<const float*>& parts, const std::ve
     for (int format : {kPanelQ4, kPanelQ8, kPanelQ5, kPanelQ6, kPanelBF16})
       if (pack_compact(pm, all, format)) return pm;
     pm.codes = AlignedVector<uint8_t>();
+    // No one format holds the whole stack (a q|k|v rebuilt from GGUF types that share none,
+    // by a pickle or set_params): each part searched on its own and consecutive parts of one
+    // format packed together, as pack_sources keeps such blocks, when any part is compact.
+    if (parts.size() > 1) {
+      std::vector<PackedMatrix> each;
+      bool any_compact = false;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        each.push_back(pack_matrices({parts[i]}, {rows[i]}, k_in, {biases[i]}, true));
+        any_compact = any_compact || each.back().format != kPanelF32;
+      }
+      if (any_compact) {
+        PackedMatrix mixed;
+        mixed.k_in = k_in;
+        for (size_t i = 0; i < parts.size();) {
+          size_t j = i + 1;
+          while (j < parts.size() && each[j].format == each[i].format) ++j;
+          if (j == i + 1) {
+            mixed.parts.push_back(std::move(each[i]));
+          } else {
+            const auto from = static_cast<std::ptrdiff_t>(i), to = static_cast<std::ptrdiff_t>(j);
+            mixed.parts.push_back(pack_matrices(
+                std::vector<const float*>(parts.begin() + from, parts.begin() + to),
+                std::vector<int64_t>(rows.begin() + from, rows.begin() + to), k_in,
+                std::vector<const float*>(biases.begin() + from, biases.begin() + to), true));
+          }
+          mixed.n_out += mixed.parts.back().n_out;
+          i = j;
+        }
+        return mixed;
+      }
+    }
   }
   pm.format = kPanelF32;
   pm.data.assign(static_cast<size_t>(pm.n_panels * k_in * kGemmNR), 0.0f);

@@ -83,7 +83,7 @@ def _layer_error(exc: BaseException, where: str, i: int, tail: str) -> BaseExcep
             f"{where}: the activations overflowed in {source} (x{index} = {m.group(2)} entering "
             f"layer {i}){tail}"
         )
-    return type(exc)(f"{where}: layer {i}: {detail}")
+    return type(exc)(f"{where}: layer {i}: {detail}{tail}")
 
 
 @contextlib.contextmanager
