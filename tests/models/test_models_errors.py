@@ -153,3 +153,17 @@ def test_source_and_call_errors(tiny):
         model.forward([[1]], st.layers[0])
     with pytest.raises(TypeError):
         model.config["vocab_size"] = 3  # a read-only mapping
+
+
+def test_generate_names_the_prompt_and_stop_ids_it_refuses(tiny):
+    folder, _ = tiny("llama")
+    model = exactblocks.load_model(folder)
+    v = model.vocab_size
+    # was: "ids[0, 1]=..." (an argument generate does not have)
+    with pytest.raises(ValueError, match=rf"^Model\.generate: prompt\[1\]={v} is outside the "
+                       rf"vocabulary \[0, {v}\)$"):  # fmt: skip
+        model.generate([1, v], max_new_tokens=2)
+    # was: accepted, and never matched
+    with pytest.raises(ValueError, match=rf"^Model\.generate: stop id {v + 5} is outside"):
+        model.generate([1, 2], max_new_tokens=2, stop=[v + 5])
+    assert len(model.generate([1, 2], max_new_tokens=2, stop=[v - 1, "zz"]).ids) <= 2

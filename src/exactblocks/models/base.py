@@ -958,8 +958,8 @@ class Model:
         TypeError
             A wrong argument type (e.g. a str prompt without a tokenizer, a float id).
         ValueError
-            An empty prompt, an id outside the vocabulary, an option out of range, or prompt +
-            max_new_tokens beyond max_positions.
+            An empty prompt, a prompt or stop id outside the vocabulary, an option out of
+            range, or prompt + max_new_tokens beyond max_positions.
 
         Notes
         -----
@@ -969,8 +969,7 @@ class Model:
         float64 in (logit descending, id ascending) order; one ``Generator.random()`` draw per
         token picks the first token whose cumulative weight exceeds it. The prompt is prefilled
         with one ``forward`` (the output head on its last position only); each new token is
-        one ``step`` (transformer layers through decode sessions), which equals the prefill bit
-        for bit.
+        one ``step`` (every layer in one native call), which equals the prefill bit for bit.
         """
         where = "Model.generate"
         if isinstance(prompt, str):
@@ -984,7 +983,15 @@ class Model:
             prompt_ids = arr.tolist()
         if not prompt_ids:
             raise ValueError(f"{where}: the prompt is empty")
-        self._check_vocab(np.asarray([prompt_ids]), None, where)
+        ids = np.asarray(prompt_ids, dtype=np.int64)
+        bad = np.flatnonzero((ids < 0) | (ids >= self.vocab_size))
+        if bad.size:
+            i = int(bad[0])
+            what = "the encoded prompt's id" if isinstance(prompt, str) else "prompt"
+            raise ValueError(
+                f"{where}: {what}[{i}]={int(ids[i])} is outside the vocabulary "
+                f"[0, {self.vocab_size})"
+            )
         n_new = _check_int(max_new_tokens, "max_new_tokens", where, minimum=1)
         temp = _check_real(temperature, "temperature", where)
         if temp < 0:
@@ -1001,7 +1008,13 @@ class Model:
                     raise ValueError(f"{where}: a stop string is empty")
                 stop_strs.append(s)
             else:
-                stop_ids.add(_check_int(s, "stop entry", where))
+                sid = _check_int(s, "stop entry", where)
+                if stop is not None and sid >= self.vocab_size:  # (the model's own eos ids
+                    raise ValueError(  # are taken as the config states them)
+                        f"{where}: stop id {sid} is outside the vocabulary [0, "
+                        f"{self.vocab_size}): it could never be generated"
+                    )
+                stop_ids.add(sid)
         if stop_strs and self.tokenizer is None:
             raise TypeError(f"{where}: stop strings need a tokenizer; this model has none")
         capacity = len(prompt_ids) + n_new

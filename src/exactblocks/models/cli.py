@@ -37,10 +37,15 @@ def _load(path: str, threads: int | None, err):
     return model
 
 
-def _prompt_ids(model, messages, raw: bool) -> list:
-    tok = model.tokenizer
-    if tok is None:
+def _need_tokenizer(model):
+    """The model's tokenizer; ValueError when it has none (``run`` and ``chat`` encode text)."""
+    if model.tokenizer is None:
         raise ValueError("the model has no tokenizer; `run` and `chat` need one")
+    return model.tokenizer
+
+
+def _prompt_ids(model, messages, raw: bool) -> list:
+    tok = _need_tokenizer(model)
     if not raw and getattr(tok, "chat_template", None):
         return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
     return list(tok.encode(messages[-1]["content"]))
@@ -129,6 +134,7 @@ def run_chat(args, inp=None, out=None, err=None) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
     model = _load(args.model, args.threads, err)
+    _need_tokenizer(model)  # before the first prompt, not after the user has typed
     messages: list = []
     err.write("type a message and press Enter; /exit or end of input (Ctrl-D) ends the chat\n")
     while True:
