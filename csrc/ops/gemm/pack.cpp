@@ -371,6 +371,29 @@ void gguf_block(const uint8_t* row, int type, int64_t b, float* d, float* m, int
   }
 }
 
+// A mixed stack (PackedMatrix::parts) of n parts with k_in inputs: each run of consecutive
+// parts of one format_of(i) packed together by pack(i, j) (parts [i, j)).
+template <class FormatOf, class Pack>
+PackedMatrix pack_runs(size_t n, int64_t k_in, FormatOf format_of, Pack pack) {
+  PackedMatrix pm;
+  pm.k_in = k_in;
+  for (size_t i = 0; i < n;) {
+    size_t j = i + 1;
+    while (j < n && format_of(j) == format_of(i)) ++j;
+    pm.parts.push_back(pack(i, j));
+    pm.n_out += pm.parts.back().n_out;
+    i = j;
+  }
+  return pm;
+}
+
+// Elements [i, j) of v.
+template <class T>
+std::vector<T> slice(const std::vector<T>& v, size_t i, size_t j) {
+  return std::vector<T>(v.begin() + static_cast<std::ptrdiff_t>(i),
+                        v.begin() + static_cast<std::ptrdiff_t>(j));
+}
+
 }  // namespace
 
 int64_t ggml_block_size(int type) {
@@ -440,24 +463,12 @@ PackedMatrix pack_sources(const std::vector<MatrixSource>& parts, int64_t k_in,
   bool mixed = !direct && allow_compact && parts.size() > 1 && k_in > 0 && k_in % kQBlock == 0;
   for (const MatrixSource& s : parts)
     mixed = mixed && s.blocks != nullptr && direct_format(s.type) != kPanelF32;
-  if (mixed) {
-    PackedMatrix pm;
-    pm.k_in = k_in;
-    for (size_t i = 0; i < parts.size();) {
-      size_t j = i + 1;
-      while (j < parts.size() && direct_format(parts[j].type) == direct_format(parts[i].type)) ++j;
-      pm.parts.push_back(
-          pack_sources(std::vector<MatrixSource>(parts.begin() + static_cast<std::ptrdiff_t>(i),
-                                                 parts.begin() + static_cast<std::ptrdiff_t>(j)),
-                       k_in,
-                       std::vector<const float*>(biases.begin() + static_cast<std::ptrdiff_t>(i),
-                                                 biases.begin() + static_cast<std::ptrdiff_t>(j)),
-                       true));
-      pm.n_out += pm.parts.back().n_out;
-      i = j;
-    }
-    return pm;
-  }
+  if (mixed)
+    return pack_runs(
+        parts.size(), k_in, [&](size_t i) { return direct_format(parts[i].type); },
+        [&](size_t i, size_t j) {
+          return pack_sources(slice(parts, i, j), k_in, slice(biases, i, j), true);
+        });
   if (!direct) {  // float32 (dequantised here where needed) through the detecting packer
     std::vector<std::vector<float>> owned;
     std::vector<const float*> ptrs;
@@ -610,26 +621,14 @@ PackedMatrix pack_matrices(const std::vector<const float*>& parts, const std::ve
         each.push_back(pack_matrices({parts[i]}, {rows[i]}, k_in, {biases[i]}, true));
         any_compact = any_compact || each.back().format != kPanelF32;
       }
-      if (any_compact) {
-        PackedMatrix mixed;
-        mixed.k_in = k_in;
-        for (size_t i = 0; i < parts.size();) {
-          size_t j = i + 1;
-          while (j < parts.size() && each[j].format == each[i].format) ++j;
-          if (j == i + 1) {
-            mixed.parts.push_back(std::move(each[i]));
-          } else {
-            const auto from = static_cast<std::ptrdiff_t>(i), to = static_cast<std::ptrdiff_t>(j);
-            mixed.parts.push_back(pack_matrices(
-                std::vector<const float*>(parts.begin() + from, parts.begin() + to),
-                std::vector<int64_t>(rows.begin() + from, rows.begin() + to), k_in,
-                std::vector<const float*>(biases.begin() + from, biases.begin() + to), true));
-          }
-          mixed.n_out += mixed.parts.back().n_out;
-          i = j;
-        }
-        return mixed;
-      }
+      if (any_compact)
+        return pack_runs(
+            parts.size(), k_in, [&](size_t i) { return each[i].format; },
+            [&](size_t i, size_t j) {
+              return j == i + 1 ? std::move(each[i])
+                                : pack_matrices(slice(parts, i, j), slice(rows, i, j), k_in,
+                                                slice(biases, i, j), true);
+            });
     }
   }
   pm.format = kPanelF32;

@@ -464,9 +464,9 @@ class Model:
 
         # per block: a recurrent Mamba-2 state (no capacity, no decode session) or a KV cache
         self._recurrent = tuple(isinstance(b, Mamba2BlockInference) for b in self._blocks)
-        # per block: the index one past the run of layers that starts there and goes through
-        # one native call (_stack_run): every layer to the end, transformer or Mamba-2
-        self._run_end = (len(self._blocks),) * len(self._blocks)
+        # the layers run in one native call (_stack_run); False: each through its block's own
+        # call (the reference path the tests compare against)
+        self._native_layers = True
         scale = getattr(spec, "embed_scale", None)
         self._embed_scale = None if scale is None else np.float32(scale)
         # Computed on first read (states of this model hold the object and are recognised by
@@ -638,8 +638,8 @@ class Model:
         return rows
 
     def _stack_run(self, x: np.ndarray, state: ModelState, lens, i: int, *, undo, workspace):
-        """Layers ``i`` .. of ``state`` in one native call (``_core.layer_stack``), as far as
-        the run starting at ``i`` goes (``_run_end``); returns ``(x, next layer)``.
+        """Layers ``i`` .. of ``state`` in one native call (``_core.layer_stack``), up to the
+        first it cannot take; returns ``(x, next layer)``.
 
         Each layer is exactly its block's own call (same kernels and checks, so the same bits
         and state updates), minus the Python around it: about 25 us per layer, a tenth of a
@@ -647,21 +647,19 @@ class Model:
         would (a state it cannot take, a non-finite input or state value, memory), having
         changed nothing of it; the caller then runs that layer through the block's call, which
         raises the block's error (or runs it, when the cause has gone)."""
-        end = self._run_end[i]
         items = []
-        for j in range(i, end):
-            blk, st = self._blocks[j], state.layers[j]
-            impl = blk._impl
-            if self._recurrent[j]:
-                if not same_fingerprint(st._fingerprint, impl.fp):
-                    break  # another configuration (set_params): the block's call
+        for j in range(i, len(self._blocks) if self._native_layers else i):
+            impl, st, recurrent = self._blocks[j]._impl, state.layers[j], self._recurrent[j]
+            if not same_fingerprint(st._fingerprint, impl.fp) or (
+                not recurrent and st._session is not None
+            ):
+                break  # another configuration (set_params), or a decode session: the block's
+            if recurrent:
                 items.append((impl.core, st._lock, st.conv_window, st.h, st.row_tokens))
-                continue
-            if st._session is not None or not same_fingerprint(st._fingerprint, impl.fp):
-                break  # a decode session, or another configuration: the block's call
-            items.append((impl.core, st._lock, st.k_cache, st.v_cache, st.row_tokens,
-                          st.max_tokens, int(st.rope_factors == "long"), st.n_kv_heads,
-                          st.capacity, st.head_dim))  # fmt: skip
+            else:
+                items.append((impl.core, st._lock, st.k_cache, st.v_cache, st.row_tokens,
+                              st.max_tokens, int(st.rope_factors == "long"), st.n_kv_heads,
+                              st.capacity, st.head_dim))  # fmt: skip
         if not items:
             return x, i
         from exactblocks import _ext
@@ -987,7 +985,7 @@ class Model:
         bad = np.flatnonzero((ids < 0) | (ids >= self.vocab_size))
         if bad.size:
             i = int(bad[0])
-            what = "the encoded prompt's id" if isinstance(prompt, str) else "prompt"
+            what = "the encoded prompt" if isinstance(prompt, str) else "prompt"
             raise ValueError(
                 f"{where}: {what}[{i}]={int(ids[i])} is outside the vocabulary "
                 f"[0, {self.vocab_size})"
