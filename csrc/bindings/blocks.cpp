@@ -326,12 +326,13 @@ double matrix_flops(const ops::PackedMatrix& w, double tokens) {
   return 2.0 * tokens * static_cast<double>(w.n_out) * static_cast<double>(w.k_in);
 }
 
-double transformer_flops(const TransformerModel& m, const IArr& lengths, const IArr& start) {
+double transformer_flops(const TransformerModel& m, const int64_t* lengths, const int64_t* start,
+                         int64_t batch) {
   const TransformerConfig& c = m.cfg;
   double f = 0.0;
-  for (size_t b = 0; b < lengths.shape(0); ++b) {
-    const double len = static_cast<double>(lengths.data()[b]);
-    double keys = static_cast<double>(start.data()[b]) + 0.5 * len;  // per query, on average
+  for (int64_t b = 0; b < batch; ++b) {
+    const double len = static_cast<double>(lengths[b]);
+    double keys = static_cast<double>(start[b]) + 0.5 * len;  // per query, on average
     if (c.window > 0) keys = std::min(keys, static_cast<double>(c.window));
     f += matrix_flops(m.w_qkv, len) + matrix_flops(m.w_o, len) + matrix_flops(m.w_gu, len) +
          matrix_flops(m.w_down, len);
@@ -643,6 +644,29 @@ ops::MatrixSource matrix_source(const nb::handle& value, std::vector<nb::object>
   return s;
 }
 
+ops::MatrixSource matrix_source(const nb::handle& value, std::vector<nb::object>& keep,
+                                int64_t rows, int64_t k_in, const std::string& what) {
+  ops::MatrixSource s = matrix_source(value, keep);
+  if (s.f32 != nullptr) {
+    const CArr w = nb::cast<CArr>(value, false);
+    EB_CHECK(w.ndim() == 2 && static_cast<int64_t>(w.shape(0)) == rows &&
+                 static_cast<int64_t>(w.shape(1)) == k_in,
+             what + ": float32 weights are not (" + std::to_string(rows) + ", " +
+                 std::to_string(k_in) + ")");
+  } else {
+    const int64_t bs = ops::ggml_block_size(s.type);
+    const U8Arr raw = nb::cast<U8Arr>(nb::cast<nb::tuple>(value)[1], false);
+    EB_CHECK(
+        bs > 0 && k_in % bs == 0 &&
+            static_cast<int64_t>(raw.size()) == rows * (k_in / bs) * ops::ggml_type_size(s.type) &&
+            (raw.ndim() != 2 || static_cast<int64_t>(raw.shape(0)) == rows),
+        what + ": GGUF blocks do not fit (" + std::to_string(rows) + ", " + std::to_string(k_in) +
+            ")");
+  }
+  s.rows = rows;
+  return s;
+}
+
 void bind_blocks(nb::module_& m) {
   bind_kinds(m);
   bind_configs(m);
@@ -762,7 +786,8 @@ void bind_blocks(nb::module_& m) {
             nb::object out = nb::cast(y);  // before the call: nothing can fail after the commit
             int cache_bad = 0;
             runtime::CallScratch scratch(ws);
-            SignalPoll poll(transformer_flops(mdl, lengths, start));
+            SignalPoll poll(transformer_flops(mdl, lengths.data(), start.data(),
+                                              static_cast<int64_t>(lengths.shape(0))));
             TransformerCall call{x.data(),
                                  y.data(),
                                  B,
@@ -926,6 +951,37 @@ void bind_blocks(nb::module_& m) {
         const int64_t tokens = total_tokens(lengths);
         int64_t advancing = 0;
         for (int64_t b = 0; b < B; ++b) advancing += lens[b] > 0;
+        // One layer inside its watch, as its block's binding runs it: the input check, the
+        // layer's lock, its counters under the lock, then kernel(out, bad) (bad: the state
+        // check's flag, or null), undo entries rolled back on a failed allocation, counters
+        // committed. False, with nothing of the layer changed, when it did not run.
+        const auto run_layer = [&](StackLayer& ly, float* out, SignalPoll& poll, UndoLog* saving,
+                                   auto&& kernel) {
+          bool ran = false;
+          run_kernel(ws, scratch.get(), tokens, poll, saving, [&] {
+            if (!real_rows_finite(in, B, L, d, lens)) return;
+            if (ly.lock->try_acquire() != StateLock::kOk) return;
+            struct Release {
+              StateLock* l;
+              ~Release() { l->release(); }
+            } release{ly.lock};
+            if (!stack_counters(ly, B, L, lens)) return;
+            std::memset(out, 0, bytes);
+            int bad = 0;
+            const size_t mark = saving != nullptr ? saving->size() : 0;
+            try {
+              if (undo != nullptr) undo->add_saved(ly.row_tokens, static_cast<size_t>(B));
+              kernel(out, check_cache ? &bad : nullptr);
+            } catch (const std::bad_alloc&) {
+              if (saving != nullptr) saving->rollback(mark);
+              return;  // the block's own call retries it (and names the memory if it fails)
+            }
+            if (bad) return;  // nothing written: the block's call names the value
+            for (int64_t b = 0; b < B; ++b) ly.row_tokens[b] = ly.start[b] + lens[b];
+            ran = true;
+          });
+          return ran;
+        };
         for (size_t i = 0; i < n; ++i) {
           StackLayer& ly = run[i];
           float* out = (i % 2 == 0) ? ya.data() : yb.data();
@@ -936,92 +992,33 @@ void bind_blocks(nb::module_& m) {
             UndoLog* saving = undo;
             if (saving == nullptr && poll.watched() && tokens >= kSaveMinTokensPerRow * advancing)
               saving = &own_undo;
-            run_kernel(ws, scratch.get(), tokens, poll, saving, [&] {
-              if (!real_rows_finite(in, B, L, d, lens)) return;
-              if (ly.lock->try_acquire() != StateLock::kOk) return;
-              struct Release {
-                StateLock* l;
-                ~Release() { l->release(); }
-              } release{ly.lock};
-              if (!stack_counters(ly, B, L, lens)) return;
-              std::memset(out, 0, bytes);
-              int state_bad = 0;
-              Mamba2Call call{in,
-                              out,
-                              B,
-                              L,
-                              lens,
-                              ly.k,
-                              ly.v,
-                              runtime::num_threads(),
-                              scratch.get(),
-                              check_cache ? &state_bad : nullptr,
-                              saving};
-              const size_t mark = saving != nullptr ? saving->size() : 0;
-              try {
-                if (undo != nullptr) undo->add_saved(ly.row_tokens, static_cast<size_t>(B));
-                kernels().mamba2_forward(*ly.mamba, call);
-              } catch (const std::bad_alloc&) {
-                if (saving != nullptr) saving->rollback(mark);
-                return;  // the block's own call retries it (and names the memory if it fails)
-              }
-              if (state_bad) return;  // nothing written: the block's call names the value
-              for (int64_t b = 0; b < B; ++b) ly.row_tokens[b] = ly.start[b] + lens[b];
-              ran = true;
+            ran = run_layer(ly, out, poll, saving, [&](float* y, int* bad) {
+              const Mamba2Call call{
+                  in,  y,     B, L, lens, ly.k, ly.v, runtime::num_threads(), scratch.get(),
+                  bad, saving};
+              kernels().mamba2_forward(*ly.mamba, call);
             });
-            if (!ran) break;
-            in = out;
-            ++done;
-            continue;
+          } else {
+            // the counters seen now (read again under the lock): only an estimate
+            SignalPoll poll(transformer_flops(*ly.core, lens, ly.row_tokens, B));
+            ran = run_layer(ly, out, poll, undo, [&](float* y, int* bad) {
+              const TransformerCall call{in,
+                                         y,
+                                         B,
+                                         L,
+                                         lens,
+                                         ly.start.data(),
+                                         ly.k,
+                                         ly.v,
+                                         ly.attn ? ly.capacity : 0,
+                                         runtime::num_threads(),
+                                         scratch.get(),
+                                         ly.attn ? bad : nullptr,
+                                         ly.rope_set,
+                                         undo};
+              kernels().transformer_forward(*ly.core, call);
+            });
           }
-          const TransformerModel& mdl = *ly.core;
-          double flops = 0.0;  // as transformer_flops, from the counters seen now (an estimate)
-          for (int64_t b = 0; b < B; ++b) {
-            const double len = static_cast<double>(lens[b]);
-            double keys = static_cast<double>(ly.row_tokens[b]) + 0.5 * len;
-            if (mdl.cfg.window > 0) keys = std::min(keys, static_cast<double>(mdl.cfg.window));
-            flops += matrix_flops(mdl.w_qkv, len) + matrix_flops(mdl.w_o, len) +
-                     matrix_flops(mdl.w_gu, len) + matrix_flops(mdl.w_down, len);
-            if (ly.attn)
-              flops += 4.0 * len * keys * static_cast<double>(mdl.cfg.n_heads * mdl.cfg.head_dim);
-          }
-          SignalPoll poll(flops);
-          run_kernel(ws, scratch.get(), tokens, poll, undo, [&] {
-            if (!real_rows_finite(in, B, L, d, lens)) return;
-            if (ly.lock->try_acquire() != StateLock::kOk) return;
-            struct Release {
-              StateLock* l;
-              ~Release() { l->release(); }
-            } release{ly.lock};
-            if (!stack_counters(ly, B, L, lens)) return;
-            std::memset(out, 0, bytes);
-            int cache_bad = 0;
-            TransformerCall call{in,
-                                 out,
-                                 B,
-                                 L,
-                                 lens,
-                                 ly.start.data(),
-                                 ly.k,
-                                 ly.v,
-                                 ly.attn ? ly.capacity : 0,
-                                 runtime::num_threads(),
-                                 scratch.get(),
-                                 check_cache && ly.attn ? &cache_bad : nullptr,
-                                 ly.rope_set,
-                                 undo};
-            const size_t mark = undo != nullptr ? undo->size() : 0;
-            try {
-              if (undo != nullptr) undo->add_saved(ly.row_tokens, static_cast<size_t>(B));
-              kernels().transformer_forward(mdl, call);
-            } catch (const std::bad_alloc&) {
-              if (undo != nullptr) undo->rollback(mark);
-              return;  // the block's own call retries it (and names the memory if it fails)
-            }
-            if (cache_bad) return;  // nothing written: the block's call names the slot
-            for (int64_t b = 0; b < B; ++b) ly.row_tokens[b] = ly.start[b] + lens[b];
-            ran = true;
-          });
           if (!ran) break;
           in = out;
           ++done;

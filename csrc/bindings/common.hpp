@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "ops/gemm/format.hpp"
@@ -41,6 +42,13 @@ OutArr unpack_array(const ops::PackedMatrix& w, int64_t r0, int64_t r1);
 // A matrix given as float32 (a C-contiguous 2-D array) or as GGUF blocks (a tuple (ggml type,
 // uint8 array of the blocks)); `keep` holds the arrays while the pointers are used.
 ops::MatrixSource matrix_source(const nb::handle& value, std::vector<nb::object>& keep);
+
+// matrix_source of a whole (rows, k_in) matrix, its size checked (float32: the array's shape;
+// GGUF blocks: k_in a multiple of the block size, the bytes of rows x k_in weights and, for a
+// 2-D array of blocks, one row of blocks per matrix row), the
+// error naming `what`; the source's rows set.
+ops::MatrixSource matrix_source(const nb::handle& value, std::vector<nb::object>& keep,
+                                int64_t rows, int64_t k_in, const std::string& what);
 
 void bind_runtime(nb::module_& m);
 void bind_blocks(nb::module_& m);

@@ -45,22 +45,8 @@ void bind_head(nb::module_& m) {
             EB_CHECK(static_cast<int64_t>(norm_weight.shape(0)) == cfg.d_model,
                      "OutputHead: norm_weight length != d_model");
             std::vector<nb::object> keep;
-            ops::MatrixSource head = matrix_source(head_weight, keep);
-            if (head.f32 != nullptr) {
-              CArr2 hw = nb::cast<CArr2>(head_weight, false);
-              EB_CHECK(static_cast<int64_t>(hw.shape(0)) == cfg.vocab_size &&
-                           static_cast<int64_t>(hw.shape(1)) == cfg.d_model,
-                       "OutputHead: head_weight shape != (vocab_size, d_model)");
-            } else {
-              const int64_t bs = ops::ggml_block_size(head.type);
-              const nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu> raw =
-                  nb::cast<nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>>(
-                      nb::cast<nb::tuple>(head_weight)[1], false);
-              EB_CHECK(bs > 0 && cfg.d_model % bs == 0 &&
-                           static_cast<int64_t>(raw.size()) ==
-                               cfg.vocab_size * (cfg.d_model / bs) * ops::ggml_type_size(head.type),
-                       "OutputHead: head_weight blocks do not fit (vocab_size, d_model)");
-            }
+            const ops::MatrixSource head = matrix_source(head_weight, keep, cfg.vocab_size,
+                                                         cfg.d_model, "OutputHead: head_weight");
             CArr1 bias;
             const float* b = nullptr;
             if (!norm_bias.is_none()) {

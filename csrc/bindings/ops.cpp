@@ -493,23 +493,8 @@ void bind_ops(nb::module_& m) {
           [](nb::object source, int64_t n_out, int64_t k_in) {
             EB_CHECK(n_out > 0 && k_in > 0, "PackedLinear.from_source: sizes must be positive");
             std::vector<nb::object> keep;
-            ops::MatrixSource src = matrix_source(source, keep);
-            if (src.f32 != nullptr) {
-              const CArr2 w = nb::cast<CArr2>(source, false);
-              EB_CHECK(static_cast<int64_t>(w.shape(0)) == n_out &&
-                           static_cast<int64_t>(w.shape(1)) == k_in,
-                       "PackedLinear.from_source: float32 weights are not (n_out, k_in)");
-            } else {
-              const int64_t bs = ops::ggml_block_size(src.type);
-              const nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu> raw =
-                  nb::cast<nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>>(
-                      nb::cast<nb::tuple>(source)[1], false);
-              EB_CHECK(bs > 0 && k_in % bs == 0 &&
-                           static_cast<int64_t>(raw.size()) ==
-                               n_out * (k_in / bs) * ops::ggml_type_size(src.type),
-                       "PackedLinear.from_source: GGUF blocks do not fit (n_out, k_in)");
-            }
-            src.rows = n_out;
+            const ops::MatrixSource src =
+                matrix_source(source, keep, n_out, k_in, "PackedLinear.from_source");
             nb::gil_scoped_release release;
             FpEnvGuard guard;  // the dequantisation's float operations (SPEC 3.2)
             return ops::pack_sources({src}, k_in, {nullptr}, true);

@@ -494,3 +494,23 @@ def test_untied_quantised_embedding_stays_packed(converted, tmp_path, qtype):
     logits = model.forward(ids)
     object.__setattr__(model, "_embed", np.ascontiguousarray(ref, np.float32))
     assert np.array_equal(model.forward(ids).view(np.uint32), logits.view(np.uint32))
+
+
+def test_packed_rows_refuse_blocks_of_another_shape():
+    # the same bytes as another shape (10 rows of 64 Q8_0 weights are 680 bytes, as are 5 rows
+    # of 128) are refused, naming the call
+    gguf = require("gguf", "the gguf package quantises the matrix")
+    from exactblocks import _ext
+
+    t = gguf.GGMLQuantizationType.Q8_0
+    w = np.random.default_rng(0).standard_normal((10, 64)).astype(np.float32)
+    raw = gguf.quants.quantize(w, t)
+    core = _ext.core()
+    packed = core.PackedLinear.from_source((int(t), raw), 10, 64)
+    assert np.array_equal(
+        packed.rows(np.arange(10)).view(np.uint32),
+        gguf.quants.dequantize(raw, t).astype(np.float32).view(np.uint32),
+    )
+    refused = r"^exactblocks\._core: PackedLinear\.from_source: GGUF blocks do not fit"
+    with pytest.raises(ValueError, match=refused):
+        core.PackedLinear.from_source((int(t), raw), 5, 128)
