@@ -1,4 +1,4 @@
-"""The C++ core's folders are layers and every ``#include`` points down (issue #11).
+"""The C++ core's folders are layers and every ``#include`` points down.
 
 Top to bottom: bindings -> dispatch -> blocks -> ops -> simd -> math -> base. A file may
 include headers of its own layer and of any layer below it, never above; nothing below

@@ -104,7 +104,7 @@ def test_num_threads_roundtrip_and_checks(core):
             with raises(ValueError, "exactblocks.set_num_threads: ", "n", "[1, 4096]"):
                 exactblocks.set_num_threads(bad)
         assert exactblocks.get_num_threads() == cpus == core.get_num_threads()
-        # The documented bound itself is accepted, and capped at the usable CPUs (issue #16).
+        # The documented bound itself is accepted, and capped at the usable CPUs.
         with pytest.warns(RuntimeWarning, match="exceeds the"):
             exactblocks.set_num_threads(4096)
         assert exactblocks.get_num_threads() == cpus == core.get_num_threads()
