@@ -22,10 +22,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-# docs/architecture.md is the developers' map of the code, kept with the code's layers
+# the pages a user or a new contributor reads (docs/architecture.md is the developers' map of
+# the code, kept with the code's layers)
 USER_DOCS = [
     README,
     *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "architecture.md"),
+    ROOT / "CONTRIBUTING.md",
 ]
 
 
