@@ -23,99 +23,53 @@
 namespace eb::bindings {
 namespace {
 
-using blocks::Mamba2Config;
+using blocks::Mamba2Model;
 using blocks::StackLayer;
-using blocks::TransformerConfig;
+using blocks::TransformerModel;
 
-// Whether [a, a + na) and [b, b + nb) (bytes) share memory.
-bool overlap(const void* a, size_t na, const void* b, size_t nb) {
-  const auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
-  return na > 0 && nb > 0 && pa < pb + nb && pb < pa + na;
+// The shape of an array, as StackBuffers holds it.
+template <class A>
+std::vector<int64_t> shape_of(const A& a) {
+  std::vector<int64_t> s(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) s[i] = static_cast<int64_t>(a.shape(i));
+  return s;
 }
 
-// A Mamba-2 layer of a stack call, a tuple (core, lock, conv_window, h, row_tokens): cast and
-// checked as stack_layer below checks a transformer layer (its buffers exactly the shapes the
-// core's configuration gives them).
-bool stack_mamba2_layer(const nb::tuple& t, int64_t B, int64_t d, StackLayer& out) {
-  if (t.size() != 5 || !nb::try_cast(t[0], out.mamba, false) || out.mamba == nullptr) return false;
-  if (!nb::try_cast(t[1], out.lock, false) || out.lock == nullptr) return false;
-  MArr cw, h;
-  IOut rt;
-  if (!nb::try_cast(t[2], cw, false) || !nb::try_cast(t[3], h, false) ||
-      !nb::try_cast(t[4], rt, false))
-    return false;
-  const Mamba2Config& c = out.mamba->cfg;
-  if (c.d_model != d || static_cast<int64_t>(rt.shape(0)) != B) return false;
-  if (cw.ndim() != 3 || static_cast<int64_t>(cw.shape(0)) != B ||
-      static_cast<int64_t>(cw.shape(1)) != c.conv_dim ||
-      static_cast<int64_t>(cw.shape(2)) != c.conv_kernel)
-    return false;
-  if (h.ndim() != 4 || static_cast<int64_t>(h.shape(0)) != B ||
-      static_cast<int64_t>(h.shape(1)) != c.n_heads ||
-      static_cast<int64_t>(h.shape(2)) != c.head_dim ||
-      static_cast<int64_t>(h.shape(3)) != c.d_state)
-    return false;
-  const size_t cw_bytes = cw.size() * sizeof(float), h_bytes = h.size() * sizeof(float),
-               rt_bytes = static_cast<size_t>(B) * 8;
-  if (reinterpret_cast<uintptr_t>(cw.data()) % alignof(float) != 0 ||
-      reinterpret_cast<uintptr_t>(h.data()) % alignof(float) != 0 ||
-      reinterpret_cast<uintptr_t>(rt.data()) % alignof(int64_t) != 0 ||
-      overlap(cw.data(), cw_bytes, h.data(), h_bytes) ||
-      overlap(cw.data(), cw_bytes, rt.data(), rt_bytes) ||
-      overlap(h.data(), h_bytes, rt.data(), rt_bytes))
-    return false;
-  out.k = cw.data();
-  out.v = h.data();
-  out.row_tokens = rt.data();
-  return true;
-}
-
-// Casts layer `h` of a stack call, a tuple (core, lock, k_cache, v_cache, row_tokens,
-// max_tokens, rope_set, n_kv_heads, capacity, head_dim) of a state the Python side found to
-// belong to the core's configuration, and checks what the block's own call checks of its
-// buffers (SPEC 2.5: the arrays themselves, never a converted copy, exactly the state's shapes,
-// C-contiguous, aligned, writable and sharing no memory): false, with nothing done, when
-// anything is off (the block's own call then raises the error).
+// Casts layer `h` of a stack call: a transformer layer's tuple (core, lock, k_cache, v_cache,
+// row_tokens, max_tokens, rope_set, n_kv_heads, capacity, head_dim) of a state the Python side
+// found to belong to the core's configuration, or a Mamba-2 layer's (core, lock, conv_window,
+// h, row_tokens). The arrays are taken as they are (never a converted copy: float32 / int64,
+// C-contiguous, writable) and checked by blocks/stack.cpp as the block's own call checks them:
+// false, with nothing done, when anything is off (the block's own call then raises the error).
 bool stack_layer(nb::handle h, int64_t B, int64_t d, StackLayer& out) {
   nb::tuple t;
-  if (!nb::try_cast(h, t, false)) return false;
-  if (t.size() == 5) return stack_mamba2_layer(t, B, d, out);
-  if (t.size() != 10) return false;
-  if (!nb::try_cast(t[0], out.core, false) || out.core == nullptr) return false;
-  if (!nb::try_cast(t[1], out.lock, false) || out.lock == nullptr) return false;
-  MArr k, v;
+  if (!nb::try_cast(h, t, false) || (t.size() != 5 && t.size() != 10)) return false;
+  StateLock* lock = nullptr;
+  if (!nb::try_cast(t[1], lock, false) || lock == nullptr) return false;
+  MArr a, b;
   IOut rt;
-  int64_t n_kv = 0, cap = 0, hd = 0;
-  if (!nb::try_cast(t[2], k, false) || !nb::try_cast(t[3], v, false) ||
-      !nb::try_cast(t[4], rt, false) || !nb::try_cast(t[5], out.max_tokens, false) ||
-      !nb::try_cast(t[6], out.rope_set, false) || !nb::try_cast(t[7], n_kv, false) ||
-      !nb::try_cast(t[8], cap, false) || !nb::try_cast(t[9], hd, false))
+  if (!nb::try_cast(t[2], a, false) || !nb::try_cast(t[3], b, false) ||
+      !nb::try_cast(t[4], rt, false))
     return false;
-  const TransformerConfig& c = out.core->cfg;
-  if (c.d_model != d || static_cast<int64_t>(rt.shape(0)) != B) return false;
-  if (!(out.rope_set == 0 || (out.rope_set == 1 && c.rope_scaling == ops::kRopeLongrope)))
-    return false;
-  const int64_t shape[4] = {B, n_kv, cap, hd};
-  for (const MArr* a : {&k, &v}) {
-    if (a->ndim() != 4) return false;
-    for (size_t i = 0; i < 4; ++i)
-      if (static_cast<int64_t>(a->shape(i)) != shape[i]) return false;
+  blocks::StackBuffers buf;
+  buf.a = a.data();
+  buf.a_shape = shape_of(a);
+  buf.b = b.data();
+  buf.b_shape = shape_of(b);
+  buf.row_tokens = rt.data();
+  buf.n_rows = static_cast<int64_t>(rt.shape(0));
+  if (t.size() == 5) {
+    const Mamba2Model* core = nullptr;
+    if (!nb::try_cast(t[0], core, false) || core == nullptr) return false;
+    return blocks::fit_mamba2_layer(*core, lock, buf, B, d, out);
   }
-  const size_t kv_bytes = k.size() * sizeof(float), rt_bytes = static_cast<size_t>(B) * 8;
-  if (reinterpret_cast<uintptr_t>(k.data()) % alignof(float) != 0 ||
-      reinterpret_cast<uintptr_t>(v.data()) % alignof(float) != 0 ||
-      reinterpret_cast<uintptr_t>(rt.data()) % alignof(int64_t) != 0 ||
-      overlap(k.data(), kv_bytes, v.data(), kv_bytes) ||
-      overlap(k.data(), kv_bytes, rt.data(), rt_bytes) ||
-      overlap(v.data(), kv_bytes, rt.data(), rt_bytes))
+  const TransformerModel* core = nullptr;
+  if (!nb::try_cast(t[0], core, false) || core == nullptr ||
+      !nb::try_cast(t[5], buf.max_tokens, false) || !nb::try_cast(t[6], buf.rope_set, false) ||
+      !nb::try_cast(t[7], buf.n_kv_heads, false) || !nb::try_cast(t[8], buf.capacity, false) ||
+      !nb::try_cast(t[9], buf.head_dim, false))
     return false;
-  out.attn = blocks::has_attention(c);
-  if (out.attn && (n_kv != c.n_kv_heads || hd != c.head_dim || cap <= 0)) return false;
-  out.capacity = cap;
-  out.k = k.data();
-  out.v = v.data();
-  out.row_tokens = rt.data();
-  return true;
+  return blocks::fit_transformer_layer(*core, lock, buf, B, d, out);
 }
 
 }  // namespace

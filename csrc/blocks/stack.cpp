@@ -2,7 +2,9 @@
 #include "blocks/stack.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <new>
 
@@ -13,6 +15,34 @@ namespace {
 
 double matrix_flops(const ops::PackedMatrix& w, double tokens) {
   return 2.0 * tokens * static_cast<double>(w.n_out) * static_cast<double>(w.k_in);
+}
+
+// Whether [a, a + na) and [b, b + nb) (bytes) share memory.
+bool overlap(const void* a, size_t na, const void* b, size_t nb) {
+  const auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  return na > 0 && nb > 0 && pa < pb + nb && pb < pa + na;
+}
+
+bool same_shape(const std::vector<int64_t>& got, std::initializer_list<int64_t> want) {
+  return got.size() == want.size() && std::equal(got.begin(), got.end(), want.begin());
+}
+
+size_t float_bytes(const std::vector<int64_t>& shape) {
+  size_t n = sizeof(float);
+  for (int64_t s : shape) n *= static_cast<size_t>(s);
+  return n;
+}
+
+// The buffers aligned and sharing no memory (a, b and row_tokens pairwise).
+bool apart(const StackBuffers& buf) {
+  const size_t a_bytes = float_bytes(buf.a_shape), b_bytes = float_bytes(buf.b_shape),
+               rt_bytes = static_cast<size_t>(buf.n_rows) * sizeof(int64_t);
+  return reinterpret_cast<uintptr_t>(buf.a) % alignof(float) == 0 &&
+         reinterpret_cast<uintptr_t>(buf.b) % alignof(float) == 0 &&
+         reinterpret_cast<uintptr_t>(buf.row_tokens) % alignof(int64_t) == 0 &&
+         !overlap(buf.a, a_bytes, buf.b, b_bytes) &&
+         !overlap(buf.a, a_bytes, buf.row_tokens, rt_bytes) &&
+         !overlap(buf.b, b_bytes, buf.row_tokens, rt_bytes);
 }
 
 // Frees a layer's lock when its call leaves, however it leaves.
@@ -42,6 +72,46 @@ double mamba2_flops(const Mamba2Model& m, double tokens) {
   const Mamba2Config& c = m.cfg;
   return matrix_flops(m.w_in, tokens) + matrix_flops(m.w_out, tokens) +
          6.0 * tokens * static_cast<double>(c.n_heads * c.head_dim * c.d_state);
+}
+
+bool fit_transformer_layer(const TransformerModel& core, StateLock* lock, const StackBuffers& buf,
+                           int64_t batch, int64_t d_model, StackLayer& out) {
+  const TransformerConfig& c = core.cfg;
+  if (lock == nullptr || c.d_model != d_model || buf.n_rows != batch) return false;
+  if (!(buf.rope_set == 0 || (buf.rope_set == 1 && c.rope_scaling == ops::kRopeLongrope)))
+    return false;
+  const std::initializer_list<int64_t> kv = {batch, buf.n_kv_heads, buf.capacity, buf.head_dim};
+  if (!same_shape(buf.a_shape, kv) || !same_shape(buf.b_shape, kv) || !apart(buf)) return false;
+  const bool attn = has_attention(c);
+  if (attn && (buf.n_kv_heads != c.n_kv_heads || buf.head_dim != c.head_dim || buf.capacity <= 0))
+    return false;
+  out = StackLayer{};
+  out.core = &core;
+  out.lock = lock;
+  out.k = buf.a;
+  out.v = buf.b;
+  out.capacity = buf.capacity;
+  out.row_tokens = buf.row_tokens;
+  out.max_tokens = buf.max_tokens;
+  out.rope_set = buf.rope_set;
+  out.attn = attn;
+  return true;
+}
+
+bool fit_mamba2_layer(const Mamba2Model& core, StateLock* lock, const StackBuffers& buf,
+                      int64_t batch, int64_t d_model, StackLayer& out) {
+  const Mamba2Config& c = core.cfg;
+  if (lock == nullptr || c.d_model != d_model || buf.n_rows != batch) return false;
+  if (!same_shape(buf.a_shape, {batch, c.conv_dim, c.conv_kernel}) ||
+      !same_shape(buf.b_shape, {batch, c.n_heads, c.head_dim, c.d_state}) || !apart(buf))
+    return false;
+  out = StackLayer{};
+  out.mamba = &core;
+  out.lock = lock;
+  out.k = buf.a;
+  out.v = buf.b;
+  out.row_tokens = buf.row_tokens;
+  return true;
 }
 
 bool real_rows_finite(const float* x, int64_t batch, int64_t n_tokens, int64_t d,

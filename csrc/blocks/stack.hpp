@@ -40,6 +40,31 @@ struct StackLayer {
   bool attn = false;  // a transformer layer with an attention half
 };
 
+// A layer's state buffers as the caller found them (the bindings: the arrays themselves, never
+// a converted copy; C-contiguous and writable), checked by fit_*_layer below. a: the KV cache's
+// keys or a Mamba-2 layer's conv_window; b: its values or h.
+struct StackBuffers {
+  float* a = nullptr;
+  std::vector<int64_t> a_shape;
+  float* b = nullptr;
+  std::vector<int64_t> b_shape;
+  int64_t* row_tokens = nullptr;
+  int64_t n_rows = 0;  // entries of row_tokens
+  // A transformer layer's state, as its Python side describes it.
+  int64_t max_tokens = 0, n_kv_heads = 0, capacity = 0, head_dim = 0;
+  int rope_set = 0;
+};
+
+// Whether the buffers are what the block's own call accepts for `core` on x (batch, ., d_model)
+// (SPEC 2.5: exactly the state's shapes, aligned, sharing no memory; a transformer layer's
+// rope_set valid and, with attention, its cache of the core's KV heads and head_dim): then
+// `out` is that layer of a stack call, its lock `lock`. False otherwise (the block's own call
+// then raises the error).
+bool fit_transformer_layer(const TransformerModel& core, StateLock* lock, const StackBuffers& buf,
+                           int64_t batch, int64_t d_model, StackLayer& out);
+bool fit_mamba2_layer(const Mamba2Model& core, StateLock* lock, const StackBuffers& buf,
+                      int64_t batch, int64_t d_model, StackLayer& out);
+
 // The block forwards a stack runs (the kernel table's, dispatch/kernel_table.hpp).
 struct StackKernels {
   void (*transformer_forward)(const TransformerModel&, const TransformerCall&) = nullptr;

@@ -4,6 +4,7 @@
 // the same output bits, the same states and counters. Then a fourth call with an undo log:
 // with the middle layer's lock held it stops after the first layer, and rolling the log back
 // restores every state; without, it runs every layer, and the rollback again restores them.
+// Buffers of the wrong shapes, or sharing memory, do not fit a stack layer.
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -100,26 +101,68 @@ std::vector<float> run_by_layer(const Model& m, std::vector<std::unique_ptr<Laye
   return in;
 }
 
+// Layer i's state as the bindings hand it to the runner.
+eb::blocks::StackBuffers buffers(const Model& m, LayerState& s, int i) {
+  eb::blocks::StackBuffers buf;
+  buf.a = s.a.data();
+  buf.b = s.b.data();
+  buf.row_tokens = s.row_tokens.data();
+  buf.n_rows = kB;
+  if (i == 1) {
+    const eb::blocks::Mamba2Config& c = m.mb->cfg;
+    buf.a_shape = {kB, c.conv_dim, c.conv_kernel};
+    buf.b_shape = {kB, c.n_heads, c.head_dim, c.d_state};
+  } else {
+    const eb::blocks::TransformerConfig& c = m.tf[static_cast<size_t>(i / 2)]->cfg;
+    buf.a_shape = buf.b_shape = {kB, c.n_kv_heads, m.cap, c.head_dim};
+    buf.n_kv_heads = c.n_kv_heads;
+    buf.capacity = buf.max_tokens = m.cap;
+    buf.head_dim = c.head_dim;
+  }
+  return buf;
+}
+
+// Buffers the block's own call refuses do not fit a stack layer either.
+bool refuses_misfits(const Model& m, std::vector<std::unique_ptr<LayerState>>& st) {
+  StackLayer ly;
+  eb::blocks::StackBuffers tf = buffers(m, *st[0], 0), mb = buffers(m, *st[1], 1);
+  const int64_t d = m.mb->cfg.d_model;
+  if (!eb::blocks::fit_transformer_layer(*m.tf[0], &st[0]->lock, tf, kB, d, ly) ||
+      !eb::blocks::fit_mamba2_layer(*m.mb, &st[1]->lock, mb, kB, d, ly))
+    return false;
+  eb::blocks::StackBuffers bad = tf;
+  bad.b = bad.a;  // keys and values in one buffer
+  if (eb::blocks::fit_transformer_layer(*m.tf[0], &st[0]->lock, bad, kB, d, ly)) return false;
+  bad = tf;
+  bad.b_shape[2] -= 1;  // values of another capacity
+  if (eb::blocks::fit_transformer_layer(*m.tf[0], &st[0]->lock, bad, kB, d, ly)) return false;
+  bad = tf;
+  bad.rope_set = 1;  // a long RoPE table without longrope
+  if (eb::blocks::fit_transformer_layer(*m.tf[0], &st[0]->lock, bad, kB, d, ly)) return false;
+  if (eb::blocks::fit_transformer_layer(*m.tf[0], &st[0]->lock, tf, kB, d + 1, ly)) return false;
+  bad = mb;
+  bad.n_rows = kB - 1;  // counters of another batch
+  if (eb::blocks::fit_mamba2_layer(*m.mb, &st[1]->lock, bad, kB, d, ly)) return false;
+  bad = mb;
+  bad.a_shape[2] += 1;  // a conv window of another width
+  if (eb::blocks::fit_mamba2_layer(*m.mb, &st[1]->lock, bad, kB, d, ly)) return false;
+  return !eb::blocks::fit_mamba2_layer(*m.mb, nullptr, mb, kB, d, ly);
+}
+
 // The stack runner on the same layers; returns (layers run, the last run layer's output).
 size_t run_by_stack(const Model& m, std::vector<std::unique_ptr<LayerState>>& st,
                     const std::vector<float>& x, int64_t L, const int64_t* lens, eb::UndoLog* undo,
                     std::vector<float>& out) {
   std::vector<StackLayer> layers(3);
   for (int i = 0; i < 3; ++i) {
-    LayerState& s = *st[static_cast<size_t>(i)];
-    StackLayer& ly = layers[static_cast<size_t>(i)];
-    if (i == 1) {
-      ly.mamba = m.mb.get();
-    } else {
-      ly.core = m.tf[static_cast<size_t>(i / 2)].get();
-      ly.capacity = m.cap;
-      ly.max_tokens = m.cap;
-      ly.attn = eb::blocks::has_attention(ly.core->cfg);
-    }
-    ly.lock = &s.lock;
-    ly.k = s.a.data();
-    ly.v = s.b.data();
-    ly.row_tokens = s.row_tokens.data();
+    const eb::blocks::StackBuffers buf = buffers(m, *st[static_cast<size_t>(i)], i);
+    const bool fits = i == 1 ? eb::blocks::fit_mamba2_layer(*m.mb, &st[1]->lock, buf, kB,
+                                                            m.mb->cfg.d_model, layers[1])
+                             : eb::blocks::fit_transformer_layer(*m.tf[static_cast<size_t>(i / 2)],
+                                                                 &st[static_cast<size_t>(i)]->lock,
+                                                                 buf, kB, m.mb->cfg.d_model,
+                                                                 layers[static_cast<size_t>(i)]);
+    if (!fits) return 0;
   }
   std::vector<float> ya(x.size()), yb(x.size());
   eb::blocks::StackCall call;
@@ -184,6 +227,7 @@ uint64_t run_stack_case(const std::string& isa) {
   auto ref = new_states(m), st = new_states(m), saved = new_states(m);
   const int64_t calls_L[4] = {6, 3, 1, 1};
   const int64_t calls_len[4][3] = {{6, 2, 0}, {3, 0, 2}, {1, 1, 1}, {1, 0, 1}};
+  if (!refuses_misfits(m, st)) fail(isa, "stack: buffers the blocks refuse fit a stack layer");
   Fnv1a f;
   for (int k = 0; k < 3; ++k) {
     const int64_t L = calls_L[k];
