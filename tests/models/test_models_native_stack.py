@@ -91,6 +91,27 @@ def test_nonfinite_cache_slot_of_a_late_layer_is_named(llama):
     assert _layer_bytes(st) == before
 
 
+def test_layer_errors_carry_structured_fields(llama):
+    """A layer's error says where, which layer, what kind and the block's detail as fields
+    (read from the block's exception, not parsed out of its message)."""
+    fast, _ = llama
+    st = fast.allocate_state(1, 16)
+    fast.forward(np.array([[5, 9, 3]]), st)
+    st.layers[1].k_cache[0, 1, 2, 3] = np.nan
+    with pytest.raises(ValueError) as err:
+        fast.step([7], st)
+    e = err.value
+    assert (e.where, e.layer, e.kind) == ("Model.step", 1, "invalid")
+    assert e.detail.startswith("state.k_cache[0, 1, 2, 3]") and "must be finite" in e.detail
+    assert str(e) == f"Model.step: layer 1: {e.detail}; the state is unchanged"
+    x = fast._lookup(np.array([[7]]))
+    x[0, 0, 3] = np.inf  # what an overflowing embedding would hand layer 0
+    want = r"^Model\.forward: the activations overflowed in the embedding \(x\[0, 0, 3\] = inf "
+    with pytest.raises(ValueError, match=want + r"entering layer 0\)") as err:
+        fast._run_blocks(x, None, None, step=False, where="Model.forward")
+    assert (err.value.layer, err.value.kind) == (0, "overflow")
+
+
 def test_read_only_layer_buffer_and_open_session_are_refused(llama):
     fast, _ = llama
     st = fast.allocate_state(1, 16)
