@@ -18,6 +18,7 @@ from exactblocks.models.generate import SamplingParams
 
 PROMPT = "The capital of France is"
 KW = dict(temperature=0.8, top_k=40, top_p=0.95, seed=7)
+HTTP_KW = dict(temperature=0.8, top_p=0.95, seed=7, extra_body={"top_k": 40})  # openai's names
 
 
 def _bits(values) -> np.ndarray:
@@ -38,8 +39,7 @@ def test_generate_server_and_ray_agree_bit_for_bit(smol, reference):
         client = srv.client()
         for prompt in (PROMPT, smol.tokenizer.encode(PROMPT)):  # text, and token ids
             r = client.completions.create(model="smollm2", prompt=prompt, max_tokens=10,
-                                          logprobs=0, extra_body={"top_k": 40},
-                                          **KW)  # fmt: skip
+                                          logprobs=0, **HTTP_KW)  # fmt: skip
             c = r.choices[0]
             assert c.text == ref.text and c.finish_reason == ref.finish_reason
             assert r.usage.completion_tokens == len(ref.ids)
@@ -50,8 +50,7 @@ def test_generate_server_and_ray_agree_bit_for_bit(smol, reference):
         ids = smol.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
         chat_ref = smol.generate(ids, max_new_tokens=8, logprobs=True, **KW)
         r = client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=8,
-                                           logprobs=True, extra_body={"top_k": 40},
-                                           **KW)  # fmt: skip
+                                           logprobs=True, **HTTP_KW)  # fmt: skip
         got = [t.logprob for t in r.choices[0].logprobs.content]
         assert r.choices[0].message.content == chat_ref.text
         assert (_bits(got) == _bits(chat_ref.logprobs)).all()

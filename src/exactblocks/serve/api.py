@@ -433,11 +433,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
     def chat_lp(ev: TokenEvent) -> dict:
         def one(i, lp):
             s = token_str(i)
-            return {
-                "token": s,
-                "logprob": lp,
-                "bytes": token_bytes(i, tok.decode([i]) if tok else s),
-            }
+            raw = list(s.encode("utf-8")) if tok is None else token_bytes(tok, i)
+            return {"token": s, "logprob": lp, "bytes": raw}
 
         top = [one(i, lp) for i, lp in (ev.top_logprobs or [])]
         return {**one(ev.token, ev.logprob), "top_logprobs": top}
