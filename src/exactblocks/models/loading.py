@@ -21,7 +21,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from .._weights import QuantizedMatrix
-from .model import Model, _eos_from, _HeadRows
+from ._args import _eos_from
+from .head import _HeadRows
+from .model import Model
 from .registry import family_for_config
 from .state import _PRIVATE
 

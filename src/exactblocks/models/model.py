@@ -18,97 +18,20 @@ probabilities built from the float32 logits with the library's own ``exp``, so a
 
 from __future__ import annotations
 
-import math
-import numbers
 import threading
-import time
-from collections.abc import Mapping
-from types import MappingProxyType
-from typing import Any
 
 import numpy as np
-import xxhash
 
 from exactblocks._validation import check_choice
 
 from .._weights import LazyFingerprint, same_fingerprint
+from ._args import _as_ids, _check_int, _frozen_json
 from .errors import layer_error, memory_named
-from .generate import GenerateOutput, Generation, GenerationStream, SamplingParams, split_stop
+from .generate import Generation, GenerationStream, SamplingParams, decode_one, split_stop
+from .head import _model_fingerprint
 from .state import _PRIVATE, ModelState
 
 __all__ = ["Model"]
-
-
-def _check_int(value, name: str, where: str, *, minimum: int = 0, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{where}: {name} must be an int; got {type(value).__name__}")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{where}: {name}={value} must be >= {minimum}")
-    return value
-
-
-def _check_real(value, name: str, where: str) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{where}: {name} must be a real number; got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{where}: {name}={value} must be finite")
-    return value
-
-
-def _as_ids(ids, where: str, name: str = "ids") -> np.ndarray:
-    """Token ids as an int64 array (no float, no bool: a silently truncated id is a bug)."""
-    arr = np.asarray(ids)
-    if arr.dtype == object or arr.dtype.kind not in "iu":
-        if arr.size == 0 and arr.dtype.kind == "f":  # [] or [[]]: an empty list has no dtype
-            return arr.astype(np.int64)
-        raise TypeError(
-            f"{where}: {name} must hold integers (token ids); got dtype {arr.dtype}"
-            + (" (bool is not an id)" if arr.dtype == bool else "")
-        )
-    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
-        at = tuple(int(i) for i in np.unravel_index(int(arr.argmax()), arr.shape))
-        raise ValueError(f"{where}: {name}{list(at)}={int(arr[at])} is not a token id")
-    return arr.astype(np.int64, copy=False)
-
-
-# -- the model ----------------------------------------------------------------------------------
-
-
-class _HeadRows:
-    """The rows of a packed vocabulary matrix, as float32 on demand.
-
-    An embedding without a float32 copy: the output head's matrix for a tied embedding
-    (``_core.OutputHead``), or an untied GGUF embedding's own packed blocks
-    (``_core.PackedLinear``). ``rows[ids]`` gives ``(*ids.shape, d_model)``, each row rebuilt
-    by the core with the kernels' own operations, so it equals the row the matrix was packed
-    from, bit for bit.
-    """
-
-    __slots__ = ("_head", "vocab_size", "d_model")
-
-    def __init__(self, head, vocab_size: int, d_model: int):
-        self._head = head
-        self.vocab_size = int(vocab_size)
-        self.d_model = int(d_model)
-
-    @property
-    def nbytes(self) -> int:
-        """int: Bytes of the float32 matrix."""
-        return self.vocab_size * self.d_model * 4
-
-    def __getitem__(self, ids) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.int64)
-        flat = np.ascontiguousarray(ids.reshape(-1))
-        return self._head.rows(flat).reshape(*ids.shape, self.d_model)
-
-    def chunks(self, rows: int = 2048):
-        """Yield the float32 matrix a slice of ``rows`` rows at a time, in order."""
-        for r0 in range(0, self.vocab_size, rows):
-            yield self._head.unpack(r0, min(self.vocab_size, r0 + rows))
 
 
 class Model:
@@ -646,12 +569,8 @@ class Model:
         Raises
         ------
         TypeError, ValueError
-            As :meth:`forward`; ``layer`` not an int or outside the blocks.
-
-        Notes
-        -----
-        The layers run as in :meth:`forward` (one native call for the stack) on a state this
-        call alone uses; the final norm is the core's ``norm`` with the file's weight.
+            As :meth:`forward`; ``layer`` not an int or outside the blocks. The layers run as
+            in :meth:`forward` (one native call), the final norm is the core's ``norm``.
         """
         where = "Model.hidden_states"
         n = len(self._blocks)
@@ -843,7 +762,7 @@ class Model:
                 f"{params.max_tokens} exceeds max_positions={self.max_positions}"
             )
         holder: list = []
-        out = GenerationStream(self._generate_iter(gen, capacity, holder), holder)
+        out = GenerationStream(decode_one(self, gen, capacity, holder), holder)
         if stream:
             return out
         for _ in out:
@@ -878,84 +797,3 @@ class Model:
         return Generation(params, prompt_ids, tokenizer=self.tokenizer,
                           eos_token_ids=self.eos_token_ids, vocab_size=self.vocab_size,
                           where=where)  # fmt: skip
-
-    def _generate_iter(self, gen: Generation, capacity: int, holder: list):
-        from exactblocks import _ext
-
-        res = GenerateOutput(prompt_ids=list(gen.prompt_ids))
-        has_text = gen.detok is not None
-        # A state this generation alone uses (nothing saved for a rollback), and one scratch
-        # workspace for all its calls: the layers run one after another (one per layer held
-        # ~1.6 MB each after a SmolLM2 prompt: 30 layers, 47 MB of peak memory).
-        state = self.allocate_state(1, None if self._is_mamba else capacity)
-        ws = _ext.core().Workspace()
-        t0 = time.perf_counter()
-        ids = np.asarray([gen.prompt_ids], np.int64)
-        x = self._run_private(ids, None, "Model.generate", state=state, ws=ws)
-        logits = self._last_logits(x, None)[0]  # the head on the last position only
-        res.prefill_seconds = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        while True:
-            token = gen.pick(logits)
-            _, piece = gen.accept(token, logits)
-            if token not in gen.stop_ids:
-                if has_text:
-                    if piece:
-                        yield piece
-                else:
-                    yield token
-            if gen.finished:
-                break
-            x = self._lookup(np.asarray([token]))
-            x = self._run_blocks(x, state, None, step=True, where="Model.generate",
-                                 ws=ws)  # fmt: skip
-            logits = self._head.forward(x.reshape(1, self.d_model))[0]
-            res.decode_steps += 1
-        res.decode_seconds = time.perf_counter() - t1
-        _, tail = gen.close()
-        res.ids = list(gen.ids)
-        res.finish_reason = gen.finish_reason
-        res.text = gen.text
-        res.logprobs = list(gen.logprobs) if gen.params.logprobs else None
-        if tail:
-            yield tail
-        holder.append(res)
-
-
-def _model_fingerprint(spec, blocks, head_bytes) -> str:
-    """XXH3-128 of the family's spec, every block's fingerprint and the head's weights (the
-    final norm, and the head and embedding matrices as float32 rows: a packed head's rows are
-    rebuilt a slice at a time)."""
-    h = xxhash.xxh3_128()
-    for part in (b"exactblocks-model-1", repr(spec).encode()):
-        h.update(len(part).to_bytes(8, "little"))
-        h.update(part)
-    for blk in blocks:
-        h.update(blk.fingerprint.encode())
-    for arr in head_bytes:
-        h.update(arr.nbytes.to_bytes(8, "little"))
-        if isinstance(arr, _HeadRows):  # the packed head's float32 rows, a slice at a time
-            for chunk in arr.chunks():
-                h.update(memoryview(chunk).cast("B"))
-        else:
-            h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
-    return h.hexdigest()
-
-
-def _eos_from(config: Mapping, generation_config: Mapping | None) -> tuple[int, ...]:
-    """Default stop ids: generation_config.json's eos_token_id, else the config's (as HF)."""
-    for src in (generation_config or {}, config):
-        v = src.get("eos_token_id")
-        if v is not None:
-            vals = v if isinstance(v, (list, tuple)) else [v]
-            return tuple(int(i) for i in vals if isinstance(i, int) and not isinstance(i, bool))
-    return ()
-
-
-def _frozen_json(value: Any) -> Any:
-    """A deep copy of a JSON-like config with tuples for lists (for MappingProxyType views)."""
-    if isinstance(value, Mapping):
-        return MappingProxyType({k: _frozen_json(v) for k, v in value.items()})
-    if isinstance(value, (list, tuple)):
-        return tuple(_frozen_json(v) for v in value)
-    return value
