@@ -261,3 +261,28 @@ def test_late_failure_on_another_thread_says_which_rows_are_left_inconsistent(ti
     ), errors[0]
     with pytest.raises(ValueError, match=r"rows \[0, 1\] are inconsistent"):
         model.step([7, 2], st)
+
+
+def test_hidden_states_and_logits_are_the_bits_of_forward(llama):
+    """The public calls apps use (exactblocks.ray): a block's output and the head on chosen
+    rows, through the native layer path, give forward's bits; a ragged row equals it alone."""
+    fast, slow = llama
+    ids = np.array([[5, 9, 3, 7], [4, 8, 0, 0]])
+    lens = np.array([4, 2])
+    want = fast.forward(ids, lengths=lens)
+    h = fast.hidden_states(ids, lengths=lens, layer=-1)
+    assert h.shape == (2, 4, fast.d_model) and h.dtype == np.float32
+    got = fast.logits(h[1, :2])
+    assert np.array_equal(bits(got), bits(want[1, :2]))
+    assert np.array_equal(bits(fast.logits(h[0])), bits(want[0]))
+    alone = fast.hidden_states(ids[1:, :2], layer=0)[0]
+    assert np.array_equal(bits(alone), bits(fast.hidden_states(ids, lengths=lens, layer=0)[1, :2]))
+    assert np.array_equal(bits(alone), bits(slow.blocks[0].forward(fast._lookup(ids[1:, :2]))[0]))
+    normed = fast.hidden_states(ids, lengths=lens)
+    assert np.isfinite(normed[1, :2]).all() and not np.array_equal(normed[1, :2], h[1, :2])
+    with pytest.raises(ValueError, match=r"^Model\.hidden_states: layer=9; the model has"):
+        fast.hidden_states(ids, layer=9)
+    with pytest.raises(ValueError, match=r"^Model\.logits: hidden has shape \(3,\); expected"):
+        fast.logits(np.zeros(3, np.float32))
+    with pytest.raises(TypeError, match=r"^Model\.logits: hidden has dtype float64"):
+        fast.logits(np.zeros((1, fast.d_model)))

@@ -5,8 +5,12 @@
 
 from __future__ import annotations
 
-import pytest
+import threading
 
+import pytest
+from serve_helpers import live_server
+
+import exactblocks
 from exactblocks.serve.api import token_text
 
 
@@ -109,3 +113,36 @@ def test_a_str_stop_is_one_string_on_the_server(srv, stop):
                                   {"model": "smollm2", "prompt": "Hi", "max_tokens": 3,
                                    "temperature": 0.0, "stop": stop})  # fmt: skip
     assert status == 200, body
+
+
+class _RecordingTokenizer:
+    """The model's tokenizer, noting the thread of each encode and chat-template render."""
+
+    def __init__(self, tok):
+        self._tok = tok
+        self.threads: list[str] = []
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def encode(self, *args, **kw):
+        self.threads.append(threading.current_thread().name)
+        return self._tok.encode(*args, **kw)
+
+    def apply_chat_template(self, *args, **kw):
+        self.threads.append(threading.current_thread().name)
+        return self._tok.apply_chat_template(*args, **kw)
+
+
+def test_prompts_are_tokenized_off_the_event_loop():
+    from exactblocks.loaders.gguf import default_smollm2_path
+
+    model = exactblocks.load_model(default_smollm2_path())  # its own: the tokenizer is wrapped
+    rec = model.tokenizer = _RecordingTokenizer(model.tokenizer)
+    with live_server(model, max_batch=1, max_tokens_per_sequence=128) as srv:
+        client = srv.client()
+        client.completions.create(model="smollm2", prompt="Hi", max_tokens=1)
+        client.chat.completions.create(model="smollm2", max_tokens=1,
+                                       messages=[{"role": "user", "content": "Hi"}])  # fmt: skip
+    assert len(rec.threads) == 2
+    assert all(name.startswith("exactblocks-tokenize") for name in rec.threads), rec.threads
