@@ -229,10 +229,19 @@ class NonFiniteError(ValueError):
     value : float
     """
 
-    def __init__(self, message: str, *, where: str, name: str, index, flat_index, value):
+    def __init__(self, message: str, *, where: str = "", name: str = "", index=None,
+                 flat_index=None, value=float("nan")):  # fmt: skip
         super().__init__(message)
         self.where, self.name, self.index = where, name, index
         self.flat_index, self.value = flat_index, value
+
+    def __reduce__(self):
+        fields = {k: getattr(self, k) for k in ("where", "name", "index", "flat_index", "value")}
+        return (_rebuild_non_finite, (str(self), fields))
+
+
+def _rebuild_non_finite(message: str, fields: dict) -> NonFiniteError:
+    return NonFiniteError(message, **fields)
 
 
 def check_finite(

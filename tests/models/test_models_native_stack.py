@@ -104,6 +104,10 @@ def test_layer_errors_carry_structured_fields(llama):
     assert (e.where, e.layer, e.kind) == ("Model.step", 1, "invalid")
     assert e.detail.startswith("state.k_cache[0, 1, 2, 3]") and "must be finite" in e.detail
     assert str(e) == f"Model.step: layer 1: {e.detail}; the state is unchanged"
+    import pickle
+
+    back = pickle.loads(pickle.dumps(e))  # the fields cross processes (Ray, multiprocessing)
+    assert (back.where, back.layer, back.kind, back.detail) == (e.where, 1, e.kind, e.detail)
     x = fast._lookup(np.array([[7]]))
     x[0, 0, 3] = np.inf  # what an overflowing embedding would hand layer 0
     want = r"^Model\.forward: the activations overflowed in the embedding \(x\[0, 0, 3\] = inf "
