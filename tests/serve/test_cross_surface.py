@@ -144,3 +144,12 @@ def test_sampling_arguments_have_one_check(smol):
 def test_pickling_a_model_is_refused_by_name(smol):
     with pytest.raises(TypeError, match=r"^Model: a loaded model cannot be pickled"):
         pickle.dumps(smol)
+
+
+def test_streamed_pieces_join_to_the_text_with_a_stop_string(smol):
+    free = smol.generate(PROMPT, max_new_tokens=12, stop=())
+    needle = free.text[5:8]
+    for stop in (needle, "zzz"):
+        out = smol.generate(PROMPT, max_new_tokens=12, stop=stop)
+        stream = smol.generate(PROMPT, max_new_tokens=12, stop=stop, stream=True)
+        assert "".join(stream) == out.text == stream.output.text

@@ -582,7 +582,9 @@ def decode_one(model, gen: Generation, capacity: int, holder: list) -> Iterator:
         logits = model._head.forward(x.reshape(1, model.d_model))[0]
         res.decode_steps += 1
     res.decode_seconds = time.perf_counter() - t1
+    sent = len(gen._carry)  # text already yielded as pieces, not yet attached to an event
     _, tail = gen.close()
+    tail = tail[sent:]
     res.ids = list(gen.ids)
     res.finish_reason = gen.finish_reason
     res.text = gen.text
