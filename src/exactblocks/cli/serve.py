@@ -23,16 +23,13 @@ from .models import resolve
 __all__ = [
     "add_parser",
     "available_memory",
+    "memory_lines",
     "non_negative_mb",
     "non_negative_ratio",
     "port_number",
     "run_serve",
     "server_memory",
 ]
-
-# The engine's default sequence length, min(this, the model's positions); the engine applies
-# the same rule (exactblocks.serve.engine.DEFAULT_MAX_TOKENS_PER_SEQUENCE).
-_DEFAULT_MAX_TOKENS_PER_SEQUENCE = 4096
 
 
 def port_number(text: str) -> int:
@@ -342,12 +339,6 @@ def run_serve(args, err=None) -> int:
                 "--max-tokens-per-sequence",
                 f"{max_tokens} exceeds the model's max_positions={limit}",
             )
-        if max_tokens is None:
-            max_tokens = _DEFAULT_MAX_TOKENS_PER_SEQUENCE
-            max_tokens = max_tokens if limit is None else min(max_tokens, limit)
-        mem = server_memory(model, args.max_batch, max_tokens, args.prefix_cache_mb)
-        for line in memory_lines(mem, args.max_batch, max_tokens, available_memory()):
-            print(line, file=err)
         name = args.model_name or os.path.basename(os.path.normpath(str(args.model)))
         server = build_server(
             model,
@@ -363,6 +354,13 @@ def run_serve(args, err=None) -> int:
             prefill_ratio=args.prefill_ratio,
             prefix_cache_mb=args.prefix_cache_mb,
         )
+        # the engine's own sizes (its default sequence length included); its state's pages
+        # are not resident yet: they fill as requests do
+        engine = server.config.app.state.engine
+        rows, max_tokens = engine.max_batch, engine.max_tokens_per_sequence
+        mem = server_memory(model, rows, max_tokens, args.prefix_cache_mb)
+        for line in memory_lines(mem, rows, max_tokens, available_memory()):
+            print(line, file=err)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         startup = server.startup
