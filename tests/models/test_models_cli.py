@@ -159,3 +159,11 @@ def test_run_reports_a_bad_model_path(tmp_path, capsys):
 def test_docstring_examples(name):
     res = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert res.failed == 0
+
+
+def test_run_a_prompt_that_fills_the_context_names_the_flag(tiny, capsys):
+    folder, _ = tiny("llama")
+    assert main(["run", folder, "--prompt", "x" * 400]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("exactblocks run: error: --prompt: the prompt ("), last
+    assert last.endswith("tokens with the template) fills the model's 128 positions"), last

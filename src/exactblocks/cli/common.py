@@ -10,7 +10,25 @@ from __future__ import annotations
 import argparse
 import time
 
-__all__ = ["load", "non_negative_float", "non_negative_int", "positive_int"]
+__all__ = ["FlagError", "load", "non_negative_float", "non_negative_int", "positive_int"]
+
+
+class FlagError(ValueError):
+    """A flag's value that cannot work, found once the model is known; ``flag`` names it.
+
+    The command's error line then reads ``exactblocks COMMAND: error: FLAG: message``.
+
+    Parameters
+    ----------
+    flag : str
+        The flag (``"--port"``) or argument (``"MODEL"``) at fault.
+    message : str
+        What is wrong, with the value that came.
+    """
+
+    def __init__(self, flag: str, message: str):
+        super().__init__(message)
+        self.flag = flag
 
 
 def _shown(text: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from .common import load, non_negative_float
+from .common import FlagError, load, non_negative_float
 from .models import resolve
 
 __all__ = ["CHAT_HELP", "add_parsers", "run_chat", "run_text"]
@@ -47,8 +47,10 @@ def _answer(model, ids, args, out):
     room = None if model.max_positions is None else model.max_positions - len(ids)
     n_new = args.max_new_tokens if room is None else min(args.max_new_tokens, room)
     if n_new < 1:
-        raise ValueError(
-            f"the prompt ({len(ids)} tokens) fills the model's {model.max_positions} positions"
+        raise FlagError(
+            "--prompt",
+            f"the prompt ({len(ids)} tokens with the template) fills the model's "
+            f"{model.max_positions} positions",
         )
     stream = model.generate(
         ids,

@@ -17,7 +17,7 @@ import os
 import socket
 import sys
 
-from .common import load, non_negative_int
+from .common import FlagError, load, non_negative_int
 from .models import resolve
 
 __all__ = [
@@ -270,7 +270,7 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as exc:
-        raise _FlagError("--host", f"cannot resolve {host!r}: {exc}") from None
+        raise FlagError("--host", f"cannot resolve {host!r}: {exc}") from None
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     try:
@@ -279,17 +279,9 @@ def _bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         flag = "--port" if exc.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
-        raise _FlagError(flag, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        raise FlagError(flag, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     sock.set_inheritable(True)
     return sock
-
-
-class _FlagError(ValueError):
-    """A flag's value that cannot work, found before or after loading: names the flag."""
-
-    def __init__(self, flag: str, message: str):
-        super().__init__(message)
-        self.flag = flag
 
 
 def run_serve(args, err=None) -> int:
@@ -335,7 +327,7 @@ def run_serve(args, err=None) -> int:
         limit = model.max_positions
         max_tokens = args.max_tokens_per_sequence
         if max_tokens is not None and limit is not None and max_tokens > limit:
-            raise _FlagError(
+            raise FlagError(
                 "--max-tokens-per-sequence",
                 f"{max_tokens} exceeds the model's max_positions={limit}",
             )
