@@ -168,11 +168,14 @@ def test_server_memory_is_the_state_the_engine_allocates(tmp_path, family):
         assert mem["kv_bytes_per_token"] * 3 * m == held
     if family == "mamba2":
         assert mem["kv_bytes_per_token"] == 0
+        line = memory_lines(mem, 3, m, available=None)[0]
+        assert line.startswith("memory: state 3 rows x a constant state = "), line
     assert mem["prefix_cache_bytes"] == 2 * 2**20
     assert mem["total_bytes"] == held + 2 * 2**20
     assert mem["weight_bytes"] == sum(model.weight_storage().values())
     lines = memory_lines(mem, 3, m, available=10 * mem["total_bytes"])
-    assert len(lines) == 1 and lines[0].startswith(f"memory: state 3 rows x {m} tokens x ")
+    shape = "a constant state = " if family == "mamba2" else f"{m} tokens x "
+    assert len(lines) == 1 and lines[0].startswith(f"memory: state 3 rows x {shape}"), lines
     lines = memory_lines(mem, 3, m, available=mem["total_bytes"] - 1)
     assert len(lines) == 2 and lines[1].startswith("warning: the server may use ")
     assert "lower --max-batch, --max-tokens-per-sequence or --prefix-cache-mb" in lines[1]

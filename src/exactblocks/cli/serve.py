@@ -249,9 +249,15 @@ def memory_lines(mem: dict, max_batch: int, max_tokens: int, available: int | No
     -------
     list of str
     """
+    if mem["kv_bytes_per_token"]:
+        state = (
+            f"state {max_batch} rows x {max_tokens} tokens x "
+            f"{_size(mem['kv_bytes_per_token'])} KV per token = {_size(mem['state_bytes'])}"
+        )
+    else:  # Mamba-2 layers only: a constant state per row
+        state = f"state {max_batch} rows x a constant state = {_size(mem['state_bytes'])}"
     lines = [
-        f"memory: state {max_batch} rows x {max_tokens} tokens x "
-        f"{_size(mem['kv_bytes_per_token'])} KV per token = {_size(mem['state_bytes'])}, "
+        f"memory: {state}, "
         f"+ prefix cache up to {_size(mem['prefix_cache_bytes'])} = {_size(mem['total_bytes'])} "
         f"beside the {_size(mem['weight_bytes'])} of weights"
         + ("" if available is None else f"; {_size(available)} available")
