@@ -52,6 +52,7 @@ ops::MatrixSource matrix_source(const nb::handle& value, std::vector<nb::object>
 
 void bind_runtime(nb::module_& m);
 void bind_blocks(nb::module_& m);
+void bind_mamba2_backward(nb::module_& m);
 void bind_ops(nb::module_& m);
 void bind_head(nb::module_& m);
 

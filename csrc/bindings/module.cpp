@@ -65,6 +65,7 @@ NB_MODULE(_core, m) {
   eb::bindings::init_interrupts();
   eb::bindings::bind_runtime(m);
   eb::bindings::bind_blocks(m);
+  eb::bindings::bind_mamba2_backward(m);
   eb::bindings::bind_ops(m);
   eb::bindings::bind_head(m);
 }
