@@ -32,6 +32,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "blocks/mamba2/backward_call.hpp"
 #include "blocks/mamba2/model.hpp"
 #include "blocks/transformer/model.hpp"
 #include "dispatch/kernel_table.hpp"
@@ -463,6 +464,55 @@ uint64_t run_mamba2(const MbCase& mc, const eb::blocks::Mamba2Model& mdl, int n_
   return f.h;
 }
 
+// The backward (SPEC 7.6) of a ragged batch whose rows cross a scan chunk (32 tokens): dx and
+// every weight gradient; the naive twins must give the same bits.
+uint64_t run_mamba2_backward(const MbCase& mc, const eb::blocks::Mamba2Model& mdl, int n_threads) {
+  const eb::blocks::Mamba2Config& c = mc.cfg;
+  const int64_t B = 3, L = 40, d = c.d_model, n_in = c.d_inner + c.conv_dim + c.n_heads;
+  const int64_t lengths[3] = {40, 33, 1};
+  const std::vector<float> x = tensor(mc.name + ".bx", B * L * d, 1.0f);
+  const std::vector<float> gy = tensor(mc.name + ".bg", B * L * d, 1.0f);
+  Fnv1a f;
+  std::vector<float> first;
+  for (int naive = 0; naive < 2; ++naive) {
+    std::vector<float> dx(x.size(), 0.0f), bn(d), wi(n_in * d), bi(n_in),
+        cw(c.conv_dim * c.conv_kernel), cb(c.conv_dim), dtb(c.n_heads), al(c.n_heads),
+        dd(c.n_heads), gn(c.d_inner), wo(d * c.d_inner), bo(d);
+    eb::blocks::Mamba2BackwardCall call{};
+    call.x = x.data();
+    call.gy = gy.data();
+    call.batch = B;
+    call.n_tokens = L;
+    call.lengths = lengths;
+    call.dx = dx.data();
+    call.d_block_norm_w = bn.data();
+    call.d_in_w = wi.data();
+    call.d_in_b = c.proj_bias ? bi.data() : nullptr;
+    call.d_conv_w = cw.data();
+    call.d_conv_b = c.conv_bias ? cb.data() : nullptr;
+    call.d_dt_bias = dtb.data();
+    call.d_a_log = al.data();
+    call.d_d = dd.data();
+    call.d_norm_w = gn.data();
+    call.d_out_w = wo.data();
+    call.d_out_b = c.proj_bias ? bo.data() : nullptr;
+    call.n_threads = n_threads;
+    call.naive = naive == 1;
+    eb::kernels().mamba2_backward(mdl, call);
+    std::vector<float> all;
+    for (const std::vector<float>* v :
+         {&dx, &bn, &wi, &bi, &cw, &cb, &dtb, &al, &dd, &gn, &wo, &bo})
+      all.insert(all.end(), v->begin(), v->end());
+    if (naive == 0) {
+      first = all;
+      f.floats(all);
+    } else if (std::memcmp(first.data(), all.data(), sizeof(float) * all.size()) != 0) {
+      fail(eb::kernels().name, mc.name + ": backward differs from its naive twin");
+    }
+  }
+  return f.h;
+}
+
 // ---- kernels and elementwise sweeps -------------------------------------------------------------
 
 uint64_t run_reductions() {
@@ -864,6 +914,10 @@ int main(int argc, char** argv) {
       const uint64_t h1 = run_mamba2(mcs[i], mms[i], 1);
       if (h1 != h2) fail(isa, mcs[i].name + ": 1 and 2 threads differ");
       record(mcs[i].name, h2);
+      const uint64_t b2 = run_mamba2_backward(mcs[i], mms[i], 2);
+      const uint64_t b1 = run_mamba2_backward(mcs[i], mms[i], 1);
+      if (b1 != b2) fail(isa, mcs[i].name + ": backward: 1 and 2 threads differ");
+      record(mcs[i].name + "_backward", b2);
     }
     record("l16", run_reductions());
     {
