@@ -56,6 +56,22 @@ def test_hf_names_in_hf_names_out_and_kept_by_set_params():
     assert g["mixer.conv1d.weight"].shape == w["mixer.conv1d.weight"].shape
 
 
+def test_names_survive_pickle_and_copy():
+    import copy
+    import pickle
+
+    w = {SHORT_TO_HF[k]: v for k, v in make_mamba2_weights(3).items()}
+    b = eb.Mamba2BlockInference(w, n_groups=2)
+    x, gy = rand(1, (1, 4, D)), rand(2, (1, 4, D))
+    ref = b.backward(x, gy)
+    for back in (pickle.loads(pickle.dumps(b)), copy.deepcopy(b)):
+        got = back.backward(x, gy)
+        assert list(got) == list(ref)
+        for k in ref:
+            assert got[k].shape == ref[k].shape
+            np.testing.assert_array_equal(got[k].view(np.uint32), ref[k].view(np.uint32))
+
+
 def test_lengths_zero_row_and_padding(blk):
     x, gy = rand(3, (2, 5, D)), rand(4, (2, 5, D))
     g = blk.backward(x, gy, lengths=[0, 5])

@@ -538,6 +538,19 @@ class Mamba2BlockInference(BlockCommon):
 
     set_params.__doc__ = BlockCommon.set_params.__doc__
 
+    def __getstate__(self) -> dict:
+        st = super().__getstate__()
+        s = self._impl.sizes  # backward's names and conv shape (absent from older pickles)
+        st["grad_names"], st["conv_weight_shape"] = dict(s["grad_names"]), s["conv_weight_shape"]
+        return st
+
+    def __setstate__(self, st: dict) -> None:
+        super().__setstate__(st)
+        if "grad_names" in st:
+            s = self._impl.sizes
+            s["grad_names"] = dict(st["grad_names"])
+            s["conv_weight_shape"] = tuple(st["conv_weight_shape"])
+
     # -- internals ----------------------------------------------------------------------------
     def _model_call(self, x, state, lengths, *, step: bool, session, undo) -> np.ndarray:
         """This block as one layer of a ``Model`` call (``session`` is always None: Mamba-2
