@@ -3,9 +3,9 @@
 //   outer_gemm   C[r][j] = SEQ_k fma(A(k, r), Bm[k][j], acc) from +0.0, k = 0..K-1 ascending
 //                with A(k, r) = A[k * sak + r * sar] (strides: both A and its transpose work)
 //   col_reduce   out[j] = SEQ_m fma(A[m][j], Bm[m][j], acc) from +0.0 (Bm null: acc + A[m][j])
-// Vectorised across j only (each lane is its own output element) and parallel over output
-// tiles only (each element is computed whole by one thread), so neither the ISA nor the
-// thread count can change a bit. Reference twins: ops/ref/backward_ref.hpp.
+// Vectorised across j only (each lane is its own output element) and parallel over column
+// tiles / blocks only (each element is computed whole by one thread), so neither the ISA nor
+// the thread count can change a bit. Reference twins: ops/ref/backward_ref.hpp.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -43,22 +43,35 @@ inline void outer_tile(const float* A, int64_t sak, int64_t sar, const float* Bm
 constexpr int kOuterRows = 4;  // rows per register tile
 constexpr int kOuterVecs = 3;  // vectors per register tile
 
+// Floats of outer_gemm's scratch per thread for a reduction length K: one packed strip of Bm.
+template <class V>
+int64_t outer_gemm_scratch_floats(int64_t K) {
+  return K * kOuterVecs * V::kLanes;
+}
+
+// One task per column tile of cw columns: its strip of Bm is packed contiguously (K, cw) into
+// the thread's scratch (outer_gemm_scratch_floats<V>(K) floats, the tid-th slice), then every
+// row tile runs over it. Packing moves no arithmetic: each element is still its one chain.
 template <class V>
 void outer_gemm(const float* A, int64_t sak, int64_t sar, const float* Bm, int64_t ldb, int64_t R,
-                int64_t N, int64_t K, float* C, int64_t ldc, int n_threads) {
+                int64_t N, int64_t K, float* C, int64_t ldc, int n_threads, float* scratch) {
   constexpr int64_t cw = kOuterVecs * V::kLanes;
-  const int64_t n_ct = (N + cw - 1) / cw, n_rt = (R + kOuterRows - 1) / kOuterRows;
-  if (n_ct == 0 || n_rt == 0) return;
-  // tasks column tile major: a thread's consecutive tasks reuse one strip of Bm from cache
-  parallel_for(n_ct * n_rt, n_threads, [&](int64_t t0, int64_t t1, int) {
-    for (int64_t task = t0; task < t1; ++task) {
-      const int64_t r0 = (task % n_rt) * kOuterRows, j0 = (task / n_rt) * cw;
-      const int64_t rows = std::min<int64_t>(kOuterRows, R - r0), cols = std::min(cw, N - j0);
-      if (rows == kOuterRows && cols == cw) {
-        detail::outer_tile<V, kOuterRows, kOuterVecs>(A, sak, sar, Bm, ldb, K, r0, j0, C, ldc);
-        continue;
+  const int64_t n_ct = (N + cw - 1) / cw;
+  if (n_ct == 0 || R == 0) return;
+  const int64_t per_thread = outer_gemm_scratch_floats<V>(K);
+  parallel_for(n_ct, n_threads, [&](int64_t t0, int64_t t1, int tid) {
+    float* bp = scratch + tid * per_thread;
+    for (int64_t ct = t0; ct < t1; ++ct) {
+      const int64_t j0 = ct * cw, cols = std::min(cw, N - j0);
+      if (cols == cw) {
+        for (int64_t k = 0; k < K; ++k)
+          for (int64_t j = 0; j < cw; ++j) bp[k * cw + j] = Bm[k * ldb + j0 + j];
       }
-      for (int64_t r = r0; r < r0 + rows; ++r) {
+      int64_t r0 = 0;
+      if (cols == cw)
+        for (; r0 + kOuterRows <= R; r0 += kOuterRows)
+          detail::outer_tile<V, kOuterRows, kOuterVecs>(A, sak, sar, bp, cw, K, r0, 0, C + j0, ldc);
+      for (int64_t r = r0; r < R; ++r) {
         int64_t j = j0;
         for (; j + V::kLanes <= j0 + cols; j += V::kLanes)
           detail::outer_tile<V, 1, 1>(A, sak, sar, Bm, ldb, K, r, j, C, ldc);

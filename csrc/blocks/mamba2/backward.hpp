@@ -92,6 +92,12 @@ void mamba2_backward(const Mamba2Model& mdl, const Mamba2BackwardCall& call) {
   const int64_t conv_block = std::min(kConvBlock, cd), n_cb = (cd + kConvBlock - 1) / kConvBlock;
   const int64_t conv_floats = pad_floats((K + 1) * conv_block);
   float* conv_scratch = buf(n_slots, conv_floats);
+  // the gradient products: a packed strip of Bm per thread; A transposed where its reduction
+  // index would otherwise stride a whole row (the weight gradients)
+  const int64_t outer_floats =
+      pad_floats(ops::outer_gemm_scratch_floats<V>(std::max({M, n_in, d})));
+  float* outer_scratch = buf(n_slots, outer_floats);
+  float* a_t = buf(std::max(d, n_in), M);
   float* zeros = buf(1, cd);
   for (int64_t i = 0; i < cd; ++i) zeros[i] = 0.0f;
   float* gemm_scratch = ws.op_scratch(sz(n_slots, ops::gemm_scratch_floats<V>(mdl.w_in, M)));
@@ -103,7 +109,14 @@ void mamba2_backward(const Mamba2Model& mdl, const Mamba2BackwardCall& call) {
     if (call.naive)
       ops::ref::outer_gemm_ref(A, sak, sar, Bm, ldb, R, N, Kr, C, ldc);
     else
-      ops::outer_gemm<V>(A, sak, sar, Bm, ldb, R, N, Kr, C, ldc, nt);
+      ops::outer_gemm<V>(A, sak, sar, Bm, ldb, R, N, Kr, C, ldc, nt, outer_scratch);
+  };
+  // a_t = A^T, A (M, n) row-major: the same values, so the same bits of every product
+  const auto transpose = [&](const float* A, int64_t n) {
+    parallel_for(n, nt, [&](int64_t c0, int64_t c1, int) {
+      for (int64_t col = c0; col < c1; ++col)
+        for (int64_t m = 0; m < M; ++m) a_t[col * M + m] = A[m * n + col];
+    });
   };
   const auto colsum = [&](const float* A, int64_t lda, const float* Bm, int64_t ldb, int64_t N,
                           float* out) {
@@ -215,7 +228,8 @@ void mamba2_backward(const Mamba2Model& mdl, const Mamba2BackwardCall& call) {
   // out = x + W_out o + b_out
   for (int64_t m = 0; m < M; ++m) std::memcpy(&g[m * d], call.gy + x_at(m), sizeof(float) * d);
   outer(g, 1, d, w_out, di, M, di, d, d_o, di);  // d_o[m][j] = SEQ_i fma(g[m][i], W[i][j])
-  outer(g, d, 1, o, di, d, di, M, call.d_out_w, di);
+  transpose(g, d);
+  outer(a_t, 1, M, o, di, d, di, M, call.d_out_w, di);  // A(k = m, r = i) = g[m][i]
   if (call.d_out_b) colsum(g, d, nullptr, 0, d, call.d_out_b);
   colsum(d_o, di, vn, di, di, call.d_norm_w);
 
@@ -377,7 +391,8 @@ void mamba2_backward(const Mamba2Model& mdl, const Mamba2BackwardCall& call) {
 
   // zx = W_in hn + b_in
   outer(dzx, 1, n_in, w_in, d, M, d, n_in, dhn, d);  // dhn[m][j] = SEQ_o fma(dzx[m][o], W[o][j])
-  outer(dzx, n_in, 1, hnrm, d, n_in, d, M, call.d_in_w, d);
+  transpose(dzx, n_in);
+  outer(a_t, 1, M, hnrm, d, n_in, d, M, call.d_in_w, d);  // A(k = m, r = o) = dzx[m][o]
   if (call.d_in_b) colsum(dzx, n_in, nullptr, 0, n_in, call.d_in_b);
   colsum(dhn, d, xn, d, d, call.d_block_norm_w);
 

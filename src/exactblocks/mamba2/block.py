@@ -455,9 +455,10 @@ class Mamba2BlockInference(BlockCommon):
         ``4 * M * (5 * d_model + 2 * (d_inner + conv_dim + n_heads) + 3 * conv_dim +
         9 * d_inner + 2 * n_heads * d_state)`` bytes for M real tokens, the scan state before
         every 32nd token of each row (``4 * ceil(n_b / 32) * n_heads * head_dim * d_state``
-        bytes per row), one chunk's 33 states per thread, and in_proj and out_proj rebuilt
-        as float32; nothing is stored between calls. Agreement with torch autograd of HF
-        ``Mamba2Block`` (float64): see SPEC.md 7.6 for the tolerance.
+        bytes per row), one chunk's 33 states per thread, in_proj and out_proj rebuilt as
+        float32 and a transposed copy of the in_proj gradient's rows (``4 * M * (d_inner +
+        conv_dim + n_heads)`` bytes); nothing is stored between calls. Agreement with
+        torch autograd of HF ``Mamba2Block`` (float64): see SPEC.md 7.6 for the tolerance.
 
         Examples
         --------
