@@ -364,7 +364,7 @@ class _Job:
     __slots__ = ("ids", "n_new", "temp", "k", "p", "rng", "out", "detok", "finish")
 
     def __init__(self, ids, n_new, temp, k, p, seed, tokenizer, stop_strs):
-        from exactblocks.sampling import Detokenizer
+        from exactblocks.text import Detokenizer
 
         self.ids, self.n_new, self.temp, self.k, self.p = ids, n_new, temp, k, p
         self.rng = np.random.Generator(np.random.PCG64(seed))

@@ -17,7 +17,7 @@ import pytest
 from models_helpers import require
 
 from exactblocks.loaders.gguf import GGUFFile
-from exactblocks.tokenizer import PRE_TOKENIZER_SPLITS, GGUFTokenizer
+from exactblocks.text import PRE_TOKENIZER_SPLITS, GGUFTokenizer
 
 TEXTS = [
     "Hello world 1234567 it's we'll I'D THEY'RE",
@@ -114,7 +114,7 @@ def test_split_table_equals_transformers():
 
 
 def test_pre_must_be_a_string():
-    from exactblocks.tokenizer import byte_level_pre_tokenizer
+    from exactblocks.text import byte_level_pre_tokenizer
 
     with pytest.raises(TypeError, match="pre must be a str or None; got int"):
         byte_level_pre_tokenizer(3)

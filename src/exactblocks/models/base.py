@@ -32,7 +32,8 @@ import numpy as np
 import xxhash
 
 from exactblocks._validation import check_choice
-from exactblocks.sampling import Detokenizer, pick_token
+from exactblocks.sampling import pick_token
+from exactblocks.text import Detokenizer
 
 from .._weights import LazyFingerprint, fingerprint_value, same_fingerprint
 

@@ -207,8 +207,8 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
     elif isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if os.path.isdir(path):
-            from exactblocks.loaders.hf_tokenizer import HFTokenizer
             from exactblocks.loaders.safetensors import SafetensorsSource
+            from exactblocks.text import HFTokenizer
 
             if config is not None:
                 raise TypeError(
@@ -266,7 +266,7 @@ def _load_gguf(path: str, max_positions) -> Model:
         load_gguf_model,
     )
     from exactblocks.loaders.torch import ArraySource
-    from exactblocks.tokenizer import GGUFTokenizer
+    from exactblocks.text import GGUFTokenizer
 
     try:
         cfg, arrays, reader = load_gguf_model(path, direct=True)

@@ -30,7 +30,8 @@ import numpy as np
 
 from exactblocks import _ext
 from exactblocks.runtime import get_num_threads
-from exactblocks.sampling import Detokenizer, pick_token
+from exactblocks.sampling import pick_token
+from exactblocks.text import Detokenizer
 
 from .prefix_cache import PrefixCache, clear_row, restore_row, snapshot_row
 
