@@ -266,7 +266,7 @@ def _load_gguf(path: str, max_positions) -> Model:
         load_gguf_model,
     )
     from exactblocks.loaders.torch import ArraySource
-    from exactblocks.text import GGUFTokenizer
+    from exactblocks.text import GGUFTokenizer, UnsupportedTokenizerError
 
     try:
         cfg, arrays, reader = load_gguf_model(path, direct=True)
@@ -282,7 +282,8 @@ def _load_gguf(path: str, max_positions) -> Model:
         # (it cannot raise): only a failure on this side can become a MemoryError
         with _building(f"building the tokenizer of {path!r}"):
             tokenizer = GGUFTokenizer.from_gguf(reader)
-    except ValueError as exc:  # a tokenizer kind GGUFTokenizer does not implement
+    except UnsupportedTokenizerError as exc:  # a kind GGUFTokenizer does not build (a malformed
+        # field or a chat template that cannot render is a ValueError, and the load fails)
         warnings.warn(f"load_model: {path!r}: no tokenizer ({exc})", stacklevel=3)
         tokenizer = None
     # The source keeps only the tensors and a way to drop the map's pages: the reader's

@@ -17,7 +17,7 @@ from .byte_level import (
 )
 from .chat_template import check_chat_template, compile_chat_template, render_chat_template
 from .detokenizer import Detokenizer
-from .gguf_tokenizer import GGUFTokenizer
+from .gguf_tokenizer import GGUFTokenizer, UnsupportedTokenizerError
 from .hf_tokenizer import HFTokenizer
 
 __all__ = [
@@ -31,4 +31,5 @@ __all__ = [
     "check_chat_template",
     "compile_chat_template",
     "render_chat_template",
+    "UnsupportedTokenizerError",
 ]

