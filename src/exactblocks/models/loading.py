@@ -258,6 +258,7 @@ def _load_gguf(path: str, max_positions) -> Model:
     import warnings
     from functools import partial
 
+    from exactblocks import _ext
     from exactblocks.loaders.gguf import (
         GGUF_SPEC_CHANGES,
         GGUFFile,
@@ -268,6 +269,9 @@ def _load_gguf(path: str, max_positions) -> Model:
     from exactblocks.loaders.torch import ArraySource
     from exactblocks.text import GGUFTokenizer, UnsupportedTokenizerError
 
+    # the extension first: a missing build or an unavailable EXACTBLOCKS_ISA is reported as
+    # itself, not as a file that cannot be read
+    _ext.core()
     try:
         cfg, arrays, reader = load_gguf_model(path, direct=True)
     except (FileNotFoundError, ImportError):
