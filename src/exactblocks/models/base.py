@@ -4,7 +4,7 @@ What lives here: :class:`Model` (``forward``/``step`` from token ids to float32 
 ``generate``), :class:`ModelState` (every layer's state in one caller-owned object),
 :class:`GenerateOutput` / :class:`GenerationStream`. What does not: reading files
 (``exactblocks.models.loading``), what a family's config means (the family files), and the
-sampler and the streaming detokeniser (``exactblocks.sampling``).
+sampler (``exactblocks.sampling``) and the streaming detokeniser (``exactblocks.text``).
 
 Exactness: the embedding is a row copy, the blocks keep their promise (SPEC.md 3.1), and the
 head (final norm + vocabulary projection) runs in the core with the blocks' own arithmetic
