@@ -124,7 +124,7 @@ CASES = {
     ),
     "bos_id_outside_the_vocabulary": (
         {"tokenizer__ggml__bos_token_id": ("uint32", 320)},
-        r"tokenizer\.ggml\.bos_token_id is 320 \(a int\); expected an integer token id",
+        r"tokenizer\.ggml\.bos_token_id is 320 \(an int\); expected an integer token id",
     ),
     "token_types_of_another_length": (
         {"tokenizer__ggml__token_type": ("array", [1] * 319)},
@@ -136,7 +136,7 @@ CASES = {
     ),
     "tokens_as_integers": (
         {"tokenizer__ggml__tokens": ("array", list(range(320)))},
-        r"tokenizer\.ggml\.tokens\[0\] is 0 \(a int\); expected an array of strings",
+        r"tokenizer\.ggml\.tokens\[0\] is 0 \(an int\); expected an array of strings",
     ),
     "tokens_as_a_string": (
         {"tokenizer__ggml__tokens": ("string", "abc")},
@@ -148,11 +148,11 @@ CASES = {
     ),
     "add_bos_token_as_an_integer": (
         {"tokenizer__ggml__add_bos_token": ("uint32", 1)},
-        r"tokenizer\.ggml\.add_bos_token is 1 \(a int\); expected a bool",
+        r"tokenizer\.ggml\.add_bos_token is 1 \(an int\); expected a bool",
     ),
     "chat_template_as_an_integer": (
         {"tokenizer__chat_template": ("uint32", 7)},
-        r"tokenizer\.chat_template is 7 \(a int\); expected a string",
+        r"tokenizer\.chat_template is 7 \(an int\); expected a string",
     ),
     "merge_of_three_tokens": (
         {"tokenizer__ggml__merges": ("array", MERGES + ["a b c"])},

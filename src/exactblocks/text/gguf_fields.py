@@ -26,7 +26,8 @@ def _show(value) -> str:
     text = repr(value)
     if len(text) > 60:
         text = text[:57] + "..."
-    return f"{text} (a {type(value).__name__})"
+    kind = type(value).__name__
+    return f"{text} ({'an' if kind[0] in 'aeiou' else 'a'} {kind})"
 
 
 class TokenizerFields:
