@@ -32,6 +32,11 @@ class Detokenizer:
         The final text so far (cut before a stop string once one appeared).
     stopped : bool
         True once a stop string appeared; push no more ids then.
+    decoded_len : int
+        Characters of the last whole decode of :attr:`ids` that ended on a complete
+        character (before any stop-string cut).
+    released : int
+        Characters of :attr:`text` returned so far by :meth:`push` and :meth:`finish`.
 
     Raises
     ------
@@ -73,7 +78,13 @@ class Detokenizer:
         self.ids: list[int] = []
         self.text = ""
         self.stopped = False
+        self.decoded_len = 0
         self._sent = 0
+
+    @property
+    def released(self) -> int:
+        """int: Characters of :attr:`text` returned so far."""
+        return self._sent
 
     def _cut(self, text: str) -> int:
         return min((i for i in (text.find(s) for s in self._stop) if i >= 0), default=-1)
@@ -97,6 +108,7 @@ class Detokenizer:
         text = self._tok.decode(self.ids)
         if text.endswith("\ufffd"):
             return ""
+        self.decoded_len = len(text)
         cut = self._cut(text)
         if cut >= 0:
             text, self.stopped = text[:cut], True
