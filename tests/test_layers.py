@@ -99,10 +99,6 @@ KNOWN_VIOLATIONS = {
     # the legacy Llama demo path builds blocks inside the GGUF reader: removed by the loaders
     # restructuring (loaders/gguf/ reads formats only, the demo runs on load_model)
     "exactblocks.loaders.gguf -> exactblocks (upward: sources imports api)",
-    # models/cli.py is an app inside models/: removed when the CLI moves to the apps (cli/),
-    # which also gives serve/cli.py a public way to load a model
-    "exactblocks.models.cli -> exactblocks (upward: models imports api)",
-    "exactblocks.serve.cli -> exactblocks.models.cli._load (private name of another package)",
     # models/ takes block classes from the package facade: removed by importing them from
     # exactblocks.transformer / exactblocks.mamba2 (the one-file-per-family records touch
     # each of these lines)
