@@ -211,7 +211,7 @@ def run_demo(
     """
     import exactblocks
     from exactblocks.loaders.gguf import build_blocks, load_gguf_llama, open_gguf
-    from exactblocks.tokenizer import GGUFTokenizer
+    from exactblocks.text import GGUFTokenizer
 
     out = out if out is not None else sys.stdout
     if max_new_tokens < 1:
