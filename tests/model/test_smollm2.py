@@ -142,7 +142,7 @@ def test_cli_bad_gguf_file_names_the_path(tmp_path, capsys, content):
     path.write_bytes(content)
     assert main(["demo", "--gguf", str(path), "--max-new-tokens", "1"]) == 2
     err = capsys.readouterr().err
-    # the line names the command and the argument, never an internal function (issue #16)
+    # the line names the command and the argument, never an internal function
     assert "exactblocks demo: error: --gguf: cannot load" in err
     assert "run_demo" not in err
     assert repr(str(path)) in err and "Llama GGUF" in err

@@ -2,7 +2,7 @@
 (import ``gguf`` or ``numpy.random``, compute fingerprints, keep per-layer copies), that the
 file is left as it was, and that a truncated or foreign GGUF still gets a clear error.
 
-The memory targets themselves (issue #13) are measured by ``python -m benchmarks.load``, not
+The memory figures themselves are measured by ``python -m benchmarks.load``, not
 asserted here: they depend on the machine and the library versions.
 """
 
