@@ -5,20 +5,29 @@ attention scores times ``attention_multiplier`` (instead of ``head_dim ** -0.5``
 residual branches times ``residual_multiplier`` and the logits divided by ``logits_scaling``
 (HF ``GraniteForCausalLM.forward``: ``logits / logits_scaling`` in float32). HF fields read
 (transformers 5.23 ``GraniteConfig``): as Llama, plus those four.
-GGUF: ``general.architecture == "granite"`` (``exactblocks.loaders.gguf_archs``).
+GGUF: ``general.architecture == "granite"`` (its ``GGUF`` record below).
 """
 
 from __future__ import annotations
 
 from ._config import ConfigReader
 from ._decoder import DecoderSpec
+from ._gguf import (
+    _LLAMA_LIKE,
+    _TOP,
+    GGUFArch,
+    _common,
+    _has,
+    _Keys,
+    _rope,
+    _unpermute_qk,
+)
 from .llama import heads_and_dims, rope_fields
 
-__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
 ARCHITECTURES = ("GraniteForCausalLM",)
 MODEL_TYPES = ("granite",)
-GGUF_ARCHS = ("granite",)
 
 #: ``GraniteConfig`` class defaults (transformers 5.23.0), used only for omitted fields.
 DEFAULTS = {
@@ -90,3 +99,38 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
         **granite_scalars(c),
     )
     return spec, c.resolved
+
+
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family's -----
+
+
+def _granite_config(k: _Keys, names) -> dict:
+    """src/models/granite.cpp: logit_scale required; residual/embedding scale 0 (absent) = none;
+    attention.scale 0 (absent) = 1/sqrt(head_dim); rope.scaling.finetuned is its RoPE switch
+    (default true; false = no RoPE, which HF Granite does not have)."""
+    c = _common(k, names, eps_key="rms_norm_eps")
+    if k.get("rope.scaling.finetuned", True) is not True:
+        k.fail("rope.scaling.finetuned", False, "true: Granite without RoPE is not an HF model")
+    c.update(_rope(k, c["head_dim"]))
+    c["logits_scaling"] = float(k.need("logit_scale"))
+    c["residual_multiplier"] = float(k.get("residual_scale", 0.0)) or 1.0
+    c["embedding_multiplier"] = float(k.get("embedding_scale", 0.0)) or 1.0
+    c["attention_multiplier"] = float(k.get("attention.scale", 0.0)) or c["head_dim"] ** -0.5
+    if k.get("expert_shared_feed_forward_length"):
+        k.fail("expert_shared_feed_forward_length", k.get("expert_shared_feed_forward_length"),
+               "none: Granite MoE is not read")  # fmt: skip
+    c["attention_bias"] = _has(names, "attn_q.bias")
+    c["mlp_bias"] = _has(names, "ffn_up.bias")
+    c["hidden_act"] = "silu"
+    return c
+
+
+GGUF = GGUFArch(
+    "granite",
+    "GraniteForCausalLM",
+    "granite",
+    _granite_config,
+    _LLAMA_LIKE,
+    _TOP,
+    convert=_unpermute_qk,
+)

@@ -12,12 +12,23 @@ from __future__ import annotations
 
 from ._config import ConfigReader
 from ._decoder import DecoderSpec, freeze
+from ._gguf import (
+    _ATTN,
+    _ATTN_BIAS,
+    _GLU,
+    _GLU_BIAS,
+    _PRE_NORMS,
+    _TOP,
+    GGUFArch,
+    _has,
+    _Keys,
+    _unpermute_qk,
+)
 
-__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
 ARCHITECTURES = ("LlamaForCausalLM",)
 MODEL_TYPES = ("llama",)
-GGUF_ARCHS = ("llama",)
 
 #: ``LlamaConfig`` class defaults (transformers 5.23.0): used only for a field the file omits,
 #: as transformers itself does when it reads the same file.
@@ -158,3 +169,65 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
         windows=(0,) * sizes["n_layers"],
     )
     return spec, c.resolved
+
+
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family's -----
+
+
+def _llama_config(k: _Keys, names) -> dict:
+    """src/models/llama.cpp with the refusals of a Llama read as HF ``LlamaConfig``: partial
+    RoPE, RoPE scaling and ``rope_freqs.weight`` (llama3-style scaling) are refused; the
+    optional biases conversion/llama.py permutes with their rows are read. The llama.* keys it
+    does not know are ignored (llama.cpp files of Llama fine-tunes carry many)."""
+    d = k.need("embedding_length")
+    n_heads = k.need("attention.head_count", minimum=1)
+    if isinstance(n_heads, list) or isinstance(k.get("attention.head_count_kv"), list):
+        k.fail("attention.head_count", n_heads, "one head count for every layer")
+    n_kv = k.get("attention.head_count_kv", n_heads, minimum=1)
+    head_dim = k.get("attention.key_length", d // n_heads)
+    rope_dim = k.get("rope.dimension_count", head_dim)
+    if rope_dim != head_dim:
+        k.fail("rope.dimension_count", rope_dim, f"head_dim={head_dim}: partial RoPE is not a "
+               "Llama feature")  # fmt: skip
+    scaling = k.get("rope.scaling.type", "none")
+    if scaling not in ("none", ""):
+        k.fail("rope.scaling.type", scaling, "'none': unscaled RoPE only")
+    if "rope_freqs.weight" in names:
+        raise ValueError(
+            "load_gguf_model: the llama GGUF file holds rope_freqs.weight (llama3-style RoPE "
+            "scaling), which is not supported"
+        )
+    ff = k.need("feed_forward_length")
+    if isinstance(ff, list):
+        k.fail("feed_forward_length", ff, "one width for every layer")
+    c = {
+        "hidden_size": d,
+        "intermediate_size": ff,
+        "num_hidden_layers": k.need("block_count"),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv,
+        "head_dim": head_dim,
+        "rope_theta": float(k.get("rope.freq_base", 10000.0)),
+        "rms_norm_eps": float(k.need("attention.layer_norm_rms_epsilon")),
+        "max_position_embeddings": k.need("context_length"),
+        "hidden_act": "silu",
+        "tie_word_embeddings": "output.weight" not in names,
+        "rope_scaling": None,
+        "attention_bias": _has(names, "attn_q.bias"),
+        "mlp_bias": _has(names, "ffn_up.bias"),
+    }
+    k.get("vocab_size")  # checked against the embedding's rows
+    k.read |= k.present
+    return c
+
+
+GGUF = GGUFArch(
+    "llama",
+    "LlamaForCausalLM",
+    "llama",
+    _llama_config,
+    {**_ATTN, **_ATTN_BIAS, **_GLU, **_GLU_BIAS, **_PRE_NORMS},
+    _TOP,
+    convert=_unpermute_qk,
+)
+# llama.cpp's converter permutes q/k rows for the llama architecture only (LlamaModel and its

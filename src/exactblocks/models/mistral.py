@@ -12,11 +12,11 @@ from ._config import ConfigReader
 from ._decoder import DecoderSpec
 from .llama import heads_and_dims, rope_fields
 
-__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
 ARCHITECTURES = ("MistralForCausalLM",)
 MODEL_TYPES = ("mistral",)
-GGUF_ARCHS = ()  # llama.cpp writes Mistral models with general.architecture == "llama"
+GGUF = None  # llama.cpp writes Mistral models with general.architecture == "llama"
 
 #: ``MistralConfig`` class defaults (transformers 5.23.0), used only for omitted fields, as HF.
 DEFAULTS = {
