@@ -1,8 +1,10 @@
 """The shared base of the decoder-only Transformer families.
 
-What lives here: :class:`DecoderSpec`, the ONE frozen config a family file builds from the HF
-config (every block option and size, per layer where they differ, and everything outside the
-blocks: embedding scale, final norm, logit scaling and softcap), the tensor names of HF's
+What lives here: the config fields every decoder family reads alike (:func:`heads_and_dims`,
+:func:`rope_fields`, :func:`layer_windows`), :class:`DecoderSpec`, the ONE frozen config a
+family file builds from the HF config (every block option and size, per layer where they
+differ, and everything outside the blocks: embedding scale, final norm, logit scaling and
+softcap), the tensor names of HF's
 ``<Family>ForCausalLM.state_dict()`` it implies, and the layer stack of
 :class:`exactblocks.TransformerBlockInference` it builds. What does not: how a family reads
 its HF config (one file per family), the embedding lookup and the output head (``base.py``).
@@ -35,7 +37,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GATED_MLPS", "DecoderSpec", "TensorSpec", "freeze", "thaw"]
+from ._config import ConfigReader
+
+__all__ = [
+    "GATED_MLP",
+    "GATED_MLPS",
+    "DecoderSpec",
+    "TensorSpec",
+    "freeze",
+    "heads_and_dims",
+    "layer_windows",
+    "rope_fields",
+    "thaw",
+]
 
 #: The block's gated MLP kinds (gate_proj present).
 GATED_MLPS = ("swiglu", "geglu", "geglu_tanh")
@@ -352,3 +366,89 @@ class DecoderSpec:
             "logits_scaling": self.logits_scaling,
             "logit_softcap": 0.0 if self.logit_softcap is None else self.logit_softcap,
         }
+
+
+# -- config fields every decoder family reads the same way ---------------------------------------
+
+#: HF ``hidden_act`` -> the block's gated MLP (``LlamaMLP``: down(act(gate(x)) * up(x))).
+GATED_MLP = {"silu": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh"}
+
+
+def heads_and_dims(
+    c: ConfigReader,
+    *,
+    eps_key: str = "rms_norm_eps",
+    act_key: str = "hidden_act",
+    acts: dict = GATED_MLP,
+) -> dict:
+    """The size fields every decoder family reads the same way (HF ``__post_init__`` rules).
+
+    ``eps_key`` names the norm epsilon field, ``act_key`` the activation field and ``acts``
+    maps its values to the block's MLP kind (the family's MLP class decides gated or not).
+    """
+    d = c.integer("hidden_size")
+    n_heads = c.integer("num_attention_heads")
+    n_kv = c.integer("num_key_value_heads", allow_none=True)
+    head_dim = c.integer("head_dim", allow_none=True)
+    if head_dim is None:  # HF: hidden_size // num_attention_heads
+        head_dim = d // n_heads
+    if n_kv is None:  # HF: num_attention_heads
+        n_kv = n_heads
+    if n_heads % n_kv:
+        raise ValueError(
+            f"load_model: config num_attention_heads={n_heads} is not divisible by "
+            f"num_key_value_heads={n_kv}"
+        )
+    c.resolved.update(head_dim=head_dim, num_key_value_heads=n_kv)
+    return {
+        "vocab_size": c.integer("vocab_size"),
+        "d_model": d,
+        "n_layers": c.integer("num_hidden_layers"),
+        "n_heads": n_heads,
+        "n_kv_heads": n_kv,
+        "head_dim": head_dim,
+        "intermediate": c.integer("intermediate_size"),
+        "norm_eps": c.number(eps_key),
+        "max_position_embeddings": c.integer("max_position_embeddings"),
+        "tie_embeddings": c.flag("tie_word_embeddings"),
+        "mlp": c.choice(act_key, acts),
+    }
+
+
+def rope_fields(c: ConfigReader) -> dict:
+    """``rope_theta`` and the frozen scaling items (``RotaryEmbeddingConfigMixin.default_theta``
+    = 10000.0 when the file states no base, as HF)."""
+    theta, scaling, _ = c.rope(default_theta=10000.0)
+    return {
+        "rope_theta": theta,
+        "rope_scaling": freeze(scaling),
+    }
+
+
+def layer_windows(c: ConfigReader, n_layers: int) -> tuple:
+    """Per-layer windows from HF ``layer_types`` and ``sliding_window`` (Qwen2/Qwen3 rule:
+    ``sliding_window if layer_types[i] == "sliding_attention" else None``)."""
+    types = c.get("layer_types")
+    if not isinstance(types, list) or len(types) != n_layers:
+        raise ValueError(
+            f"load_model: config field 'layer_types'={types!r} must list {n_layers} layer types "
+            "(num_hidden_layers)"
+        )
+    window = c.get("sliding_window")
+    out = []
+    for i, t in enumerate(types):
+        if t == "full_attention":
+            out.append(0)
+        elif t == "sliding_attention":
+            if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+                raise ValueError(
+                    f"load_model: config layer_types[{i}]='sliding_attention' needs an integer "
+                    f"sliding_window >= 1; got sliding_window={window!r}"
+                )
+            out.append(window)
+        else:
+            raise ValueError(
+                f"load_model: config layer_types[{i}]={t!r} is not supported (expected "
+                "'full_attention' or 'sliding_attention')"
+            )
+    return tuple(out)

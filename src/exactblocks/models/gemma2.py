@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec
+from ._decoder import GATED_MLP, DecoderSpec, heads_and_dims, layer_windows, rope_fields
 from ._gguf import (
     _ATTN,
     _GLU,
@@ -31,7 +31,6 @@ from ._gguf import (
     _Keys,
     _rope,
 )
-from .llama import GATED_MLP, heads_and_dims, layer_windows, rope_fields
 
 __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
@@ -65,7 +64,7 @@ DEFAULTS = {
 
 def optional_positive(c: ConfigReader, key: str) -> float | None:
     """A field that is null (off) or a finite number > 0 (softcaps)."""
-    return None if c.get(key) is None else c.float(key)
+    return None if c.get(key) is None else c.number(key)
 
 
 def gemma_common(c: ConfigReader, family: str) -> dict:
@@ -81,7 +80,7 @@ def gemma_common(c: ConfigReader, family: str) -> dict:
         c._fail("use_bidirectional_attention", c.get("use_bidirectional_attention"),
                 "false: bidirectional attention is not causal decoding")  # fmt: skip
     sizes = heads_and_dims(c, act_key="hidden_activation", acts=GATED_MLP)
-    bias = c.bool("attention_bias")
+    bias = c.flag("attention_bias")
     return {
         "family": family,
         **sizes,
@@ -92,7 +91,7 @@ def gemma_common(c: ConfigReader, family: str) -> dict:
         "norm_placement": "sandwich",
         # HF: self.scaling = config.query_pre_attn_scalar**-0.5, a binary64 pow, then a float32
         # multiply of the scores: the same value here, rounded to float32 once by the block
-        "attn_scale": float(c.float("query_pre_attn_scalar")) ** -0.5,
+        "attn_scale": float(c.number("query_pre_attn_scalar")) ** -0.5,
         "attn_softcap": optional_positive(c, "attn_logit_softcapping"),
         # HF: nn.Buffer(torch.tensor(hidden_size**0.5)) cast to the embedding's dtype
         "embed_scale": float(sizes["d_model"]) ** 0.5,
@@ -131,7 +130,7 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     return spec, c.resolved
 
 
-# -- GGUF: llama.cpp's metadata keys and tensor names -> this family's -----
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
 
 
 def _gemma2_config(k: _Keys, names) -> dict:

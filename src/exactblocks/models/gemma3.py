@@ -20,10 +20,9 @@ from collections.abc import Mapping
 from exactblocks.loaders.gguf import gguf_field
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec, freeze
+from ._decoder import DecoderSpec, freeze, layer_windows
 from ._gguf import _TOP, GGUFArch, _Keys
 from .gemma2 import gemma_common
-from .llama import layer_windows
 
 __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
@@ -111,7 +110,7 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     n = common["n_layers"]
     if c.resolved.get("layer_types") is None:  # HF Gemma3TextConfig.__post_init__
         c.resolved.setdefault("sliding_window_pattern", 6)
-        pattern = c.int("sliding_window_pattern")
+        pattern = c.integer("sliding_window_pattern")
         c.resolved["layer_types"] = [
             "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)
         ]

@@ -11,7 +11,7 @@ GGUF: ``general.architecture == "granite"`` (its ``GGUF`` record below).
 from __future__ import annotations
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec
+from ._decoder import DecoderSpec, heads_and_dims, rope_fields
 from ._gguf import (
     _LLAMA_LIKE,
     _TOP,
@@ -22,7 +22,6 @@ from ._gguf import (
     _rope,
     _unpermute_qk,
 )
-from .llama import heads_and_dims, rope_fields
 
 __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
@@ -56,12 +55,12 @@ DEFAULTS = {
 def granite_scalars(c: ConfigReader) -> dict:
     """The four Granite multipliers as :class:`DecoderSpec` fields (shared with
     Granite-4.0-H)."""
-    emb = c.float("embedding_multiplier")
+    emb = c.number("embedding_multiplier")
     return {
         "embed_scale": None if emb == 1.0 else emb,
-        "attn_scale": c.float("attention_multiplier"),
-        "residual_multiplier": c.float("residual_multiplier"),
-        "logits_scaling": c.float("logits_scaling"),
+        "attn_scale": c.number("attention_multiplier"),
+        "residual_multiplier": c.number("residual_multiplier"),
+        "logits_scaling": c.number("logits_scaling"),
     }
 
 
@@ -86,14 +85,14 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     """
     c = ConfigReader(config, DEFAULTS, "granite")
     sizes = heads_and_dims(c)
-    bias = c.bool("attention_bias")
+    bias = c.flag("attention_bias")
     spec = DecoderSpec(
         family="granite",
         **sizes,
         **rope_fields(c),
         qkv_bias=bias,
         o_bias=bias,
-        mlp_bias=c.bool("mlp_bias"),
+        mlp_bias=c.flag("mlp_bias"),
         qk_norm=False,
         windows=(0,) * sizes["n_layers"],
         **granite_scalars(c),
@@ -101,7 +100,7 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     return spec, c.resolved
 
 
-# -- GGUF: llama.cpp's metadata keys and tensor names -> this family's -----
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
 
 
 def _granite_config(k: _Keys, names) -> dict:

@@ -34,7 +34,7 @@ import math
 import numpy as np
 
 from ._config import ConfigReader
-from ._decoder import thaw
+from ._decoder import rope_fields, thaw
 from ._gguf import (
     _ATTN,
     _ATTN_BIAS,
@@ -49,7 +49,6 @@ from ._gguf import (
 )
 from ._hybrid import BlockPlan, HybridSpec
 from .granite import granite_scalars
-from .llama import rope_fields
 from .nemotron_h import LEGACY_TYPES
 
 __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
@@ -112,7 +111,7 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
         a malformed ``time_step_limit`` (the message names the field).
     """
     c = ConfigReader(config, DEFAULTS, "granitemoehybrid")
-    experts = c.int("num_local_experts", minimum=0, allow_none=True) or 0
+    experts = c.integer("num_local_experts", minimum=0, allow_none=True) or 0
     if experts > 0:
         raise ValueError(
             f"load_model: config num_local_experts={experts}: this Granite-4.0-H checkpoint has "
@@ -120,10 +119,10 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
             "num_local_experts=0, load)"
         )
     c.choice("hidden_act", {"silu": "silu"})  # the MLP's gate and the Mamba conv activation
-    d, n = c.int("hidden_size"), c.int("num_hidden_layers")
-    eps = c.float("rms_norm_eps")
-    n_heads = c.int("num_attention_heads")
-    n_kv = c.int("num_key_value_heads", allow_none=True) or n_heads
+    d, n = c.integer("hidden_size"), c.integer("num_hidden_layers")
+    eps = c.number("rms_norm_eps")
+    n_heads = c.integer("num_attention_heads")
+    n_kv = c.integer("num_key_value_heads", allow_none=True) or n_heads
     if n_heads % n_kv:
         c._fail("num_key_value_heads", n_kv, f"a divisor of num_attention_heads={n_heads}")
     hd = d // n_heads  # HF GraniteMoeHybridAttention: hidden_size // num_attention_heads
@@ -150,7 +149,11 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
     if isinstance(expand, bool) or not isinstance(expand, (int, float)) or expand <= 0:
         c._fail("mamba_expand", expand, "a number > 0")
     di = int(expand * d)
-    mh, ns, groups = c.int("mamba_n_heads"), c.int("mamba_d_state"), c.int("mamba_n_groups")
+    mh, ns, groups = (
+        c.integer("mamba_n_heads"),
+        c.integer("mamba_d_state"),
+        c.integer("mamba_n_groups"),
+    )
     mhd = c.get("mamba_d_head")
     if mhd == "auto":  # HF __post_init__
         mhd = di // mh
@@ -158,7 +161,7 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
         c._fail("mamba_d_head", mhd, f"'auto' or an int with mamba_n_heads * it = {di}")
     if mh % groups:
         c._fail("mamba_n_groups", groups, f"a divisor of mamba_n_heads={mh}")
-    kernel = c.int("mamba_d_conv")
+    kernel = c.integer("mamba_d_conv")
     limit = c.get("time_step_limit")
     if (
         not isinstance(limit, (list, tuple))
@@ -168,8 +171,8 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
         c._fail("time_step_limit", limit, "two numbers [lo, hi]")
     conv_dim = di + 2 * groups * ns
     n_in = di + conv_dim + mh
-    it = c.int("shared_intermediate_size")
-    bias = c.bool("attention_bias")
+    it = c.integer("shared_intermediate_size")
+    bias = c.flag("attention_bias")
 
     mamba = [
         ("norm.weight", "input_layernorm.weight", (d,)),
@@ -181,9 +184,9 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
         ("mixer.norm.weight", "mamba.norm.weight", (di,)),
         ("mixer.out_proj.weight", "mamba.out_proj.weight", (d, di)),
     ]
-    if c.bool("mamba_conv_bias"):
+    if c.flag("mamba_conv_bias"):
         mamba.append(("mixer.conv1d.bias", "mamba.conv1d.bias", (conv_dim,)))
-    if c.bool("mamba_proj_bias"):
+    if c.flag("mamba_proj_bias"):
         mamba += [
             ("mixer.in_proj.bias", "mamba.in_proj.bias", (n_in,)),
             ("mixer.out_proj.bias", "mamba.out_proj.bias", (d,)),
@@ -237,12 +240,12 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
     mlp_plan = BlockPlan("transformer", tuple(sorted(mlp_opts.items())), mlp)
     spec = HybridSpec(
         family="granitemoehybrid",
-        vocab_size=c.int("vocab_size"),
+        vocab_size=c.integer("vocab_size"),
         d_model=d,
         n_layers=n,
         norm_eps=eps,
-        max_position_embeddings=c.int("max_position_embeddings"),
-        tie_embeddings=c.bool("tie_word_embeddings"),
+        max_position_embeddings=c.integer("max_position_embeddings"),
+        tie_embeddings=c.flag("tie_word_embeddings"),
         layers=tuple((plans[t], mlp_plan) for t in types),
         layer_kinds=tuple(types),
         embed_scale=scalars["embed_scale"],
@@ -252,7 +255,7 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
     return spec, c.resolved
 
 
-# -- GGUF: llama.cpp's metadata keys and tensor names -> this family's -----
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
 
 
 def _granitehybrid_config(k: _Keys, names) -> dict:

@@ -11,7 +11,7 @@ tie_word_embeddings, rope_parameters (or legacy rope_theta/rope_scaling), attent
 from __future__ import annotations
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec, freeze
+from ._decoder import DecoderSpec, heads_and_dims, rope_fields
 from ._gguf import (
     _ATTN,
     _ATTN_BIAS,
@@ -50,89 +50,6 @@ DEFAULTS = {
     "eos_token_id": 2,
 }
 
-#: HF ``hidden_act`` -> the block's gated MLP (``LlamaMLP``: down(act(gate(x)) * up(x))).
-GATED_MLP = {"silu": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh"}
-
-
-def heads_and_dims(
-    c: ConfigReader,
-    *,
-    eps_key: str = "rms_norm_eps",
-    act_key: str = "hidden_act",
-    acts: dict = GATED_MLP,
-) -> dict:
-    """The size fields every decoder family reads the same way (HF ``__post_init__`` rules).
-
-    ``eps_key`` names the norm epsilon field, ``act_key`` the activation field and ``acts``
-    maps its values to the block's MLP kind (the family's MLP class decides gated or not).
-    """
-    d = c.int("hidden_size")
-    n_heads = c.int("num_attention_heads")
-    n_kv = c.int("num_key_value_heads", allow_none=True)
-    head_dim = c.int("head_dim", allow_none=True)
-    if head_dim is None:  # HF: hidden_size // num_attention_heads
-        head_dim = d // n_heads
-    if n_kv is None:  # HF: num_attention_heads
-        n_kv = n_heads
-    if n_heads % n_kv:
-        raise ValueError(
-            f"load_model: config num_attention_heads={n_heads} is not divisible by "
-            f"num_key_value_heads={n_kv}"
-        )
-    c.resolved.update(head_dim=head_dim, num_key_value_heads=n_kv)
-    return {
-        "vocab_size": c.int("vocab_size"),
-        "d_model": d,
-        "n_layers": c.int("num_hidden_layers"),
-        "n_heads": n_heads,
-        "n_kv_heads": n_kv,
-        "head_dim": head_dim,
-        "intermediate": c.int("intermediate_size"),
-        "norm_eps": c.float(eps_key),
-        "max_position_embeddings": c.int("max_position_embeddings"),
-        "tie_embeddings": c.bool("tie_word_embeddings"),
-        "mlp": c.choice(act_key, acts),
-    }
-
-
-def rope_fields(c: ConfigReader) -> dict:
-    """``rope_theta`` and the frozen scaling items (``RotaryEmbeddingConfigMixin.default_theta``
-    = 10000.0 when the file states no base, as HF)."""
-    theta, scaling, _ = c.rope(default_theta=10000.0)
-    return {
-        "rope_theta": theta,
-        "rope_scaling": freeze(scaling),
-    }
-
-
-def layer_windows(c: ConfigReader, n_layers: int) -> tuple:
-    """Per-layer windows from HF ``layer_types`` and ``sliding_window`` (Qwen2/Qwen3 rule:
-    ``sliding_window if layer_types[i] == "sliding_attention" else None``)."""
-    types = c.get("layer_types")
-    if not isinstance(types, list) or len(types) != n_layers:
-        raise ValueError(
-            f"load_model: config field 'layer_types'={types!r} must list {n_layers} layer types "
-            "(num_hidden_layers)"
-        )
-    window = c.get("sliding_window")
-    out = []
-    for i, t in enumerate(types):
-        if t == "full_attention":
-            out.append(0)
-        elif t == "sliding_attention":
-            if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-                raise ValueError(
-                    f"load_model: config layer_types[{i}]='sliding_attention' needs an integer "
-                    f"sliding_window >= 1; got sliding_window={window!r}"
-                )
-            out.append(window)
-        else:
-            raise ValueError(
-                f"load_model: config layer_types[{i}]={t!r} is not supported (expected "
-                "'full_attention' or 'sliding_attention')"
-            )
-    return tuple(out)
-
 
 def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     """The frozen spec of a Llama model, and the resolved HF-style config.
@@ -157,21 +74,21 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     """
     c = ConfigReader(config, DEFAULTS, "llama")
     sizes = heads_and_dims(c)
-    bias = c.bool("attention_bias")
+    bias = c.flag("attention_bias")
     spec = DecoderSpec(
         family="llama",
         **sizes,
         **rope_fields(c),
         qkv_bias=bias,
         o_bias=bias,
-        mlp_bias=c.bool("mlp_bias"),
+        mlp_bias=c.flag("mlp_bias"),
         qk_norm=False,
         windows=(0,) * sizes["n_layers"],
     )
     return spec, c.resolved
 
 
-# -- GGUF: llama.cpp's metadata keys and tensor names -> this family's -----
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
 
 
 def _llama_config(k: _Keys, names) -> dict:

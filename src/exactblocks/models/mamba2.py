@@ -193,18 +193,18 @@ def spec_from_config(config) -> tuple[Mamba2Spec, dict]:
     """
     c = ConfigReader(config, DEFAULTS, "mamba2")
     c.choice("hidden_act", {"silu": "silu"})
-    d = c.int("hidden_size")
+    d = c.integer("hidden_size")
     expand = c.get("expand")
     if isinstance(expand, bool) or not isinstance(expand, (int, float)) or expand <= 0:
         c._fail("expand", expand, "a number > 0")
     d_inner = int(expand * d)  # HF: int(config.expand * hidden_size)
-    n_heads, head_dim = c.int("num_heads"), c.int("head_dim")
+    n_heads, head_dim = c.integer("num_heads"), c.integer("head_dim")
     if d_inner != n_heads * head_dim:
         raise ValueError(
             f"load_model: config hidden_size * expand = {d_inner} differs from num_heads * "
             f"head_dim = {n_heads * head_dim}"
         )
-    n_groups = c.int("n_groups")
+    n_groups = c.integer("n_groups")
     if n_heads % n_groups:
         raise ValueError(
             f"load_model: config num_heads={n_heads} is not divisible by n_groups={n_groups}"
@@ -217,26 +217,26 @@ def spec_from_config(config) -> tuple[Mamba2Spec, dict]:
     ):
         c._fail("time_step_limit", limit, "two numbers [lo, hi]")
     spec = Mamba2Spec(
-        vocab_size=c.int("vocab_size"),
+        vocab_size=c.integer("vocab_size"),
         d_model=d,
-        n_layers=c.int("num_hidden_layers"),
+        n_layers=c.integer("num_hidden_layers"),
         n_heads=n_heads,
         head_dim=head_dim,
-        d_state=c.int("state_size"),
+        d_state=c.integer("state_size"),
         n_groups=n_groups,
-        conv_kernel=c.int("conv_kernel"),
+        conv_kernel=c.integer("conv_kernel"),
         d_inner=d_inner,
-        norm_eps=c.float("layer_norm_epsilon"),
+        norm_eps=c.number("layer_norm_epsilon"),
         dt_limit=(float(limit[0]), float(limit[1])),
-        proj_bias=c.bool("use_bias"),
-        conv_bias=c.bool("use_conv_bias"),
-        tie_embeddings=c.bool("tie_word_embeddings"),
+        proj_bias=c.flag("use_bias"),
+        conv_bias=c.flag("use_conv_bias"),
+        tie_embeddings=c.flag("tie_word_embeddings"),
     )
     c.resolved["time_step_limit"] = list(spec.dt_limit)
     return spec, c.resolved
 
 
-# -- GGUF: llama.cpp's metadata keys and tensor names -> this family's -----
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
 
 
 def _mamba2_config(k: _Keys, names) -> dict:

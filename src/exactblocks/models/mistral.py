@@ -9,8 +9,7 @@ Llama without attention_bias/mlp_bias, plus sliding_window (null = full attentio
 from __future__ import annotations
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec
-from .llama import heads_and_dims, rope_fields
+from ._decoder import DecoderSpec, heads_and_dims, rope_fields
 
 __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
@@ -64,7 +63,7 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
             "(transformers warns to use the Ministral classes); refusing a silently different model"
         )
     sizes = heads_and_dims(c)
-    window = c.int("sliding_window", allow_none=True)
+    window = c.integer("sliding_window", allow_none=True)
     spec = DecoderSpec(
         family="mistral",
         **sizes,

@@ -155,23 +155,27 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
     types = hybrid_layer_types(c)
     c.choice("mamba_hidden_act", {"silu": "silu"})
     mlp = c.choice("mlp_hidden_act", UNGATED_MLP)
-    d, eps = c.int("hidden_size"), c.float("layer_norm_epsilon")
+    d, eps = c.integer("hidden_size"), c.number("layer_norm_epsilon")
     n_heads, n_kv, hd = (
-        c.int("num_attention_heads"),
-        c.int("num_key_value_heads"),
-        c.int("head_dim"),
+        c.integer("num_attention_heads"),
+        c.integer("num_key_value_heads"),
+        c.integer("head_dim"),
     )
     if n_heads % n_kv:
         c._fail("num_key_value_heads", n_kv, f"a divisor of num_attention_heads={n_heads}")
-    it = c.int("intermediate_size")
-    mh, mhd, ns = c.int("mamba_num_heads"), c.int("mamba_head_dim"), c.int("ssm_state_size")
-    groups, kernel = c.int("n_groups"), c.int("conv_kernel")
+    it = c.integer("intermediate_size")
+    mh, mhd, ns = (
+        c.integer("mamba_num_heads"),
+        c.integer("mamba_head_dim"),
+        c.integer("ssm_state_size"),
+    )
+    groups, kernel = c.integer("n_groups"), c.integer("conv_kernel")
     if mh % groups:
         c._fail("n_groups", groups, f"a divisor of mamba_num_heads={mh}")
     di = mh * mhd  # HF: intermediate_size = mamba_num_heads * mamba_head_dim
     conv_dim = di + 2 * groups * ns
-    proj_bias, conv_bias, mlp_bias = c.bool("use_bias"), c.bool("use_conv_bias"), c.bool("mlp_bias")
-    dt_min = c.float("time_step_min", positive=False)
+    proj_bias, conv_bias, mlp_bias = c.flag("use_bias"), c.flag("use_conv_bias"), c.flag("mlp_bias")
+    dt_min = c.number("time_step_min", positive=False)
     if dt_min < 0:
         c._fail("time_step_min", dt_min, "a number >= 0")
 
@@ -248,12 +252,12 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
     }
     spec = HybridSpec(
         family="nemotron_h",
-        vocab_size=c.int("vocab_size"),
+        vocab_size=c.integer("vocab_size"),
         d_model=d,
         n_layers=len(types),
         norm_eps=eps,
-        max_position_embeddings=c.int("max_position_embeddings"),
-        tie_embeddings=c.bool("tie_word_embeddings"),
+        max_position_embeddings=c.integer("max_position_embeddings"),
+        tie_embeddings=c.flag("tie_word_embeddings"),
         layers=tuple((plans[t],) for t in types),
         layer_kinds=tuple(types),
         embed_name="backbone.embeddings.weight",
@@ -265,7 +269,7 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
     return spec, c.resolved
 
 
-# -- GGUF: llama.cpp's metadata keys and tensor names -> this family's -----
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
 
 
 def _nemotron_h_config(k: _Keys, names) -> dict:

@@ -12,7 +12,7 @@ mlp_bias). GGUF: ``general.architecture == "olmo2"`` (its ``GGUF`` record below)
 from __future__ import annotations
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec
+from ._decoder import DecoderSpec, heads_and_dims, rope_fields
 from ._gguf import (
     _ATTN,
     _GLU,
@@ -22,7 +22,6 @@ from ._gguf import (
     _Keys,
     _rope,
 )
-from .llama import heads_and_dims, rope_fields
 
 __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
@@ -68,7 +67,7 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     """
     c = ConfigReader(config, DEFAULTS, "olmo2")
     sizes = heads_and_dims(c)
-    bias = c.bool("attention_bias")
+    bias = c.flag("attention_bias")
     spec = DecoderSpec(
         family="olmo2",
         **sizes,
@@ -84,7 +83,7 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     return spec, c.resolved
 
 
-# -- GGUF: llama.cpp's metadata keys and tensor names -> this family's -----
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
 
 
 def _olmo2_config(k: _Keys, names) -> dict:

@@ -22,7 +22,7 @@ import numpy as np
 from exactblocks.loaders.gguf import dequantize
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec, freeze
+from ._decoder import DecoderSpec, freeze, heads_and_dims
 from ._gguf import (
     _PRE_NORMS,
     _TOP,
@@ -31,7 +31,6 @@ from ._gguf import (
     _Keys,
     _rope,
 )
-from .llama import heads_and_dims
 
 __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
@@ -91,7 +90,7 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     rope_dim = int(hd * prf)  # HF: int(head_dim * partial_rotary_factor)
     if rope_dim % 2 or rope_dim < 2:
         c._fail("partial_rotary_factor", prf, f"a factor giving an even width >= 2 of {hd}")
-    window = c.int("sliding_window", allow_none=True)
+    window = c.integer("sliding_window", allow_none=True)
     spec = DecoderSpec(
         family="phi3",
         **sizes,
@@ -109,7 +108,7 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     return spec, c.resolved
 
 
-# -- GGUF: llama.cpp's metadata keys and tensor names -> this family's -----
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
 
 
 def _phi3_config(k: _Keys, names) -> dict:

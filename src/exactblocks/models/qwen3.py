@@ -9,14 +9,13 @@ o (``attention_bias``), a free head_dim (default 128, HF's) and per-layer window
 from __future__ import annotations
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec
+from ._decoder import DecoderSpec, heads_and_dims, layer_windows, rope_fields
 from ._gguf import (
     _QWEN_BLOCK,
     _TOP,
     GGUFArch,
     _qwen_config,
 )
-from .llama import heads_and_dims, layer_windows, rope_fields
 from .qwen2 import sliding_layer_types
 
 __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
@@ -68,7 +67,7 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     c = ConfigReader(config, DEFAULTS, "qwen3")
     sizes = heads_and_dims(c)
     sliding_layer_types(c, sizes["n_layers"])
-    bias = c.bool("attention_bias")
+    bias = c.flag("attention_bias")
     spec = DecoderSpec(
         family="qwen3",
         **sizes,
@@ -82,7 +81,7 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     return spec, c.resolved
 
 
-# -- GGUF: llama.cpp's metadata keys and tensor names -> this family's -----
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
 
 
 GGUF = GGUFArch("qwen3", "Qwen3ForCausalLM", "qwen3", _qwen_config, _QWEN_BLOCK, _TOP)

@@ -11,7 +11,7 @@ GGUF: ``general.architecture == "smollm3"`` (its ``GGUF`` record below).
 from __future__ import annotations
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec, freeze
+from ._decoder import DecoderSpec, freeze, heads_and_dims, layer_windows
 from ._gguf import (
     _LLAMA_LIKE,
     _TOP,
@@ -22,7 +22,6 @@ from ._gguf import (
     _rope,
     _unpermute_qk,
 )
-from .llama import heads_and_dims, layer_windows
 
 __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
@@ -77,12 +76,12 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     sizes = heads_and_dims(c)
     n = sizes["n_layers"]
     if c.resolved.get("no_rope_layers") is None:  # HF SmolLM3Config.__post_init__
-        every = c.int("no_rope_layer_interval")
+        every = c.integer("no_rope_layer_interval")
         c.resolved["no_rope_layers"] = [int((i + 1) % every != 0) for i in range(n)]
     flags = c.get("no_rope_layers")
     if not isinstance(flags, list) or len(flags) != n or any(f not in (0, 1) for f in flags):
         c._fail("no_rope_layers", flags, f"{n} flags, 1 = RoPE, 0 = none (num_hidden_layers)")
-    sliding = c.bool("use_sliding_window")
+    sliding = c.flag("use_sliding_window")
     if c.resolved.get("layer_types") is None:
         c.resolved["layer_types"] = [
             "sliding_attention"
@@ -99,9 +98,9 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
         **sizes,
         rope_theta=theta,
         rope_scaling=freeze(scaling),
-        qkv_bias=c.bool("attention_bias"),
-        o_bias=c.bool("attention_bias"),
-        mlp_bias=c.bool("mlp_bias"),
+        qkv_bias=c.flag("attention_bias"),
+        o_bias=c.flag("attention_bias"),
+        mlp_bias=c.flag("mlp_bias"),
         qk_norm=False,
         windows=windows,
         nope_layers=tuple(i for i, f in enumerate(flags) if not f),
@@ -109,7 +108,7 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     return spec, c.resolved
 
 
-# -- GGUF: llama.cpp's metadata keys and tensor names -> this family's -----
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
 
 
 def _smollm3_config(k: _Keys, names) -> dict:

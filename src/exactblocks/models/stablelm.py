@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec, freeze
+from ._decoder import DecoderSpec, freeze, heads_and_dims
 from ._gguf import (
     _ATTN,
     _ATTN_BIAS,
@@ -32,7 +32,6 @@ from ._gguf import (
     _Keys,
     _rope,
 )
-from .llama import heads_and_dims
 
 __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
@@ -90,8 +89,8 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     rope_dim = int(hd * prf)  # HF StableLmAttention.rotary_ndims
     if rope_dim % 2 or rope_dim < 2:
         c._fail("partial_rotary_factor", prf, f"a factor giving an even width >= 2 of {hd}")
-    bias = c.bool("use_qkv_bias")
-    qk_norm = c.bool("qk_layernorm")
+    bias = c.flag("use_qkv_bias")
+    qk_norm = c.flag("qk_layernorm")
     spec = DecoderSpec(
         family="stablelm",
         **sizes,
@@ -104,7 +103,7 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
         windows=(0,) * sizes["n_layers"],
         norm="layernorm",
         norm_bias=True,
-        norm_placement="parallel" if c.bool("use_parallel_residual") else "pre",
+        norm_placement="parallel" if c.flag("use_parallel_residual") else "pre",
         qk_norm_scope="per_head_weights",
         rope_dim=None if rope_dim == hd else rope_dim,
         renames=RENAMES,
@@ -112,7 +111,7 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     return spec, c.resolved
 
 
-# -- GGUF: llama.cpp's metadata keys and tensor names -> this family's -----
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
 
 
 def _stablelm_config(k: _Keys, names) -> dict:

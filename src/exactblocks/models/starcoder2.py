@@ -14,7 +14,7 @@ The dropout fields do not change inference. GGUF: ``general.architecture ==
 from __future__ import annotations
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec
+from ._decoder import DecoderSpec, heads_and_dims, rope_fields
 from ._gguf import (
     _ATTN,
     _ATTN_BIAS,
@@ -25,7 +25,6 @@ from ._gguf import (
     _Keys,
     _rope,
 )
-from .llama import heads_and_dims, rope_fields
 
 __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
@@ -79,8 +78,8 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     """
     c = ConfigReader(config, DEFAULTS, "starcoder2")
     sizes = heads_and_dims(c, eps_key="norm_epsilon", acts=UNGATED_MLP)
-    window = c.int("sliding_window", allow_none=True)
-    bias = c.bool("use_bias")
+    window = c.integer("sliding_window", allow_none=True)
+    bias = c.flag("use_bias")
     spec = DecoderSpec(
         family="starcoder2",
         **sizes,
@@ -97,7 +96,7 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     return spec, c.resolved
 
 
-# -- GGUF: llama.cpp's metadata keys and tensor names -> this family's -----
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
 
 
 def _starcoder2_config(k: _Keys, names) -> dict:
