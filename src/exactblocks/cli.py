@@ -146,10 +146,12 @@ def run_demo(
     except (FileNotFoundError, ImportError):
         raise  # their messages already name the path or the package to install
     except Exception as exc:
-        # name the file, so `--gguf /etc/passwd` is understood at a glance
+        # name the file, so `--gguf /etc/passwd` is understood at a glance (and no function)
+        detail = _INTERNAL_PREFIX.sub("", str(exc))
+        detail = re.sub(r"^cannot read .* as a GGUF model: ", "", detail)
         raise ValueError(
             f"run_demo: cannot load {os.fspath(path)!r} as a Llama GGUF model: "
-            f"{type(exc).__name__}: {exc}"
+            f"{type(exc).__name__}: {detail}"
         ) from exc
     tokenizer = model.tokenizer
     _note(f"loaded in {time.perf_counter() - t0:.1f} s ({len(model.blocks)} blocks)")

@@ -227,64 +227,53 @@ class DecoderSpec:
         return out
 
     def _block_tensors(self) -> list[tuple[str, tuple]]:
-        """The block's tensors (block spelling) and shapes for these options."""
+        """The block's tensors (HF spelling of the block's own table,
+        ``exactblocks.transformer.weights.TENSORS``) and shapes for these options; Phi-3's
+        fused ``qkv_proj`` / ``gate_up_proj`` stand for the rows they hold."""
+        from exactblocks.transformer.weights import TENSORS
+
         d, hd, it = self.d_model, self.head_dim, self.intermediate
         qw, kw = self.n_heads * hd, self.n_kv_heads * hd
-        norms = {
-            "pre": ("input_layernorm", "post_attention_layernorm"),
-            "sandwich": (
-                "input_layernorm",
-                "post_attention_layernorm",
-                "pre_feedforward_layernorm",
-                "post_feedforward_layernorm",
-            ),
-            "post": ("post_attention_layernorm", "post_feedforward_layernorm"),
-            "parallel": ("input_layernorm",),
-        }[self.norm_placement]
-        out = [(n + ".weight", (d,)) for n in norms]
-        if self.norm_bias:
-            out += [(n + ".bias", (d,)) for n in norms]
-        if self.fused_qkv:
-            out.append(("self_attn.qkv_proj.weight", (qw + 2 * kw, d)))
-        else:
-            out += [
-                ("self_attn.q_proj.weight", (qw, d)),
-                ("self_attn.k_proj.weight", (kw, d)),
-                ("self_attn.v_proj.weight", (kw, d)),
-            ]
-        out.append(("self_attn.o_proj.weight", (d, qw)))
-        if self.qkv_bias:
-            out += [
-                ("self_attn.q_proj.bias", (qw,)),
-                ("self_attn.k_proj.bias", (kw,)),
-                ("self_attn.v_proj.bias", (kw,)),
-            ]
-        if self.o_bias:
-            out.append(("self_attn.o_proj.bias", (d,)))
-        if self.qk_norm:
-            out += {
-                "head": [("self_attn.q_norm.weight", (hd,)), ("self_attn.k_norm.weight", (hd,))],
-                "all_heads": [
-                    ("self_attn.q_norm.weight", (qw,)),
-                    ("self_attn.k_norm.weight", (kw,)),
-                ],
-                "per_head_weights": [
-                    ("self_attn.q_norm.weight", (self.n_heads, hd)),
-                    ("self_attn.k_norm.weight", (self.n_kv_heads, hd)),
-                ],
-            }[self.qk_norm_scope]
-        gated = self.mlp in GATED_MLPS
-        if gated and self.fused_gate_up:
-            out.append(("mlp.gate_up_proj.weight", (2 * it, d)))
-        else:
-            if gated:
-                out.append(("mlp.gate_proj.weight", (it, d)))
-            out.append(("mlp.up_proj.weight", (it, d)))
-        out.append(("mlp.down_proj.weight", (d, it)))
-        if self.mlp_bias:
-            if gated:
-                out.append(("mlp.gate_proj.bias", (it,)))
-            out += [("mlp.up_proj.bias", (it,)), ("mlp.down_proj.bias", (d,))]
+        options = {
+            "block_parts": "full",
+            "norm_placement": self.norm_placement,
+            "norm_bias": self.norm_bias,
+            "qkv_bias": self.qkv_bias,
+            "o_bias": self.o_bias,
+            "qk_norm": self.qk_norm,
+            "mlp": self.mlp,
+            "mlp_bias": self.mlp_bias,
+        }
+        sizes = {"d": d, "QW": qw, "KW": kw, "IT": it}
+        qk_norm = {  # (q_norm, k_norm) shapes per qk_norm_scope (check_shapes)
+            "head": ((hd,), (hd,)),
+            "all_heads": ((qw,), (kw,)),
+            "per_head_weights": ((self.n_heads, hd), (self.n_kv_heads, hd)),
+        }.get(self.qk_norm_scope)
+        out = []
+        for t in TENSORS:
+            test = t.presence.test if t.presence is not None else None
+            if test is not None and not test(options):
+                continue
+            if t.name in ("q_norm.weight", "k_norm.weight"):
+                shape = qk_norm[t.name[0] == "k"]
+            else:
+                shape = tuple(sizes[s] for s in t.shape)
+            out.append((t.hf, shape))
+        if self.fused_qkv:  # q, k, v rows stacked: one tensor in place of the three
+            fused = (
+                "self_attn.q_proj.weight",
+                "self_attn.k_proj.weight",
+                "self_attn.v_proj.weight",
+            )
+            at = next(i for i, (n, _) in enumerate(out) if n in fused)
+            out = [x for x in out if x[0] not in fused]
+            out.insert(at, ("self_attn.qkv_proj.weight", (qw + 2 * kw, d)))
+        if self.fused_gate_up and self.mlp in GATED_MLPS:
+            fused = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
+            at = next(i for i, (n, _) in enumerate(out) if n in fused)
+            out = [x for x in out if x[0] not in fused]
+            out.insert(at, ("mlp.gate_up_proj.weight", (2 * it, d)))
         return out
 
     def _file_name(self, block_name: str) -> str:

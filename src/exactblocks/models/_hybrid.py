@@ -66,9 +66,6 @@ class HybridSpec:
     tie_embeddings : bool
     layers : tuple of tuple of BlockPlan
         Per HF layer, its blocks in order.
-    layer_kinds : tuple of str
-        Per HF layer, its type as HF names it (``'linear_attention'``, ``'full_attention'``,
-        ``'mlp'``), for ``repr`` and messages.
     embed_scale : float or None
         Float32 multiplier of the embedding rows (Granite ``embedding_multiplier``).
     logits_scaling : float
@@ -89,7 +86,6 @@ class HybridSpec:
     max_position_embeddings: int
     tie_embeddings: bool
     layers: tuple
-    layer_kinds: tuple
     embed_scale: float | None = None
     logits_scaling: float = 1.0
     embed_name: str = "model.embed_tokens.weight"

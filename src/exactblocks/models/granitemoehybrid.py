@@ -247,7 +247,6 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
         max_position_embeddings=c.integer("max_position_embeddings"),
         tie_embeddings=c.flag("tie_word_embeddings"),
         layers=tuple((plans[t], mlp_plan) for t in types),
-        layer_kinds=tuple(types),
         embed_scale=scalars["embed_scale"],
         logits_scaling=scalars["logits_scaling"],
     )

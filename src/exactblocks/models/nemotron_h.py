@@ -259,7 +259,6 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
         max_position_embeddings=c.integer("max_position_embeddings"),
         tie_embeddings=c.flag("tie_word_embeddings"),
         layers=tuple((plans[t],) for t in types),
-        layer_kinds=tuple(types),
         embed_name="backbone.embeddings.weight",
         norm_name="backbone.norm_f.weight",
         layer_prefix="backbone.layers.{}.",
