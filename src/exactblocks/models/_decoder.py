@@ -44,6 +44,7 @@ __all__ = [
     "GATED_MLPS",
     "DecoderSpec",
     "TensorSpec",
+    "block_tensors",
     "freeze",
     "heads_and_dims",
     "layer_windows",
@@ -227,13 +228,13 @@ class DecoderSpec:
         return out
 
     def _block_tensors(self) -> list[tuple[str, tuple]]:
-        """The block's tensors (HF spelling of the block's own table,
-        ``exactblocks.transformer.weights.TENSORS``) and shapes for these options; Phi-3's
-        fused ``qkv_proj`` / ``gate_up_proj`` stand for the rows they hold."""
-        from exactblocks.transformer.weights import TENSORS
-
-        d, hd, it = self.d_model, self.head_dim, self.intermediate
-        qw, kw = self.n_heads * hd, self.n_kv_heads * hd
+        """The block's tensors (HF spelling) and shapes for these options."""
+        qw, kw = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        qk_norm = {  # (q_norm, k_norm) shapes per qk_norm_scope (check_shapes)
+            "head": ((self.head_dim,), (self.head_dim,)),
+            "all_heads": ((qw,), (kw,)),
+            "per_head_weights": ((self.n_heads, self.head_dim), (self.n_kv_heads, self.head_dim)),
+        }.get(self.qk_norm_scope)
         options = {
             "block_parts": "full",
             "norm_placement": self.norm_placement,
@@ -244,37 +245,10 @@ class DecoderSpec:
             "mlp": self.mlp,
             "mlp_bias": self.mlp_bias,
         }
-        sizes = {"d": d, "QW": qw, "KW": kw, "IT": it}
-        qk_norm = {  # (q_norm, k_norm) shapes per qk_norm_scope (check_shapes)
-            "head": ((hd,), (hd,)),
-            "all_heads": ((qw,), (kw,)),
-            "per_head_weights": ((self.n_heads, hd), (self.n_kv_heads, hd)),
-        }.get(self.qk_norm_scope)
-        out = []
-        for t in TENSORS:
-            test = t.presence.test if t.presence is not None else None
-            if test is not None and not test(options):
-                continue
-            if t.name in ("q_norm.weight", "k_norm.weight"):
-                shape = qk_norm[t.name[0] == "k"]
-            else:
-                shape = tuple(sizes[s] for s in t.shape)
-            out.append((t.hf, shape))
-        if self.fused_qkv:  # q, k, v rows stacked: one tensor in place of the three
-            fused = (
-                "self_attn.q_proj.weight",
-                "self_attn.k_proj.weight",
-                "self_attn.v_proj.weight",
-            )
-            at = next(i for i, (n, _) in enumerate(out) if n in fused)
-            out = [x for x in out if x[0] not in fused]
-            out.insert(at, ("self_attn.qkv_proj.weight", (qw + 2 * kw, d)))
-        if self.fused_gate_up and self.mlp in GATED_MLPS:
-            fused = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
-            at = next(i for i, (n, _) in enumerate(out) if n in fused)
-            out = [x for x in out if x[0] not in fused]
-            out.insert(at, ("mlp.gate_up_proj.weight", (2 * it, d)))
-        return out
+        sizes = {"d": self.d_model, "QW": qw, "KW": kw, "IT": self.intermediate}
+        return block_tensors(
+            options, sizes, qk_norm, fused_qkv=self.fused_qkv, fused_gate_up=self.fused_gate_up
+        )
 
     def _file_name(self, block_name: str) -> str:
         for ours, theirs in self.renames:
@@ -441,3 +415,58 @@ def layer_windows(c: ConfigReader, n_layers: int) -> tuple:
                 "'full_attention' or 'sliding_attention')"
             )
     return tuple(out)
+
+
+def block_tensors(
+    options: dict,
+    sizes: dict,
+    qk_norm: tuple | None = None,
+    *,
+    fused_qkv: bool = False,
+    fused_gate_up: bool = False,
+) -> list[tuple[str, tuple]]:
+    """A ``TransformerBlockInference``'s tensors for ``options``, from the block's own table
+    (``exactblocks.transformer.weights.TENSORS``): HF spelling inside the layer, and shapes.
+
+    Parameters
+    ----------
+    options : dict
+        ``block_parts``, ``norm_placement``, ``norm_bias``, ``qkv_bias``, ``o_bias``,
+        ``qk_norm``, ``mlp``, ``mlp_bias``.
+    sizes : dict
+        The table's shape symbols: ``d``, ``QW``, ``KW``, ``IT``.
+    qk_norm : tuple of two shapes or None
+        Of ``q_norm`` and ``k_norm`` (they depend on ``qk_norm_scope``).
+    fused_qkv, fused_gate_up : bool
+        Phi-3's stacked ``qkv_proj`` / ``gate_up_proj`` in place of the rows they hold.
+
+    Returns
+    -------
+    list of (str, tuple)
+    """
+    from exactblocks.transformer.weights import TENSORS
+
+    out = []
+    for t in TENSORS:
+        test = t.presence.test if t.presence is not None else None
+        if test is not None and not test(options):
+            continue
+        if t.name in ("q_norm.weight", "k_norm.weight"):
+            shape = qk_norm[t.name[0] == "k"]
+        else:
+            shape = tuple(sizes[s] for s in t.shape)
+        out.append((t.hf, shape))
+    d, qw, kw, it = sizes["d"], sizes["QW"], sizes["KW"], sizes["IT"]
+    stacks = []
+    if fused_qkv:
+        qkv = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+        stacks.append((qkv, ("self_attn.qkv_proj.weight", (qw + 2 * kw, d))))
+    if fused_gate_up and options["mlp"] in GATED_MLPS:
+        stacks.append((("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+                       ("mlp.gate_up_proj.weight", (2 * it, d))))  # fmt: skip
+    for parts, stacked in stacks:  # one tensor in place of its parts, where the first was
+        at = next((i for i, (n, _) in enumerate(out) if n in parts), None)
+        if at is not None:
+            out = [x for x in out if x[0] not in parts]
+            out.insert(at, stacked)
+    return out

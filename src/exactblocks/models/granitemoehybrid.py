@@ -47,7 +47,7 @@ from ._gguf import (
     _ssm_map,
     _unpermute_qk,
 )
-from ._hybrid import BlockPlan, HybridSpec
+from ._hybrid import BlockPlan, HybridSpec, mamba2_tensors, transformer_tensors
 from .granite import granite_scalars
 from .nemotron_h import LEGACY_TYPES
 
@@ -170,46 +170,31 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
     ):
         c._fail("time_step_limit", limit, "two numbers [lo, hi]")
     conv_dim = di + 2 * groups * ns
-    n_in = di + conv_dim + mh
     it = c.integer("shared_intermediate_size")
     bias = c.flag("attention_bias")
 
-    mamba = [
-        ("norm.weight", "input_layernorm.weight", (d,)),
-        ("mixer.in_proj.weight", "mamba.in_proj.weight", (n_in, d)),
-        ("mixer.conv1d.weight", "mamba.conv1d.weight", (conv_dim, 1, kernel)),
-        ("mixer.dt_bias", "mamba.dt_bias", (mh,)),
-        ("mixer.A_log", "mamba.A_log", (mh,)),
-        ("mixer.D", "mamba.D", (mh,)),
-        ("mixer.norm.weight", "mamba.norm.weight", (di,)),
-        ("mixer.out_proj.weight", "mamba.out_proj.weight", (d, di)),
-    ]
-    if c.flag("mamba_conv_bias"):
-        mamba.append(("mixer.conv1d.bias", "mamba.conv1d.bias", (conv_dim,)))
-    if c.flag("mamba_proj_bias"):
-        mamba += [
-            ("mixer.in_proj.bias", "mamba.in_proj.bias", (n_in,)),
-            ("mixer.out_proj.bias", "mamba.out_proj.bias", (d,)),
-        ]
     qw, kw = n_heads * hd, n_kv * hd
-    attn = [
-        ("input_layernorm.weight", "input_layernorm.weight", (d,)),
-        ("self_attn.q_proj.weight", "self_attn.q_proj.weight", (qw, d)),
-        ("self_attn.k_proj.weight", "self_attn.k_proj.weight", (kw, d)),
-        ("self_attn.v_proj.weight", "self_attn.v_proj.weight", (kw, d)),
-        ("self_attn.o_proj.weight", "self_attn.o_proj.weight", (d, qw)),
-    ]
-    if bias:
-        attn += [
-            ("self_attn.q_proj.bias", "self_attn.q_proj.bias", (qw,)),
-            ("self_attn.k_proj.bias", "self_attn.k_proj.bias", (kw,)),
-            ("self_attn.v_proj.bias", "self_attn.v_proj.bias", (kw,)),
-            ("self_attn.o_proj.bias", "self_attn.o_proj.bias", (d,)),
-        ]
-    mlp = (
-        ("post_attention_layernorm.weight", "post_attention_layernorm.weight", (d,)),
-        ("mlp.gate_up_proj.weight", "shared_mlp.input_linear.weight", (2 * it, d)),
-        ("mlp.down_proj.weight", "shared_mlp.output_linear.weight", (d, it)),
+    sizes = {"d": d, "QW": qw, "KW": kw, "IT": it}
+    mamba = mamba2_tensors(
+        {"d": d, "d_inner": di, "conv_dim": conv_dim, "n_heads": mh, "kernel": kernel},
+        {"norm.weight": "input_layernorm.weight", "mixer.": "mamba."},
+        conv_bias=c.flag("mamba_conv_bias"),
+        proj_bias=c.flag("mamba_proj_bias"),
+    )
+    half = {"norm_placement": "pre", "norm_bias": False, "qk_norm": False, "mlp": "swiglu"}
+    attn = transformer_tensors(
+        {**half, "block_parts": "attention", "qkv_bias": bias, "o_bias": bias, "mlp_bias": False},
+        sizes,
+        {},
+    )
+    mlp = transformer_tensors(  # HF's shared_mlp.input_linear = [gate; up]
+        {**half, "block_parts": "mlp", "qkv_bias": False, "o_bias": False, "mlp_bias": False},
+        sizes,
+        {
+            "mlp.gate_up_proj.": "shared_mlp.input_linear.",
+            "mlp.down_proj.": "shared_mlp.output_linear.",
+        },
+        fused_gate_up=True,
     )
     attn_opts = {
         "block_parts": "attention",
@@ -231,10 +216,10 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
     mlp_opts = {"block_parts": "mlp", "mlp": "swiglu", "norm_eps": eps, "residual_multiplier": m}
     plans = {
         "linear_attention": BlockPlan(
-            "mamba2", tuple(sorted(mamba_opts.items())), tuple(mamba), None if m == 1.0 else m
+            "mamba2", tuple(sorted(mamba_opts.items())), mamba, None if m == 1.0 else m
         ),
         "full_attention": BlockPlan(
-            "transformer", tuple(sorted(attn_opts.items(), key=lambda kv: kv[0])), tuple(attn)
+            "transformer", tuple(sorted(attn_opts.items(), key=lambda kv: kv[0])), attn
         ),
     }
     mlp_plan = BlockPlan("transformer", tuple(sorted(mlp_opts.items())), mlp)

@@ -54,7 +54,7 @@ from ._gguf import (
     _ssm_map,
     _unpermute_qk,
 )
-from ._hybrid import BlockPlan, HybridSpec
+from ._hybrid import BlockPlan, HybridSpec, mamba2_tensors, transformer_tensors
 
 __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
@@ -179,45 +179,30 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
     if dt_min < 0:
         c._fail("time_step_min", dt_min, "a number >= 0")
 
-    mamba = [
-        ("norm.weight", "norm.weight", (d,)),
-        ("mixer.in_proj.weight", "mixer.in_proj.weight", (di + conv_dim + mh, d)),
-        ("mixer.conv1d.weight", "mixer.conv1d.weight", (conv_dim, 1, kernel)),
-        ("mixer.dt_bias", "mixer.dt_bias", (mh,)),
-        ("mixer.A_log", "mixer.A_log", (mh,)),
-        ("mixer.D", "mixer.D", (mh,)),
-        ("mixer.norm.weight", "mixer.norm.weight", (di,)),
-        ("mixer.out_proj.weight", "mixer.out_proj.weight", (d, di)),
-    ]
-    if conv_bias:
-        mamba.append(("mixer.conv1d.bias", "mixer.conv1d.bias", (conv_dim,)))
-    if proj_bias:
-        mamba += [
-            ("mixer.in_proj.bias", "mixer.in_proj.bias", (di + conv_dim + mh,)),
-            ("mixer.out_proj.bias", "mixer.out_proj.bias", (d,)),
-        ]
-    attn = [
-        ("input_layernorm.weight", "norm.weight", (d,)),
-        ("self_attn.q_proj.weight", "mixer.q_proj.weight", (n_heads * hd, d)),
-        ("self_attn.k_proj.weight", "mixer.k_proj.weight", (n_kv * hd, d)),
-        ("self_attn.v_proj.weight", "mixer.v_proj.weight", (n_kv * hd, d)),
-        ("self_attn.o_proj.weight", "mixer.o_proj.weight", (d, n_heads * hd)),
-    ]
-    mlp_t = [
-        ("post_attention_layernorm.weight", "norm.weight", (d,)),
-        ("mlp.up_proj.weight", "mixer.up_proj.weight", (it, d)),
-        ("mlp.down_proj.weight", "mixer.down_proj.weight", (d, it)),
-    ]
-    if mlp_bias:
-        mlp_t += [
-            ("mlp.up_proj.bias", "mixer.up_proj.bias", (it,)),
-            ("mlp.down_proj.bias", "mixer.down_proj.bias", (d,)),
-        ]
+    sizes = {"d": d, "QW": n_heads * hd, "KW": n_kv * hd, "IT": it}
+    mamba = mamba2_tensors(
+        {"d": d, "d_inner": di, "conv_dim": conv_dim, "n_heads": mh, "kernel": kernel},
+        {},
+        conv_bias=conv_bias,
+        proj_bias=proj_bias,
+    )
+    half = {"norm_placement": "pre", "norm_bias": False, "qkv_bias": False, "o_bias": False,
+            "qk_norm": False}  # fmt: skip
+    attn = transformer_tensors(  # HF NemotronH: the layer's norm and mixer hold either
+        {**half, "block_parts": "attention", "mlp": mlp, "mlp_bias": False},
+        sizes,
+        {"input_layernorm.": "norm.", "self_attn.": "mixer."},
+    )
+    mlp_t = transformer_tensors(
+        {**half, "block_parts": "mlp", "mlp": mlp, "mlp_bias": mlp_bias},
+        sizes,
+        {"post_attention_layernorm.": "norm.", "mlp.": "mixer."},
+    )
     plans = {
         "linear_attention": BlockPlan(
             "mamba2",
             (("dt_limit", (dt_min, math.inf)), ("n_groups", groups), ("norm_eps", eps)),
-            tuple(mamba),
+            mamba,
         ),
         "full_attention": BlockPlan(
             "transformer",
@@ -233,7 +218,7 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
                     }.items()
                 )
             ),  # fmt: skip
-            tuple(attn),
+            attn,
         ),
         "mlp": BlockPlan(
             "transformer",
@@ -247,7 +232,7 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
                     }.items()
                 )
             ),  # fmt: skip
-            tuple(mlp_t),
+            mlp_t,
         ),
     }
     spec = HybridSpec(
