@@ -30,7 +30,9 @@ __all__ = ["MAX_POSITIONS", "build_model", "layers_held", "load_gguf_model", "lo
 # stored as buffers (LlamaPreTrainedModel._keys_to_ignore_on_load_unexpected in 4.x).
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 
-# A layer's tensor in every HF family (``model.layers.N.``, ``backbone.layers.N.``).
+# A layer's tensor in every HF family (``model.layers.N.``, ``backbone.layers.N.``), and the
+# layer count above which it is compared with the tensors before the family reads the config.
+_LAYERS_READ_FIRST = 1024
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
@@ -446,7 +448,9 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
 
     family = family_for_config(config)
     stated = config.get("num_hidden_layers")
-    if isinstance(stated, int) and not isinstance(stated, bool):  # before anything is sized
+    # A family's reader sizes per-layer lists by the count: a large one is compared with the
+    # tensors first (a smaller mismatch after the reader's own refusals, below)
+    if isinstance(stated, int) and not isinstance(stated, bool) and stated > _LAYERS_READ_FIRST:
         held = max((int(m.group(1)) + 1 for n in tensors if (m := _LAYER.search(n))), default=0)
         if stated > held:
             raise ValueError(
@@ -473,8 +477,8 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
     aliases = getattr(spec, "prefix_aliases", ())  # (saved prefix, in-memory prefix)
     if aliases and not any(n.startswith(ours) for n in tensors for ours, _ in aliases):
         tensors = _Renamed(tensors, dict(aliases))
-    held = layers_held(spec.layer_prefix, tensors)
-    if spec.n_layers > held:  # before the expected tensors of every stated layer are listed
+    held = layers_held(spec.layer_prefix, tensors) if spec.n_layers > _LAYERS_READ_FIRST else 0
+    if spec.n_layers > max(held, _LAYERS_READ_FIRST):  # before every layer's tensors are listed
         raise ValueError(
             f"load_model: the config states num_hidden_layers={spec.n_layers} but {origin} "
             f"holds the tensors of {held} layer{'s' if held != 1 else ''}"
