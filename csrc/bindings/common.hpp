@@ -36,7 +36,7 @@ inline OutArr new_array(std::initializer_list<size_t> shape, bool zero = true) {
 }
 
 // A packed matrix's rows [r0, r1) as a fresh float32 (r1 - r0, k_in) array, rebuilt with the
-// kernels' own operations (ops/gemm/pack.cpp unpack_rows); defined in bindings/blocks.cpp.
+// kernels' own operations (ops/gemm/unpack.cpp unpack_rows); defined in bindings/call.cpp.
 OutArr unpack_array(const ops::PackedMatrix& w, int64_t r0, int64_t r1);
 
 // A matrix given as float32 (a C-contiguous 2-D array) or as GGUF blocks (a tuple (ggml type,
@@ -50,9 +50,16 @@ ops::MatrixSource matrix_source(const nb::handle& value, std::vector<nb::object>
 ops::MatrixSource matrix_source(const nb::handle& value, std::vector<nb::object>& keep,
                                 int64_t rows, int64_t k_in, const std::string& what);
 
-void bind_runtime(nb::module_& m);
-void bind_blocks(nb::module_& m);
-void bind_ops(nb::module_& m);
-void bind_head(nb::module_& m);
+// The module's parts, one per bound object, registered in this order by module.cpp.
+void bind_runtime(nb::module_& m);      // module.cpp: threads, ISA, versions
+void bind_configs(nb::module_& m);      // configs.cpp: the blocks' typed configs and enums
+void bind_gguf(nb::module_& m);         // gguf.cpp: GGUF block layout and dequantisation
+void bind_transformer(nb::module_& m);  // transformer.cpp: TransformerCore
+void bind_mamba2(nb::module_& m);       // mamba2.cpp: Mamba2Core
+void bind_stack(nb::module_& m);        // stack.cpp: layer_stack, a model's layers in one call
+void bind_state(nb::module_& m);        // state.cpp: StateLock, its claims, UndoLog, resets
+void bind_ops(nb::module_& m);          // ops.cpp: single kernels, PackedLinear, sampling
+void bind_twins(nb::module_& m);        // twins.cpp: kernels beside their plain twins
+void bind_head(nb::module_& m);         // head.cpp: the output head
 
 }  // namespace eb::bindings

@@ -1,7 +1,7 @@
 // exactblocks._core: thin typed entry points (STYLE 5.8). No math and no defaults here; the
 // Python layer has validated every argument. Computation runs with the GIL released. This file
-// holds the module and the runtime entry points; blocks.cpp binds the two blocks and their
-// typed configs, ops.cpp the kernels the tests call one by one, head.cpp a model's output head.
+// holds the module and the runtime entry points; every other bound object has its own file
+// (common.hpp lists them: configs, gguf, transformer, mamba2, stack, state, ops, twins, head).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -64,7 +64,12 @@ NB_MODULE(_core, m) {
   nanobind::set_leak_warnings(false);
   eb::bindings::init_interrupts();
   eb::bindings::bind_runtime(m);
-  eb::bindings::bind_blocks(m);
+  eb::bindings::bind_configs(m);
+  eb::bindings::bind_gguf(m);
+  eb::bindings::bind_transformer(m);
+  eb::bindings::bind_mamba2(m);
+  eb::bindings::bind_stack(m);
+  eb::bindings::bind_state(m);
   eb::bindings::bind_ops(m);
   eb::bindings::bind_head(m);
 }

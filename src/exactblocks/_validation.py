@@ -23,6 +23,7 @@ from . import _ext
 __all__ = [
     "FLOAT32_MAX",
     "FLOAT32_TRUE_MIN",
+    "NonFiniteError",
     "check_array",
     "check_choice",
     "check_finite",
@@ -213,6 +214,36 @@ def check_array(buffer: object, name: str, where: str) -> np.ndarray:
     return arr
 
 
+class NonFiniteError(ValueError):
+    """A non-finite value where finite ones are required (raised by :func:`check_finite`).
+
+    Attributes
+    ----------
+    where : str
+        The call, ``"Class.method"``.
+    name : str
+        The argument (``"x"``, ``"state.k_cache"``).
+    index : tuple of int or None
+        The element's index (None when reported by flat index: see ``flat_index``).
+    flat_index : int or None
+    value : float
+    """
+
+    def __init__(self, message: str, *, where: str = "", name: str = "", index=None,
+                 flat_index=None, value=float("nan")):  # fmt: skip
+        super().__init__(message)
+        self.where, self.name, self.index = where, name, index
+        self.flat_index, self.value = flat_index, value
+
+    def __reduce__(self):
+        fields = {k: getattr(self, k) for k in ("where", "name", "index", "flat_index", "value")}
+        return (_rebuild_non_finite, (str(self), fields))
+
+
+def _rebuild_non_finite(message: str, fields: dict) -> NonFiniteError:
+    return NonFiniteError(message, **fields)
+
+
 def check_finite(
     arr: np.ndarray,
     name: str,
@@ -243,8 +274,9 @@ def check_finite(
 
     Raises
     ------
-    ValueError
-        An element is NaN or infinite; the message gives the index and the value.
+    NonFiniteError
+        (A ValueError.) An element is NaN or infinite; the message gives the index and the
+        value, and so do its fields.
     """
     if (
         _ext.is_loaded()
@@ -263,16 +295,18 @@ def check_finite(
         k = int(np.flatnonzero(~finite.ravel())[0])
     value = arr.reshape(-1)[k]
     if flat:
-        raise ValueError(
-            f"{where}: {name} must be finite; element at flat index {k} is {float(value)!r}"
-        )
+        raise NonFiniteError(
+            f"{where}: {name} must be finite; element at flat index {k} is {float(value)!r}",
+            where=where, name=name, index=None, flat_index=k, value=float(value),
+        )  # fmt: skip
     local = [int(i) for i in np.unravel_index(k, arr.shape)]
     for j, off in enumerate(index_offset):
         local[j] += int(off)
-    idx = tuple(index_base) + tuple(local)
-    raise ValueError(
-        f"{where}: {name}[{', '.join(str(i) for i in idx)}] must be finite; got {float(value)!r}"
-    )
+    idx = tuple(int(i) for i in tuple(index_base) + tuple(local))
+    raise NonFiniteError(
+        f"{where}: {name}[{', '.join(str(i) for i in idx)}] must be finite; got {float(value)!r}",
+        where=where, name=name, index=idx, flat_index=None, value=float(value),
+    )  # fmt: skip
 
 
 def _fmt_int(v: int) -> str:

@@ -12,6 +12,8 @@ Invariance: exactblocks computes a row's logits with bits that depend neither on
 of a call, the thread count nor the CPU's instruction set (SPEC.md 3.1); sampling draws from
 ``numpy.random.Generator(PCG64(seed))`` per row over probabilities built with the library's own
 ``exp``; log-probabilities use the library's ``exp`` / ``log1p`` and sequential float64 sums.
+Generation runs on the library's one generation core (``exactblocks.models.generate``: the
+sampling checks, stop rules and logprobs of ``Model.generate`` and the server).
 So every row's output is bit-identical whatever the number of actors, the batch size, the row
 order, the threads per actor or the machine (docs/ray.md).
 
@@ -20,11 +22,9 @@ job: the row's ``error`` column holds the message (None on good rows) and its ou
 (``generated_text`` None, ``generated_ids`` empty, ``embedding`` NaN, ...). A model that cannot
 be loaded fails the job with :class:`ModelLoadError`, which names the path.
 
-API note: ``Model`` has no public "hidden states" or "head on chosen rows" call, so this module
-runs the embedding table (``Model._embed``), ``Model.blocks`` with their caller-owned states,
-and the output head (``Model._head``) itself, the same three steps as ``Model.forward``
-(models/base.py); the final norm alone (for :class:`Embed`) uses the core's ``norm`` with the
-weight ``load_model`` kept (``Model._final_norm_weight``).
+The model is reached through its public calls only: ``Model.forward`` (generation),
+``Model.hidden_states`` and ``Model.logits`` (scores and embeddings), each running the layers in
+one native call.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections import deque
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -184,27 +183,6 @@ class _Actor:
             exactblocks.set_num_threads(int(num_threads))
         self.num_threads = exactblocks.get_num_threads()
         self.max_rows = _int_arg(max_rows, "max_rows", where, minimum=1)
-        from exactblocks import _ext
-
-        self._core = _ext.core()
-
-    # the three steps of Model.forward, with the head on chosen rows only
-    def _embed(self, ids: np.ndarray, lens: np.ndarray) -> np.ndarray:
-        m = self.model
-        x = np.zeros((*ids.shape, m.d_model), np.float32)
-        real = np.arange(ids.shape[1])[None, :] < lens[:, None]
-        x[real] = m._lookup(ids[real])  # the rows times the family's scale (Gemma, Granite)
-        return x
-
-    def _blocks(self, x, state, lens, upto=None):
-        blocks = self.model.blocks
-        n = len(blocks) if upto is None else upto + 1
-        for blk, st in zip(blocks[:n], state.layers[:n]):
-            x = blk.forward(x, st, lengths=lens)
-        return x
-
-    def _head(self, rows: np.ndarray) -> np.ndarray:
-        return self.model._head.forward(np.ascontiguousarray(rows, dtype=np.float32))
 
     def _prompt_ids(self, row: Mapping, where_row: str) -> list[int]:
         """A row's prompt as ids: ``prompt`` (text) or ``messages`` (chat template)."""
@@ -256,15 +234,6 @@ def _int_arg(value, name, where, *, minimum=0, allow_none=False):
     return value
 
 
-def _real_arg(value, name, where):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{where}: {name} must be a real number; got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{where}: {name}={value} must be finite")
-    return value
-
-
 def _as_messages(messages, where_row) -> list[dict]:
     if isinstance(messages, np.ndarray):
         messages = messages.tolist()
@@ -309,26 +278,12 @@ def _object_array(values) -> np.ndarray:
     return out
 
 
-def _log_softmax_at(logits: np.ndarray, targets: np.ndarray, elementwise) -> np.ndarray:
-    z = np.ascontiguousarray(logits, dtype=np.float32)
-    out = np.empty(len(targets), np.float32)
-    one = np.float32(1.0)
-    for i, t in enumerate(targets):
-        row = z[i]
-        top = row.max()  # exact in any order
-        e = elementwise("exp", np.ascontiguousarray(row - top))
-        s = np.float32(np.cumsum(e.astype(np.float64))[-1])  # sequential float64 sum, >= 1
-        lse = elementwise("log1p", np.asarray([s - one], np.float32))[0]
-        out[i] = (row[int(t)] - top) - lse
-    return out
-
-
 def token_logprobs(logits, targets) -> np.ndarray:
     """Log-probabilities of ``targets`` under ``logits``, the same bits on every CPU.
 
-    ``log_softmax(z)[t] = (z[t] - max z) - log1p(float32(S) - 1)`` with
-    ``S = sum(exp(z - max z))``: the library's float32 ``exp`` and ``log1p`` (identical on every
-    ISA) and a sequential float64 sum (``S >= 1``, so ``log S = log1p(S - 1)``).
+    :func:`exactblocks.sampling.token_logprobs` (the one logprob computation of the library,
+    also behind ``Model.generate(logprobs=True)`` and the server): ``log_softmax(z)[t] =
+    (z[t] - max z) - log1p(float32(S) - 1)`` with ``S = sum(exp(z - max z))``.
 
     Parameters
     ----------
@@ -345,32 +300,12 @@ def token_logprobs(logits, targets) -> np.ndarray:
     ValueError
         Mismatched shapes.
     """
-    from exactblocks import _ext
+    from exactblocks.sampling import token_logprobs as _token_logprobs
 
-    logits = np.asarray(logits, np.float32)
-    targets = np.asarray(targets, np.int64)
-    if logits.ndim != 2 or targets.shape != (logits.shape[0],):
-        raise ValueError(
-            f"token_logprobs: logits {logits.shape} and targets {targets.shape} do not match; "
-            "expected (n, vocab) and (n,)"
-        )
-    return _log_softmax_at(logits, targets, _ext.core().elementwise)
+    return _token_logprobs(logits, targets)
 
 
 # -- Generate -----------------------------------------------------------------------------------
-
-
-class _Job:
-    __slots__ = ("ids", "n_new", "temp", "k", "p", "rng", "out", "detok", "finish")
-
-    def __init__(self, ids, n_new, temp, k, p, seed, tokenizer, stop_strs):
-        from exactblocks.sampling import Detokenizer
-
-        self.ids, self.n_new, self.temp, self.k, self.p = ids, n_new, temp, k, p
-        self.rng = np.random.Generator(np.random.PCG64(seed))
-        self.out: list[int] = []
-        self.detok = Detokenizer(tokenizer, stop_strs) if tokenizer is not None else None
-        self.finish = "length"
 
 
 class Generate(_Actor):
@@ -402,8 +337,13 @@ class Generate(_Actor):
     seed : int, default=0
         Defaults of the per-row columns of the same names (``Model.generate``). A row without a
         seed uses this one, so a sampled row never depends on OS entropy.
-    stop : iterable of int and str, optional
-        Stop token ids and stop strings for every row; None = the model's ``eos_token_ids``.
+    stop : str, int or iterable of int and str, optional
+        Stop token ids and stop strings for every row, in addition to the model's
+        ``eos_token_ids``; a str is one stop string.
+    ignore_eos : bool, default=False
+        True: the model's ``eos_token_ids`` do not stop a row.
+    logprobs : bool, default=False
+        Add the ``generated_logprobs`` column (:func:`token_logprobs` of each generated id).
 
     Raises
     ------
@@ -418,8 +358,9 @@ class Generate(_Actor):
     with the tokenizer's chat template and the assistant opener); optional ``seed``,
     ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k`` (null = the default). Output:
     every input column plus ``generated_text`` (str), ``generated_ids`` (list of int64),
-    ``num_generated_tokens`` (int64), ``finish_reason`` (``"length"`` or ``"stop"``) and
-    ``error`` (None, or why the row was refused). A row's output equals
+    ``num_generated_tokens`` (int64), ``finish_reason`` (``"length"`` or ``"stop"``),
+    ``generated_logprobs`` (list of float32, with ``logprobs=True``) and ``error`` (None, or
+    why the row was refused). A row's output equals
     ``load_model(PATH).generate(prompt_ids, ...)`` alone, bit for bit.
     """
 
@@ -427,7 +368,9 @@ class Generate(_Actor):
 
     def __init__(self, model=None, *, model_ref=None, num_threads=None, max_positions=None,
                  max_rows=16, max_new_tokens=64, temperature=0.0, top_k=None, top_p=None,
-                 seed=0, stop=None):  # fmt: skip
+                 seed=0, stop=None, ignore_eos=False, logprobs=False):  # fmt: skip
+        from exactblocks.models.generate import split_stop
+
         super().__init__(model, model_ref=model_ref, num_threads=num_threads,
                          max_positions=max_positions, max_rows=max_rows)  # fmt: skip
         self.defaults = {
@@ -437,37 +380,42 @@ class Generate(_Actor):
             "top_p": top_p,
             "seed": seed,
         }
-        self._job({}, [1], "Generate(...)")  # the defaults are checked once, here
-        stop_ids, stop_strs = set(), []
-        for s in self.model.eos_token_ids if stop is None else stop:
-            if isinstance(s, str):
-                if not s:
-                    raise ValueError(f"{self._where}: a stop string is empty")
-                stop_strs.append(s)
-            else:
-                stop_ids.add(_int_arg(s, "stop entry", self._where))
-        self.stop_ids, self.stop_strs = stop_ids, stop_strs
+        self.stop_ids, self.stop_strs = split_stop(stop, self._where)
+        self.ignore_eos, self.logprobs = ignore_eos, logprobs
+        self._params({}, [1], "Generate(...)")  # the defaults are checked once, here
 
-    def _job(self, row, ids, where_row) -> _Job:
+    def _params(self, row, ids, where_row):
+        """The row's SamplingParams (its columns over the defaults), checked by the core."""
+        from exactblocks.models.generate import SamplingParams
+
         opt = {k: row.get(k) for k in self.defaults}
         opt = {k: self.defaults[k] if _is_null(v) else v for k, v in opt.items()}
-        n_new = _int_arg(opt["max_new_tokens"], "max_new_tokens", where_row, minimum=1)
-        temp = _real_arg(opt["temperature"], "temperature", where_row)
-        if temp < 0:
-            raise ValueError(f"{where_row}: temperature={temp} must be >= 0")
-        k = _int_arg(opt["top_k"], "top_k", where_row, minimum=1, allow_none=True)
-        p = None if _is_null(opt["top_p"]) else _real_arg(opt["top_p"], "top_p", where_row)
-        if p is not None and not 0 < p <= 1:
-            raise ValueError(f"{where_row}: top_p={p} must be in (0, 1]")
-        seed = _int_arg(opt["seed"], "seed", where_row, minimum=0)
+        for k in ("max_new_tokens", "top_k", "seed"):  # an Arrow int column with nulls
+            v = opt[k]  # arrives as float: integral floats are its ints
+            if isinstance(v, float) and v.is_integer():
+                opt[k] = int(v)
+        if opt["seed"] is None:
+            raise TypeError(f"{where_row}: seed is missing")
+        params = SamplingParams.checked(
+            where_row,
+            {"max_tokens": "max_new_tokens"},
+            max_tokens=opt["max_new_tokens"],
+            temperature=opt["temperature"],
+            top_k=opt["top_k"],
+            top_p=opt["top_p"],
+            seed=opt["seed"],
+            stop=self.stop_strs,
+            stop_token_ids=self.stop_ids,
+            ignore_eos=self.ignore_eos,
+            logprobs=self.logprobs,
+        )
         limit = self.model.max_positions
-        if limit is not None and len(ids) + n_new > limit:
+        if limit is not None and len(ids) + params.max_tokens > limit:
             raise ValueError(
-                f"{where_row}: the prompt ({len(ids)} tokens) plus max_new_tokens={n_new} "
-                f"exceeds max_positions={limit}"
+                f"{where_row}: the prompt ({len(ids)} tokens) plus max_new_tokens="
+                f"{params.max_tokens} exceeds max_positions={limit}"
             )
-        stop_strs = getattr(self, "stop_strs", [])
-        return _Job(ids, n_new, temp, k, p, seed, self.model.tokenizer, stop_strs)
+        return self.model.generation(ids, params, where=where_row)
 
     def __call__(self, batch) -> dict[str, np.ndarray]:
         """Generate for every row of ``batch``; see the class Notes for the columns.
@@ -481,77 +429,38 @@ class Generate(_Actor):
         dict of str to ndarray
             The input columns and the output columns, one entry per row, in order.
         """
+        from exactblocks.models.generate import run_batch
+
         cols, rows = _rows(batch)
-        errors: list[str | None] = [None] * len(rows)
-        jobs: dict[int, _Job] = {}
+        n = len(rows)
+        errors: list[str | None] = [None] * n
+        gens: dict = {}
         for i, row in enumerate(rows):
             where_row = f"{self._where}: row {i} of the batch"
             try:
-                jobs[i] = self._job(row, self._prompt_ids(row, where_row), where_row)
+                gens[i] = self._params(row, self._prompt_ids(row, where_row), where_row)
             except (TypeError, ValueError) as exc:
                 errors[i] = str(exc)
-        if jobs:
-            self._run(list(jobs.values()))
+        run_batch(self.model, list(gens.values()), max_rows=self.max_rows)
         out = dict(cols)
         out["generated_text"] = _object_array(
-            [jobs[i].detok.text if i in jobs and jobs[i].detok else None for i in range(len(rows))]
+            [gens[i].text if i in gens else None for i in range(n)]
         )
         out["generated_ids"] = _object_array(
-            [list(jobs[i].out) if i in jobs else [] for i in range(len(rows))]
+            [list(gens[i].ids) if i in gens else [] for i in range(n)]
         )
         out["num_generated_tokens"] = np.asarray(
-            [len(jobs[i].out) if i in jobs else 0 for i in range(len(rows))], np.int64
+            [len(gens[i].ids) if i in gens else 0 for i in range(n)], np.int64
         )
         out["finish_reason"] = _object_array(
-            [jobs[i].finish if i in jobs else None for i in range(len(rows))]
+            [gens[i].finish_reason if i in gens else None for i in range(n)]
         )
+        if self.logprobs:
+            out["generated_logprobs"] = _object_array(
+                [list(gens[i].logprobs) if i in gens else [] for i in range(n)]
+            )
         out["error"] = _object_array(errors)
         return out
-
-    def _run(self, jobs: list[_Job]) -> None:
-        """Continuous batching: every step feeds each busy slot its prompt or last token."""
-        from exactblocks.sampling import pick_token
-
-        n_slots = min(len(jobs), self.max_rows)
-        cap = max(len(j.ids) + j.n_new for j in jobs)
-        state = self.model.allocate_state(n_slots, cap)
-        waiting = deque(jobs)
-        slot: list[_Job | None] = [None] * n_slots
-        feed: list[list[int]] = [[] for _ in range(n_slots)]
-        while waiting or any(s is not None for s in slot):
-            for s in range(n_slots):
-                if slot[s] is None and waiting:
-                    slot[s] = waiting.popleft()
-                    feed[s] = slot[s].ids
-            lens = np.asarray([len(feed[s]) if slot[s] else 0 for s in range(n_slots)], np.int64)
-            ids = np.zeros((n_slots, int(lens.max())), np.int64)
-            busy = np.flatnonzero(lens)
-            for s in busy.tolist():
-                ids[s, : lens[s]] = feed[s]
-            x = self._blocks(self._embed(ids, lens), state, lens)
-            logits = self._head(x[busy, lens[busy] - 1])
-            for r, s in enumerate(busy.tolist()):
-                job = slot[s]
-                token = pick_token(
-                    logits[r], temperature=job.temp, top_k=job.k, top_p=job.p, rng=job.rng
-                )
-                done = False
-                if token in self.stop_ids:
-                    job.finish, done = "stop", True
-                else:
-                    job.out.append(token)
-                    if job.detok is not None:
-                        job.detok.push(token)
-                        if job.detok.stopped:
-                            job.finish, done = "stop", True
-                    done = done or len(job.out) == job.n_new
-                if done:
-                    if job.detok is not None:
-                        job.detok.finish()
-                    slot[s] = None
-                    state.reset([s])  # the slot is free for the next waiting row
-                else:
-                    feed[s] = [token]
 
 
 # -- Score --------------------------------------------------------------------------------------
@@ -627,12 +536,11 @@ class Score(_Actor):
             ids = np.zeros((len(seqs), int(lens.max())), np.int64)
             for r, s in enumerate(seqs):
                 ids[r, : len(s)] = s
-            state = self.model.allocate_state(len(seqs), int(lens.max()))
-            x = self._blocks(self._embed(ids, lens), state, lens)
+            x = self.model.hidden_states(ids, lengths=lens, layer=-1)
             for r, i in enumerate(chunk):
                 p_len, c_ids = len(todo[i][0]), todo[i][1]
-                logits = self._head(x[r, p_len - 1 : p_len - 1 + len(c_ids)])
-                logps[i] = _log_softmax_at(logits, np.asarray(c_ids), self._core.elementwise)
+                logits = self.model.logits(x[r, p_len - 1 : p_len - 1 + len(c_ids)])
+                logps[i] = token_logprobs(logits, np.asarray(c_ids))
         out = dict(cols)
         out["continuation_ids"] = _object_array(
             [list(todo[i][1]) if i in todo else [] for i in range(n)]
@@ -692,10 +600,6 @@ class Embed(_Actor):
         n_layers = len(self.model.blocks)
         if layer is None:
             self.layer = None
-            fn = self.model.spec.final_norm()
-            self._norm_kind = getattr(self._core.NormKind, fn["norm"]).value
-            self._norm_eps = float(fn["norm_eps"])
-            self._norm_w = self.model._final_norm_weight  # kept by load_model
         else:
             layer = _int_arg(layer, "layer", self._where, minimum=-n_layers)
             if layer >= n_layers:
@@ -738,13 +642,9 @@ class Embed(_Actor):
             ids = np.zeros((len(chunk), int(lens.max())), np.int64)
             for r, i in enumerate(chunk):
                 ids[r, : lens[r]] = todo[i]
-            state = self.model.allocate_state(len(chunk), int(lens.max()))
-            x = self._blocks(self._embed(ids, lens), state, lens, upto=self.layer)
+            x = self.model.hidden_states(ids, lengths=lens, layer=self.layer)
             for r, i in enumerate(chunk):
                 h = x[r, : lens[r]]
-                if self.layer is None:
-                    h = self._core.norm(self._norm_kind, np.ascontiguousarray(h), self._norm_w,
-                                        None, self._norm_eps)  # fmt: skip
                 if self.pooling == "last":
                     emb[i] = h[-1]
                 else:

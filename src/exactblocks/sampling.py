@@ -4,9 +4,11 @@ What lives here: :func:`pick_token` (the next token from float32 logits: greedy,
 ``numpy.random.Generator`` after temperature, top-k and top-p) and :class:`Detokenizer` (the
 text of a growing list of new ids, released piece by piece once it is final, cut before stop
 strings). :meth:`exactblocks.Model.generate`, the serving engine (``exactblocks.serve``) and
-``exactblocks.ray.Generate`` all use them, so the same logits, options and generator state give
-the same token and the same text everywhere. What does not: computing logits
-(``exactblocks.models``) and log-probabilities (``exactblocks.serve.engine``).
+``exactblocks.ray.Generate`` all use them (through ``exactblocks.models.generate``), so the same
+logits, options and generator state give the same token and the same text everywhere;
+:func:`logprobs` and :func:`token_logprobs` (log-probabilities with the library's own float32
+``exp`` and ``log1p``, the one computation every surface reports). What does not: computing
+logits (``exactblocks.models``).
 
 Exactness: the probabilities are built from the float32 logits with the library's own float32
 ``exp`` (``_core.elementwise("exp")``, the same bits on every ISA) and summed in float64 in a
@@ -26,7 +28,7 @@ import numpy as np
 
 from . import _ext
 
-__all__ = ["Detokenizer", "pick_token"]
+__all__ = ["Detokenizer", "logprobs", "pick_token", "token_logprobs"]
 
 _U16 = np.uint32(0xFFFF)
 _SHIFT16 = np.uint32(16)
@@ -241,6 +243,95 @@ def _pick_token_reference(logits, *, temperature, rng=None, top_k=None, top_p=No
     return int(order[i])
 
 
+def _log_sum_exp(row: np.ndarray, elementwise) -> tuple[np.float32, np.float32]:
+    """``(max z, log sum exp(z - max z))`` of one float32 row, in the library's arithmetic."""
+    top = row.max()  # exact in any order
+    with np.errstate(over="ignore"):
+        e = elementwise("exp", np.ascontiguousarray(row - top))
+    s = np.float32(np.cumsum(e.astype(np.float64))[-1])  # sequential float64 sum, >= 1
+    lse = elementwise("log1p", np.asarray([s - np.float32(1.0)], np.float32))[0]
+    return top, lse
+
+
+def token_logprobs(logits, targets) -> np.ndarray:
+    """Log-probabilities of ``targets`` under ``logits``, the same bits on every CPU.
+
+    ``log_softmax(z)[t] = (z[t] - max z) - log1p(float32(S) - 1)`` with
+    ``S = sum(exp(z - max z))``: the library's float32 ``exp`` and ``log1p`` (identical on every
+    ISA) and a sequential float64 sum (``S >= 1``, so ``log S = log1p(S - 1)``), every other
+    step a correctly rounded float32 operation.
+
+    Parameters
+    ----------
+    logits : array-like of shape (n, vocab_size), float32
+    targets : array-like of shape (n,), int
+        One token id per row of ``logits``.
+
+    Returns
+    -------
+    ndarray of shape (n,), float32
+
+    Raises
+    ------
+    ValueError
+        Mismatched shapes, or a target outside the vocabulary.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> z = np.array([[0.0, 0.0]], np.float32)
+    >>> float(token_logprobs(z, [1])[0]) == float(np.float32(-np.log(2.0)))
+    True
+    """
+    logits = np.asarray(logits, np.float32)
+    targets = np.asarray(targets, np.int64)
+    if logits.ndim != 2 or targets.shape != (logits.shape[0],):
+        raise ValueError(
+            f"token_logprobs: logits {logits.shape} and targets {targets.shape} do not match; "
+            "expected (n, vocab) and (n,)"
+        )
+    if targets.size and (targets.min() < 0 or targets.max() >= logits.shape[1]):
+        raise ValueError(f"token_logprobs: a target is outside [0, {logits.shape[1]})")
+    elementwise = _ext.core().elementwise
+    out = np.empty(len(targets), np.float32)
+    for i, t in enumerate(targets.tolist()):
+        row = logits[i]
+        top, lse = _log_sum_exp(row, elementwise)
+        out[i] = (row[t] - top) - lse
+    return out
+
+
+def logprobs(logits, token: int, top_logprobs: int = 0):
+    """The logprob of ``token`` and the ``top_logprobs`` most likely tokens of one position.
+
+    Parameters
+    ----------
+    logits : ndarray of shape (vocab_size,), float32
+    token : int
+    top_logprobs : int, default=0
+        Alternatives to list (0 = none).
+
+    Returns
+    -------
+    tuple
+        ``(logprob, top)``: ``logprob`` a numpy.float32 (the bits of :func:`token_logprobs`),
+        ``top`` None when ``top_logprobs`` is 0, else a list of ``(id, numpy.float32)`` by
+        logit descending, then id ascending.
+    """
+    row = np.ascontiguousarray(logits, dtype=np.float32)
+    top_z, lse = _log_sum_exp(row, _ext.core().elementwise)
+    lp = (row[int(token)] - top_z) - lse
+    top = None
+    k = int(top_logprobs)
+    if k:
+        cand = np.argpartition(-row, k - 1)[:k] if k < row.size else np.arange(row.size)
+        kth = row[cand].min()
+        cand = np.flatnonzero(row >= kth)  # ties at the k-th value: lowest ids first
+        cand = cand[np.lexsort((cand, -row[cand]))][:k]
+        top = [(int(i), (row[i] - top_z) - lse) for i in cand]
+    return lp, top
+
+
 class Detokenizer:
     """The text of a growing list of new token ids, released only once it is final.
 
@@ -259,6 +350,11 @@ class Detokenizer:
         The final text so far (cut before a stop string once one appeared).
     stopped : bool
         True once a stop string appeared; push no more ids then.
+    decoded_len : int
+        Characters of the last whole decode of :attr:`ids` that ended on a complete
+        character (before any stop-string cut).
+    released : int
+        Characters of :attr:`text` returned so far by :meth:`push` and :meth:`finish`.
 
     Raises
     ------
@@ -300,7 +396,13 @@ class Detokenizer:
         self.ids: list[int] = []
         self.text = ""
         self.stopped = False
+        self.decoded_len = 0
         self._sent = 0
+
+    @property
+    def released(self) -> int:
+        """int: Characters of :attr:`text` returned so far."""
+        return self._sent
 
     def _cut(self, text: str) -> int:
         return min((i for i in (text.find(s) for s in self._stop) if i >= 0), default=-1)
@@ -324,6 +426,7 @@ class Detokenizer:
         text = self._tok.decode(self.ids)
         if text.endswith("\ufffd"):
             return ""
+        self.decoded_len = len(text)
         cut = self._cut(text)
         if cut >= 0:
             text, self.stopped = text[:cut], True

@@ -31,7 +31,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
-DIGEST_MAIN = ROOT / "tests" / "cpp" / "digest_main.cpp"
+# digest_main.cpp and the files of its cases (digest_blocks.cpp, digest_stack.cpp, ...)
+DIGEST_SOURCES = sorted((ROOT / "tests" / "cpp").glob("digest*.cpp"))
 CROSS_CXX = "aarch64-linux-gnu-g++"
 QEMU = "qemu-aarch64"
 # ISAs compiled per architecture (the EB_ISA_LIST branches of CMakeLists.txt).
@@ -109,7 +110,7 @@ def core_sources():
 
 
 def build_digest(cxx, arch, out_dir, static, extra=()):
-    """Compile and link tests/cpp/digest_main.cpp with every kernel table of ``arch``.
+    """Compile and link tests/cpp/digest*.cpp with every kernel table of ``arch``.
 
     Parameters
     ----------
@@ -163,7 +164,7 @@ def build_digest(cxx, arch, out_dir, static, extra=()):
                 obj,
             )
         )
-    for src in [DIGEST_MAIN, *core_sources()]:
+    for src in [*DIGEST_SOURCES, *core_sources()]:
         obj = out_dir / f"{src.parent.name}_{src.stem}.o"
         jobs.append((base + have + ["-c", str(src), "-o", str(obj), *tail], obj))
 

@@ -59,7 +59,9 @@ def test_run_reports_a_bad_model_path(tmp_path, capsys):
 @pytest.mark.parametrize(
     "name",
     [
-        "exactblocks.models.base",
+        "exactblocks.models.model",
+        "exactblocks.models.state",
+        "exactblocks.models.generate",
         "exactblocks.models.loading",
         "exactblocks.models._config",
         "exactblocks.loaders.safetensors",

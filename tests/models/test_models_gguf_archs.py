@@ -476,7 +476,7 @@ def test_untied_quantised_embedding_stays_packed(converted, tmp_path, qtype):
     gguf = require("gguf", "the gguf package quantises the embedding")
     from gguf.quants import dequantize
 
-    from exactblocks.models.base import _HeadRows
+    from exactblocks.models.head import _HeadRows
 
     _, path, _ = converted["granite"]
     qt = getattr(gguf.GGMLQuantizationType, qtype)

@@ -91,6 +91,31 @@ def test_nonfinite_cache_slot_of_a_late_layer_is_named(llama):
     assert _layer_bytes(st) == before
 
 
+def test_layer_errors_carry_structured_fields(llama):
+    """A layer's error says where, which layer, what kind and the block's detail as fields
+    (read from the block's exception, not parsed out of its message)."""
+    fast, _ = llama
+    st = fast.allocate_state(1, 16)
+    fast.forward(np.array([[5, 9, 3]]), st)
+    st.layers[1].k_cache[0, 1, 2, 3] = np.nan
+    with pytest.raises(ValueError) as err:
+        fast.step([7], st)
+    e = err.value
+    assert (e.where, e.layer, e.kind) == ("Model.step", 1, "invalid")
+    assert e.detail.startswith("state.k_cache[0, 1, 2, 3]") and "must be finite" in e.detail
+    assert str(e) == f"Model.step: layer 1: {e.detail}; the state is unchanged"
+    import pickle
+
+    back = pickle.loads(pickle.dumps(e))  # the fields cross processes (Ray, multiprocessing)
+    assert (back.where, back.layer, back.kind, back.detail) == (e.where, 1, e.kind, e.detail)
+    x = fast._lookup(np.array([[7]]))
+    x[0, 0, 3] = np.inf  # what an overflowing embedding would hand layer 0
+    want = r"^Model\.forward: the activations overflowed in the embedding \(x\[0, 0, 3\] = inf "
+    with pytest.raises(ValueError, match=want + r"entering layer 0\)") as err:
+        fast._run_blocks(x, None, None, step=False, where="Model.forward")
+    assert (err.value.layer, err.value.kind) == (0, "overflow")
+
+
 def test_read_only_layer_buffer_and_open_session_are_refused(llama):
     fast, _ = llama
     st = fast.allocate_state(1, 16)
@@ -240,3 +265,28 @@ def test_late_failure_on_another_thread_says_which_rows_are_left_inconsistent(ti
     ), errors[0]
     with pytest.raises(ValueError, match=r"rows \[0, 1\] are inconsistent"):
         model.step([7, 2], st)
+
+
+def test_hidden_states_and_logits_are_the_bits_of_forward(llama):
+    """The public calls apps use (exactblocks.ray): a block's output and the head on chosen
+    rows, through the native layer path, give forward's bits; a ragged row equals it alone."""
+    fast, slow = llama
+    ids = np.array([[5, 9, 3, 7], [4, 8, 0, 0]])
+    lens = np.array([4, 2])
+    want = fast.forward(ids, lengths=lens)
+    h = fast.hidden_states(ids, lengths=lens, layer=-1)
+    assert h.shape == (2, 4, fast.d_model) and h.dtype == np.float32
+    got = fast.logits(h[1, :2])
+    assert np.array_equal(bits(got), bits(want[1, :2]))
+    assert np.array_equal(bits(fast.logits(h[0])), bits(want[0]))
+    alone = fast.hidden_states(ids[1:, :2], layer=0)[0]
+    assert np.array_equal(bits(alone), bits(fast.hidden_states(ids, lengths=lens, layer=0)[1, :2]))
+    assert np.array_equal(bits(alone), bits(slow.blocks[0].forward(fast._lookup(ids[1:, :2]))[0]))
+    normed = fast.hidden_states(ids, lengths=lens)
+    assert np.isfinite(normed[1, :2]).all() and not np.array_equal(normed[1, :2], h[1, :2])
+    with pytest.raises(ValueError, match=r"^Model\.hidden_states: layer=9; the model has"):
+        fast.hidden_states(ids, layer=9)
+    with pytest.raises(ValueError, match=r"^Model\.logits: hidden has shape \(3,\); expected"):
+        fast.logits(np.zeros(3, np.float32))
+    with pytest.raises(TypeError, match=r"^Model\.logits: hidden has dtype float64"):
+        fast.logits(np.zeros((1, fast.d_model)))

@@ -167,3 +167,16 @@ def test_cache_check_in_the_kernel_matches_the_reading_rule(window, threads):
                 assert np.isfinite(y[b, : lens[b]]).all()
             passed += 1
     assert raised > 5 and passed > 5, (raised, passed)
+
+
+def test_non_finite_error_carries_its_fields_through_pickle():
+    import pickle
+
+    from exactblocks._validation import NonFiniteError, check_finite
+
+    with pytest.raises(NonFiniteError) as err:
+        check_finite(np.array([[1.0, 2.0], [np.nan, 3.0]], np.float32), "x", "Block.forward")
+    e = pickle.loads(pickle.dumps(err.value))
+    assert isinstance(e, ValueError) and str(e) == str(err.value)
+    assert (e.where, e.name, e.index, e.flat_index) == ("Block.forward", "x", (1, 0), None)
+    assert np.isnan(e.value)

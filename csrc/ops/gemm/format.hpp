@@ -1,7 +1,8 @@
 // Packed weight storage of the GEMM (SPEC 3.3 SEQ, STYLE 5.3): the panel layout, the exact
 // compact formats and the packer's entry point. What lives here: PackedMatrix and its formats.
 // What does not: the tiles that compute on them (tiles.hpp), the threaded driver (driver.hpp),
-// the packer's format detection (pack.cpp) and the scalar reference (ref.hpp).
+// the packer (pack.cpp; its format fitting pack_fit.cpp, GGUF decoding pack_gguf.cpp,
+// unpacking unpack.cpp) and the scalar reference (ref.hpp).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -13,7 +14,7 @@ namespace eb::ops {
 constexpr int kGemmNR = 48;
 
 // How a packed matrix holds its weights. Every format is lossless: the packer picks a compact
-// one only when it rebuilds every weight bit for bit (ops/gemm/pack.cpp), and the kernels
+// one only when it rebuilds every weight bit for bit (ops/gemm/pack_fit.cpp), and the kernels
 // rebuild each weight with that same exact operation before its FMA, so the GEMM's arithmetic
 // (and every output bit) is the same whatever the format. Compact formats cut the bytes a
 // decode step streams: weights dequantised from GGUF blocks are exactly such values.

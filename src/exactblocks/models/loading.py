@@ -1,5 +1,5 @@
 """``load_model``: from a checkpoint (HF folder, safetensors, GGUF, a transformers model or a
-state dict) to a :class:`~exactblocks.models.base.Model`.
+state dict) to a :class:`~exactblocks.models.model.Model`.
 
 What lives here: telling the sources apart, finding their config, tensors and tokenizer, and
 the one build path every source shares (:func:`build_model`): family from the config, the
@@ -21,8 +21,11 @@ from collections.abc import Mapping
 import numpy as np
 
 from .._weights import QuantizedMatrix
-from .base import _PRIVATE, Model, _eos_from, _HeadRows
+from ._args import _eos_from
+from .head import _HeadRows
+from .model import Model
 from .registry import family_for_config
+from .state import _PRIVATE
 
 __all__ = ["MAX_POSITIONS", "build_model", "layers_held", "load_gguf_model", "load_model"]
 

@@ -17,6 +17,7 @@ non-streaming request polls for the disconnect while it waits.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hmac
 import json
 import threading
@@ -48,10 +49,14 @@ from .protocol import (
     error_body,
 )
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "token_bytes", "token_text"]
 
 MAX_BODY_BYTES = 4 * 2**20
 MAX_STOP_STRINGS = 4
+#: ``max_tokens`` of a ``/v1/completions`` request that gives none (OpenAI's default).
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+#: Threads that tokenize prompts and render chat templates, off the event loop.
+TOKENIZE_THREADS = 2
 
 
 def _validation_error(exc: ValidationError) -> APIError:
@@ -204,6 +209,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
             yield
         finally:
             await asyncio.to_thread(engine.shutdown)
+            app.state.text_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="exactblocks", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
@@ -231,20 +237,33 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
         )
 
     # -- plain routes -----------------------------------------------------------------------
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         if not engine.alive:
             return JSONResponse({"status": "engine stopped"}, status_code=503)
         return {"status": "ok"}
 
+    model_card = {
+        "id": model_name,
+        "object": "model",
+        "created": created,
+        "owned_by": "exactblocks",
+    }
+
     @app.get("/v1/models")
     async def models():
-        return {
-            "object": "list",
-            "data": [
-                {"id": model_name, "object": "model", "created": created, "owned_by": "exactblocks"}
-            ],
-        }
+        return {"object": "list", "data": [model_card]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def one_model(model_id: str):
+        if model_id != model_name:
+            raise APIError(
+                404,
+                f"the model {model_id!r} does not exist; this server serves {model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+        return model_card
 
     @app.get("/metrics")
     async def metrics():
@@ -253,6 +272,42 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
         )
 
     # -- generation -------------------------------------------------------------------------
+    # Tokenizing a long prompt takes seconds: it runs on a few threads of its own, never on
+    # the event loop (other streams keep flowing), and a text too long to fit is refused
+    # before any of it is tokenized.
+    text_pool = concurrent.futures.ThreadPoolExecutor(
+        TOKENIZE_THREADS, thread_name_prefix="exactblocks-tokenize"
+    )
+    app.state.text_pool = text_pool
+    max_token_bytes: list = []  # the longest token's UTF-8 bytes, computed on first need
+
+    def longest_token_bytes() -> int:
+        if not max_token_bytes:
+            n = 1
+            for i in range(model.vocab_size):
+                n = max(n, len(tok.decode([i]).encode("utf-8")))
+            max_token_bytes.append(n)
+        return max_token_bytes[0]
+
+    async def off_loop(fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(text_pool, fn, *args)
+
+    async def refuse_if_too_long(text_bytes: int, param: str) -> None:
+        """A text of ``text_bytes`` UTF-8 bytes needs at least text_bytes / (the longest
+        token's bytes) tokens: refuse it unread when that cannot fit a sequence."""
+        cap = engine.max_tokens_per_sequence
+        if text_bytes < cap:
+            return  # fewer bytes than positions: it may fit (tokenize to know)
+        least = text_bytes // await off_loop(longest_token_bytes)
+        if least >= cap:
+            raise APIError(
+                400,
+                f"the {param} has {text_bytes} bytes of text, at least {least} tokens; this "
+                f"server holds at most {cap} tokens per sequence (prompt + completion)",
+                param=param,
+                code="context_length_exceeded",
+            )
+
     async def parse(request: Request, cls):
         too_big = APIError(413, f"the body exceeds {MAX_BODY_BYTES} bytes", code="body_too_large")
         declared = request.headers.get("content-length", "")
@@ -284,6 +339,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
         return body
 
     def params_of(body, n_prompt, max_tokens, logprobs, top, prompt_param) -> SamplingParams:
+        """The request's SamplingParams: the body's fields, checked by the generation core."""
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
             raise APIError(400, "stop: at most 4 non-empty strings", param="stop")
@@ -296,15 +352,20 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
             ) from None
         except ValueError as exc:
             raise APIError(400, str(exc), param="max_tokens", code="invalid_value") from None
-        return SamplingParams(
-            max_tokens=n_new,
-            temperature=1.0 if body.temperature is None else float(body.temperature),
-            top_p=1.0 if body.top_p is None else float(body.top_p),
-            seed=body.seed,
-            stop=tuple(stop),
-            logprobs=logprobs,
-            top_logprobs=top,
-        )
+        try:
+            return SamplingParams(
+                max_tokens=n_new,
+                temperature=1.0 if body.temperature is None else float(body.temperature),
+                top_k=body.top_k,
+                top_p=None if body.top_p is None else float(body.top_p),
+                seed=body.seed,
+                stop=tuple(stop),
+                ignore_eos=body.ignore_eos,
+                logprobs=logprobs,
+                top_logprobs=top,
+            )
+        except (TypeError, ValueError) as exc:  # (the body's types already hold)
+            raise APIError(400, str(exc), code="invalid_value") from None
 
     deliveries: dict = {}  # event loop -> its _Delivery (one loop under uvicorn)
 
@@ -367,22 +428,13 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
         }
 
     def token_str(i: int) -> str:
-        return tok.decode([i]) if tok is not None else str(i)
-
-    spelled = getattr(tok, "id_to_token", None)  # byte-level BPE: the token's own bytes
-    byte_of = {c: b for b, c in bytes_to_unicode().items()} if spelled else {}
-
-    def token_bytes(i: int, text: str) -> list[int]:
-        if spelled is not None:
-            s = spelled(i)
-            if all(c in byte_of for c in s):
-                return [byte_of[c] for c in s]
-        return list(text.encode("utf-8"))
+        return str(i) if tok is None else token_text(tok, i)
 
     def chat_lp(ev: TokenEvent) -> dict:
         def one(i, lp):
             s = token_str(i)
-            return {"token": s, "logprob": lp, "bytes": token_bytes(i, s)}
+            raw = list(s.encode("utf-8")) if tok is None else token_bytes(tok, i)
+            return {"token": s, "logprob": lp, "bytes": raw}
 
         top = [one(i, lp) for i, lp in (ev.top_logprobs or [])]
         return {**one(ev.token, ev.logprob), "top_logprobs": top}
@@ -441,8 +493,10 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
             {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
             for m in body.messages
         ]
+        await refuse_if_too_long(sum(len(m["content"].encode("utf-8")) for m in messages),
+                                 "messages")  # fmt: skip
         try:
-            ids = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+            ids = await off_loop(_render_chat, tok, messages)
         except Exception as exc:
             raise APIError(
                 400, f"the chat template refused the messages: {exc}", param="messages"
@@ -506,7 +560,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
         if isinstance(prompt, str):
             if tok is None:
                 raise APIError(400, "this model has no tokenizer: send token ids", param="prompt")
-            ids = list(tok.encode(prompt))
+            await refuse_if_too_long(len(prompt.encode("utf-8")), "prompt")
+            ids = await off_loop(_encode, tok, prompt)
         else:
             ids = list(prompt)
         if not ids:
@@ -514,7 +569,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
         if any(i < 0 or i >= model.vocab_size for i in ids):
             raise APIError(400, f"a token id is outside [0, {model.vocab_size})", param="prompt")
         k = body.logprobs
-        params = params_of(body, len(ids), body.max_tokens, k is not None, k or 0, "prompt")
+        max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+        params = params_of(body, len(ids), max_tokens, k is not None, k or 0, "prompt")
         handle, events = await submit(ids, params)
         rid = f"cmpl-{uuid.uuid4().hex[:24]}"
         base = {
@@ -525,23 +581,20 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
             "system_fingerprint": fingerprint,
         }
 
-        def legacy_lp(evs, offset):
+        def legacy_lp(evs):
             out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
             for e in evs:
                 out["tokens"].append(token_str(e.token))
                 out["token_logprobs"].append(e.logprob)
                 out["top_logprobs"].append({token_str(i): lp for i, lp in e.top_logprobs or []})
-                out["text_offset"].append(offset)
-                offset += len(e.text)
+                out["text_offset"].append(e.text_offset)
             return out
 
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            offset = [0]
 
             def chunk(text, evs, finish):
-                lp = legacy_lp(evs, offset[0]) if k is not None and evs else None
-                offset[0] += len(text)
+                lp = legacy_lp(evs) if k is not None and evs else None
                 out = {
                     **base,
                     "choices": [
@@ -561,7 +614,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
                 {
                     "index": 0,
                     "text": fin.text,
-                    "logprobs": legacy_lp(toks, 0) if k is not None else None,
+                    "logprobs": legacy_lp(toks) if k is not None else None,
                     "finish_reason": fin.finish_reason,
                 }
             ],
@@ -569,6 +622,62 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
         }
 
     return app
+
+
+_BYTE_OF = {c: b for b, c in bytes_to_unicode().items()}
+
+
+def token_bytes(tok, i: int) -> list[int]:
+    """The UTF-8 bytes of token ``i``: a byte-level BPE token's own bytes, else its text's.
+
+    Parameters
+    ----------
+    tok : tokenizer
+        ``decode``, and ``id_to_token`` for a byte-level BPE.
+    i : int
+
+    Returns
+    -------
+    list of int
+    """
+    spelled = getattr(tok, "id_to_token", None)
+    if spelled is not None:
+        s = spelled(i)
+        if all(c in _BYTE_OF for c in s):
+            return [_BYTE_OF[c] for c in s]
+    return list(tok.decode([i]).encode("utf-8"))
+
+
+def token_text(tok, i: int) -> str:
+    """Token ``i`` as the logprobs report it: its text, or, for a token that is not whole
+    UTF-8 (a part of a character), its bytes spelled ``bytes:\\xe2\\x80`` as OpenAI does, so
+    two such tokens never share a ``top_logprobs`` key.
+
+    Parameters
+    ----------
+    tok : tokenizer
+    i : int
+
+    Returns
+    -------
+    str
+    """
+    text = tok.decode([i])
+    if "\ufffd" in text:
+        raw = bytes(token_bytes(tok, i))
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+    return text
+
+
+def _encode(tok, text: str) -> list[int]:
+    return list(tok.encode(text))
+
+
+def _render_chat(tok, messages: list) -> list[int]:
+    return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
 
 
 def _prometheus(stats: dict, http_counts: Counter) -> str:

@@ -1,16 +1,17 @@
 """The continuous-batching engine: one loop thread, one ModelState, requests in, tokens out.
 
-What lives here: :class:`Engine` (admission, the bounded queue, chunked prefill interleaved
-with decode steps in one ragged ``Model.forward`` call, per-request seeded sampling, stop
-rules, prefix caching, cancellation, metrics), :class:`SamplingParams`, the events a request
-yields (:class:`TokenEvent`, :class:`FinishEvent`) and :class:`RequestHandle`. What does not:
-HTTP, JSON and the OpenAI formats (``exactblocks.serve.api`` / ``protocol``); the engine knows
-nothing of them.
+What lives here: :class:`Engine` (its loop thread, admission, the bounded queue, chunked
+prefill interleaved with decode steps in one ragged ``Model.forward`` call, prefix caching,
+cancellation, metrics), :class:`FinishEvent` and :class:`RequestHandle`. What does not: how a
+request samples, stops and emits its tokens (``exactblocks.models.generate``: the
+:class:`SamplingParams`, ``Generation`` and :class:`TokenEvent` re-exported here, the same as
+``Model.generate`` and ``exactblocks.ray`` use), HTTP, JSON and the OpenAI formats
+(``exactblocks.serve.api`` / ``protocol``); the engine knows nothing of them.
 
 Batch invariance: a row's logits never depend on the other rows, its slot, the chunk split or
 the thread count (SPEC.md 3.1), a prefix-cache hit restores the exact bits of a recompute, and
 each request samples from its own ``numpy.random.Generator(PCG64(seed))`` with
-``Model.generate``'s sampler (:func:`exactblocks.sampling.pick_token`). So a request
+``Model.generate``'s generation core. So a request
 with a seed gets the same tokens and logprobs, bit for bit, alone or among any others.
 """
 
@@ -24,13 +25,17 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from exactblocks import _ext
+from exactblocks.models.generate import (
+    Generation,
+    SamplingParams,
+    TokenEvent,
+    plan_step,
+)
 from exactblocks.runtime import get_num_threads
-from exactblocks.sampling import Detokenizer, pick_token
 
 from .prefix_cache import PrefixCache, clear_row, restore_row, snapshot_row
 
@@ -46,7 +51,6 @@ __all__ = [
 ]
 
 DEFAULT_MAX_TOKENS_PER_SEQUENCE = 4096
-MAX_TOP_LOGPROBS = 20
 #: Prompt tokens a step may always carry beside decoding rows (prefill never starves).
 MIN_PREFILL_TOKENS = 16
 #: The error of the FinishEvent("abort") every unfinished request gets at shutdown.
@@ -67,77 +71,6 @@ class PromptTooLong(ValueError):
 
 class EngineClosed(RuntimeError):
     """The engine is shut down."""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one request samples and stops.
-
-    Attributes
-    ----------
-    max_tokens : int
-        Most new tokens, >= 1.
-    temperature : float, default=1.0
-        0 = greedy (argmax, lowest id on ties).
-    top_p : float, default=1.0
-        In (0, 1].
-    seed : int or None, default=None
-        Seed of the request's ``numpy.random.Generator(PCG64(seed))``; None = fresh entropy.
-    stop : tuple of str, default=()
-        Stop strings (the text is cut before the first one).
-    stop_token_ids : tuple of int or None, default=None
-        Stop tokens; None = the model's ``eos_token_ids``.
-    logprobs : bool, default=False
-        Report each sampled token's log-probability.
-    top_logprobs : int, default=0
-        Also the most likely alternatives at each position, in [0, 20].
-    """
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] | None = None
-    logprobs: bool = False
-    top_logprobs: int = 0
-
-    def __post_init__(self):
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens!r} must be an int >= 1")
-        if not (math.isfinite(self.temperature) and 0 <= self.temperature <= 100):
-            raise ValueError(f"temperature={self.temperature!r} must be in [0, 100]")
-        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p={self.top_p!r} must be in (0, 1]")
-        if self.seed is not None and not (isinstance(self.seed, int) and self.seed >= 0):
-            raise ValueError(f"seed={self.seed!r} must be an int >= 0")
-        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise ValueError(f"top_logprobs={self.top_logprobs!r} must be in [0, 20]")
-        if any(not s for s in self.stop):
-            raise ValueError("a stop string is empty")
-
-
-@dataclass
-class TokenEvent:
-    """One new token of a request.
-
-    Attributes
-    ----------
-    token : int
-    text : str
-        The text this token releases (may be empty: an incomplete character, or text held
-        back until it cannot start a stop string).
-    logprob : float or None
-        ``log softmax(logits)[token]`` (the model's distribution, before temperature and
-        top_p), when the request asked for logprobs.
-    top_logprobs : list of (int, float) or None
-        The most likely tokens at this position, by logprob descending then id ascending.
-    """
-
-    token: int
-    text: str
-    logprob: float | None = None
-    top_logprobs: list | None = None
 
 
 @dataclass
@@ -225,9 +158,7 @@ class _Seq:
 
     handle: RequestHandle
     ids: np.ndarray  # prompt, int64
-    rng: np.random.Generator
-    detok: Detokenizer | None
-    stop_ids: frozenset
+    gen: Generation  # sampling, stop rules and the events it emits
     row: int = -1
     pos: int = 0  # prompt tokens in the row
     cached: int = 0
@@ -235,7 +166,6 @@ class _Seq:
     chain_ok: bool = True
     logits: np.ndarray | None = None  # ready to sample
     next_token: int | None = None  # to feed at the next step
-    out_ids: list = field(default_factory=list)
 
 
 class Engine:
@@ -333,7 +263,6 @@ class Engine:
             self.max_batch, None if model.family == "mamba2" else self.max_tokens_per_sequence
         )
         self.cache = PrefixCache(int(prefix_cache_mb * 2**20))
-        self._exp = _ext.core().elementwise
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
         self._incoming: collections.deque[_Seq] = collections.deque()
@@ -430,7 +359,8 @@ class Engine:
         QueueFull
             ``max_queue`` requests already wait for a row.
         PromptTooLong, ValueError
-            As :meth:`check`; an id outside the vocabulary.
+            As :meth:`check`; an id outside the vocabulary; stop strings without a tokenizer,
+            a stop id outside the vocabulary.
         EngineClosed
         """
         ids = np.asarray(list(prompt_ids), dtype=np.int64)
@@ -438,20 +368,12 @@ class Engine:
         vocab = self.model.vocab_size
         if ids.ndim != 1 or ((ids < 0) | (ids >= vocab)).any():
             raise ValueError(f"a prompt token id is outside the vocabulary [0, {vocab})")
-        tok = self.model.tokenizer
-        if params.stop and tok is None:
-            raise ValueError("stop strings need a tokenizer; this model has none")
-        stop_ids = (
-            self.model.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids
-        )
+        try:
+            gen = self.model.generation(ids.tolist(), params, where="Engine.submit")
+        except TypeError as exc:  # stop strings without a tokenizer: a bad request
+            raise ValueError(str(exc)) from None
         handle = RequestHandle(self, next(self._ids), ids.tolist(), params, sink)
-        seq = _Seq(
-            handle=handle,
-            ids=ids,
-            rng=np.random.Generator(np.random.PCG64(params.seed)),
-            detok=None if tok is None else Detokenizer(tok, params.stop),
-            stop_ids=frozenset(int(i) for i in stop_ids),
-        )
+        seq = _Seq(handle=handle, ids=ids, gen=gen)
         with self._cond:
             if self._stop:
                 raise EngineClosed("the engine is shut down")
@@ -578,22 +500,18 @@ class Engine:
             self.sums["cached_tokens_total"] += seq.cached
 
     def _step(self) -> None:
-        B, chunk = self.max_batch, self.prefill_chunk
-        lens = np.zeros(B, np.int64)
+        B = self.max_batch
         decoding = sum(1 for s in self._rows if s is not None and s.next_token is not None)
-        budget = self.prefill_allowance(decoding)
         self._turn = (self._turn + 1) % B  # prefill budget shared round-robin over the rows
-        for row in [(self._turn + i) % B for i in range(B)]:
-            seq = self._rows[row]
-            if seq is None or seq.logits is not None:
-                continue
-            if seq.next_token is not None:
-                lens[row] = 1
-            elif budget > 0:
-                boundary = (seq.pos // chunk + 1) * chunk
-                n = min(boundary, len(seq.ids)) - seq.pos
-                lens[row] = min(n, budget)
-                budget -= lens[row]
+        plan = [
+            None
+            if seq is None or seq.logits is not None
+            else (seq.next_token is not None, len(seq.ids) - seq.pos, seq.pos)
+            for seq in self._rows
+        ]
+        lens = plan_step(plan, chunk=self.prefill_chunk, budget=self.prefill_allowance(decoding),
+                         turn=self._turn)  # fmt: skip
+        chunk = self.prefill_chunk
         if lens.any():
             ids = np.zeros((B, int(lens.max())), np.int64)
             for row in np.flatnonzero(lens):
@@ -665,28 +583,11 @@ class Engine:
             seq.chain_ok = False
         seq.parent = entry
 
-    def _logprobs(self, logits: np.ndarray, token: int, k: int):
-        """log softmax of float32 logits: the library's exp, an exactly rounded sum."""
-        z = np.ascontiguousarray(logits, dtype=np.float32)
-        zs = np.ascontiguousarray(z - z.max())
-        e = self._exp("exp", zs)
-        log_sum = math.log(math.fsum(e.astype(np.float64).tolist()))
-        lp = float(zs[token]) - log_sum
-        top = None
-        if k:
-            cand = np.argpartition(-zs, k - 1)[:k] if k < zs.size else np.arange(zs.size)
-            kth = zs[cand].min()
-            cand = np.flatnonzero(zs >= kth)  # ties at the k-th value: lowest ids first
-            cand = cand[np.lexsort((cand, -zs[cand]))][:k]
-            top = [(int(i), float(zs[i]) - log_sum) for i in cand]
-        return lp, top
-
     @staticmethod
     def _pick(seq: _Seq):
         """The row's next token, or the ValueError pick_token raised (non-finite logits)."""
-        p = seq.handle.params
         try:
-            return pick_token(seq.logits, temperature=p.temperature, top_p=p.top_p, rng=seq.rng)
+            return seq.gen.pick(seq.logits)
         except ValueError as exc:
             return exc
 
@@ -708,7 +609,6 @@ class Engine:
         return list(self._pool.map(self._pick, ready))
 
     def _sample(self, seq: _Seq, token) -> None:
-        p = seq.handle.params
         logits, seq.logits = seq.logits, None
         if isinstance(token, ValueError):
             self._finish(seq, "error", error=str(token))
@@ -718,22 +618,14 @@ class Engine:
             self.sums["time_to_first_token_seconds_total"] += (
                 seq.handle.first_token - seq.handle.submitted
             )
-        if token in seq.stop_ids:
-            self._finish(seq, "stop")
-            return
-        lp, top = (None, None)
-        if p.logprobs:
-            lp, top = self._logprobs(logits, token, p.top_logprobs)
-        seq.out_ids.append(token)
-        self.sums["generation_tokens_total"] += 1
-        text = ""
-        if seq.detok is not None:
-            text = seq.detok.push(token)
-        self._emit(seq, TokenEvent(token, text, lp, top))
-        if seq.detok is not None and seq.detok.stopped:
-            self._finish(seq, "stop")
-        elif len(seq.out_ids) >= p.max_tokens:
-            self._finish(seq, "length")
+        gen = seq.gen
+        events, _ = gen.accept(token, logits)
+        if token not in gen.stop_ids:
+            self.sums["generation_tokens_total"] += 1
+        for ev in events:
+            self._emit(seq, ev)
+        if gen.finished:
+            self._finish(seq, gen.finish_reason)
         else:
             seq.next_token = token
 
@@ -764,10 +656,12 @@ class Engine:
                 self._cancelled.add(handle)
 
     def _finish(self, seq: _Seq, reason: str, error: str | None = None) -> None:
-        tail, text = "", ""
-        if seq.detok is not None:
-            tail = seq.detok.finish() if reason in ("stop", "length") else ""
-            text = seq.detok.text
+        tail = ""
+        if reason in ("stop", "length"):
+            held, tail = seq.gen.close()
+            for ev in held:
+                self._emit(seq, ev)
+        text = seq.gen.text or ""
         if seq.row >= 0 and self._rows[seq.row] is seq:
             self._rows[seq.row] = None
             clear_row(self.state, seq.row)
@@ -782,7 +676,7 @@ class Engine:
                 text=text,
                 tail=tail,
                 prompt_tokens=len(seq.ids),
-                completion_tokens=len(seq.out_ids),
+                completion_tokens=len(seq.gen.ids),
                 cached_tokens=seq.cached,
                 error=error,
             ),

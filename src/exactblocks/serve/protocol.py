@@ -97,6 +97,8 @@ class _Common(_Strict):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=1)
+    ignore_eos: bool = False
     n: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

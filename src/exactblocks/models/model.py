@@ -1,10 +1,11 @@
-"""The whole model: embedding, the block stack, the output head, states and generation.
+"""The whole model: embedding, the block stack and the output head, token ids to logits.
 
-What lives here: :class:`Model` (``forward``/``step`` from token ids to float32 logits, and
-``generate``), :class:`ModelState` (every layer's state in one caller-owned object),
-:class:`GenerateOutput` / :class:`GenerationStream`. What does not: reading files
-(``exactblocks.models.loading``), what a family's config means (the family files), and the
-sampler and the streaming detokeniser (``exactblocks.sampling``).
+What lives here: :class:`Model` (``forward``/``step`` from token ids to float32 logits,
+``hidden_states`` and ``logits`` for apps that need a layer's output or the head on chosen
+rows, and ``generate``). What does not: the caller-owned state
+(``exactblocks.models.state``), sampling and stop rules (``exactblocks.models.generate``),
+how layer failures are named (``exactblocks.models.errors``), reading files
+(``exactblocks.models.loading``) and what a family's config means (the family files).
 
 Exactness: the embedding is a row copy, the blocks keep their promise (SPEC.md 3.1), and the
 head (final norm + vocabulary projection) runs in the core with the blocks' own arithmetic
@@ -17,386 +18,20 @@ probabilities built from the float32 logits with the library's own ``exp``, so a
 
 from __future__ import annotations
 
-import contextlib
-import math
-import numbers
-import re
 import threading
-import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any
 
 import numpy as np
-import xxhash
 
 from exactblocks._validation import check_choice
-from exactblocks.sampling import Detokenizer, pick_token
 
-from .._weights import LazyFingerprint, fingerprint_value, same_fingerprint
-
-__all__ = ["GenerateOutput", "GenerationStream", "Model", "ModelState"]
-
-_PRIVATE = object()
-
-
-# A block's own error message: "<Block>.<method>: <detail>" (SPEC.md 2.7).
-_BLOCK_PREFIX = re.compile(r"^(?:TransformerBlockInference|Mamba2BlockInference|"
-                           r"TransformerDecodeSession)\.\w+: ")  # fmt: skip
-# The blocks' input check of x (SPEC.md 2.4): inside a model, x is the previous layer's output.
-_X_NOT_FINITE = re.compile(r"^x(\[[^\]]*\])? must be finite; got (.*)$")
-
-
-def _strip_block(msg: str) -> str:
-    """``msg`` without a block's ``Class.method: `` prefix."""
-    return _BLOCK_PREFIX.sub("", msg, count=1)
-
-
-def _memory_detail(exc: MemoryError) -> str:
-    """What a MemoryError says, without a block's prefix, its tail about the state (the model
-    call states its own) or a bare ``std::bad_alloc``."""
-    msg = _strip_block(str(exc))
-    msg = msg.removesuffix("; the state is unchanged")
-    return "" if msg in ("", "std::bad_alloc", "bad allocation") else msg
-
-
-def _layer_error(exc: BaseException, where: str, i: int, tail: str) -> BaseException | None:
-    """The exception a Model call raises for ``exc`` raised by its layer ``i`` (SPEC.md 2.7: a
-    Model call's errors name the model call, ``where``, never an inner block), or None to let
-    ``exc`` through (an interrupt, an exception of another kind). ``tail`` says what became of
-    the state (``"; the state is unchanged"``, or empty without a state)."""
-    if isinstance(exc, MemoryError):
-        detail = _memory_detail(exc) or "out of memory"
-        return MemoryError(f"{where}: layer {i}: {detail}{tail}")
-    if not isinstance(exc, (ValueError, RuntimeError, TypeError)):
-        return None
-    msg = str(exc)
-    if not _BLOCK_PREFIX.match(msg):
-        return None
-    detail = _strip_block(msg)
-    m = _X_NOT_FINITE.match(detail)
-    if m is not None and isinstance(exc, ValueError):
-        index = m.group(1) or ""
-        source = f"layer {i - 1}" if i > 0 else "the embedding"
-        return ValueError(
-            f"{where}: the activations overflowed in {source} (x{index} = {m.group(2)} entering "
-            f"layer {i}){tail}"
-        )
-    return type(exc)(f"{where}: layer {i}: {detail}{tail}")
-
-
-@contextlib.contextmanager
-def _memory_named(where: str, what: str, tail: str = ""):
-    """``with _memory_named(where, what, tail):`` a MemoryError raised inside (a bare
-    ``std::bad_alloc`` of the core, numpy's own) becomes ``MemoryError(f"{where}: cannot
-    allocate {what}: ...{tail}")``."""
-    try:
-        yield
-    except MemoryError as exc:
-        detail = _memory_detail(exc)
-        raise MemoryError(
-            f"{where}: cannot allocate {what}{': ' + detail if detail else ''}{tail}"
-        ) from None
-
-
-def _check_int(value, name: str, where: str, *, minimum: int = 0, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{where}: {name} must be an int; got {type(value).__name__}")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{where}: {name}={value} must be >= {minimum}")
-    return value
-
-
-def _check_real(value, name: str, where: str) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{where}: {name} must be a real number; got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{where}: {name}={value} must be finite")
-    return value
-
-
-def _as_ids(ids, where: str, name: str = "ids") -> np.ndarray:
-    """Token ids as an int64 array (no float, no bool: a silently truncated id is a bug)."""
-    arr = np.asarray(ids)
-    if arr.dtype == object or arr.dtype.kind not in "iu":
-        if arr.size == 0 and arr.dtype.kind == "f":  # [] or [[]]: an empty list has no dtype
-            return arr.astype(np.int64)
-        raise TypeError(
-            f"{where}: {name} must hold integers (token ids); got dtype {arr.dtype}"
-            + (" (bool is not an id)" if arr.dtype == bool else "")
-        )
-    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
-        at = tuple(int(i) for i in np.unravel_index(int(arr.argmax()), arr.shape))
-        raise ValueError(f"{where}: {name}{list(at)}={int(arr[at])} is not a token id")
-    return arr.astype(np.int64, copy=False)
-
-
-# -- states -----------------------------------------------------------------------------------
-
-
-class ModelState:
-    """Every layer's state of one :class:`Model` for a batch of sequences.
-
-    Made only by :meth:`Model.allocate_state`; calling the class raises TypeError. Caller-owned:
-    the model keeps nothing between calls, so one model serves any number of states.
-
-    Attributes
-    ----------
-    layers : tuple
-        One state per block, in order (``TransformerState`` or ``Mamba2State``); their buffers
-        are the KV caches / conv windows and SSM states themselves.
-    batch_size : int
-    max_tokens : int or None
-        Positions each row may hold (None for a Mamba-2 model: its state has a constant size).
-    fingerprint : str
-        The allocating model's fingerprint; another model refuses the state.
-
-    Notes
-    -----
-    The state serves one call at a time through a native lock (RuntimeError when busy). A call
-    made on the main thread (the one where signal handlers raise) is atomic over all layers and
-    the head (SPEC.md 2.5): it completes, or it raises and every layer's buffers and counters
-    are exactly as before, whatever the failure (KeyboardInterrupt or an exception raised by a
-    signal handler at any point, a non-finite value arising in a late layer, a MemoryError).
-    For that each layer saves what it overwrites into the state's undo log (the call's new K/V
-    slots, a copy of each advancing Mamba-2 row's conv window and SSM state), which the lock's
-    transaction rolls back or forgets when the call ends. On another thread nothing can be
-    raised into a call between bytecodes, so nothing is saved there; if such a call fails
-    after the first layer has written (only a non-finite value arising in a later layer or a
-    MemoryError can cause that), the rows it advanced are marked inconsistent and refused until
-    :meth:`reset` clears them. ``copy.copy`` / ``copy.deepcopy`` and pickling copy every buffer
-    under the lock; taken while another thread's call runs, they wait for it (SPEC.md 2.6).
-    """
-
-    __slots__ = ("layers", "batch_size", "max_tokens", "_fingerprint", "_lock", "_undo", "_broken")
-
-    def __init__(self, *args, **kwargs):
-        raise TypeError(
-            "ModelState: states are made by Model.allocate_state(batch_size, max_tokens), not "
-            "by calling the class"
-        )
-
-    @classmethod
-    def _make(cls, token, layers, batch_size, max_tokens, fingerprint, broken=()):
-        if token is not _PRIVATE:
-            raise TypeError("ModelState: states are made by Model.allocate_state")
-        from exactblocks import _ext
-
-        core = _ext.core()
-        self = object.__new__(cls)
-        s = object.__setattr__
-        s(self, "layers", tuple(layers))
-        s(self, "batch_size", int(batch_size))
-        s(self, "max_tokens", None if max_tokens is None else int(max_tokens))
-        if not isinstance(fingerprint, LazyFingerprint):  # the model's object, or a str
-            fingerprint = str(fingerprint)
-        s(self, "_fingerprint", fingerprint)
-        # `with _lock.transaction(msg, _undo):` a model call (RuntimeError when busy; rolls the
-        # layers back on any exception); `with _lock.claim(msg):` reset; `with _lock.hold(...)`
-        # snapshots. Entered and left natively: no exception can leak the lock.
-        s(self, "_lock", core.StateLock())
-        s(self, "_undo", core.UndoLog())
-        s(self, "_broken", set(broken))  # rows left inconsistent by a failed call (see Notes)
-        return self
-
-    def __setattr__(self, name, value):
-        raise AttributeError(f"ModelState: attribute {name!r} cannot be assigned")
-
-    @property
-    def fingerprint(self) -> str:
-        """str: The allocating model's fingerprint (32 hexadecimal digits)."""
-        return fingerprint_value(self._fingerprint)
-
-    @property
-    def row_tokens(self) -> np.ndarray:
-        """ndarray of shape (batch_size,), int64: positions held per row (a copy)."""
-        return np.array(self.layers[0].row_tokens, dtype=np.int64, copy=True)
-
-    def reset(self, rows=None) -> None:
-        """Empty rows (all by default) of every layer's state, freeing their batch slots.
-
-        Parameters
-        ----------
-        rows : None, int or sequence of int, default=None
-            Rows to clear; None = all.
-
-        Raises
-        ------
-        TypeError, ValueError
-            As the layers' ``reset`` (a row outside [0, batch_size)); nothing changes then.
-        RuntimeError
-            The state (or one of its layers) is in use by a call; or some rows are given of a
-            state that a call of another thread held when the process forked.
-
-        Notes
-        -----
-        Every layer's rows are zeroed in one native step: an exception (Ctrl-C) leaves all
-        layers reset or none. A reset of every row also makes usable again a state that a call
-        of another thread held when the process forked (its contents were undefined in the
-        child; SPEC.md 2.6).
-        """
-        from exactblocks import _ext
-        from exactblocks._state import _check_rows
-
-        where = "ModelState.reset"
-        idx = np.array(_check_rows(rows, self.batch_size, where), dtype=np.int64)
-        busy = f"{where}: the state is in use by another call"
-        # a reset of every row also makes a state held by a call at a fork usable (SPEC 2.6)
-        all_rows = len(set(idx.tolist())) == self.batch_size
-        with self._lock.reset_claim(busy, all_rows):
-            layers = []
-            for st in self.layers:
-                st._check_buffers(where)
-                a, b = (getattr(st, name) for name in st._BUFFERS)
-                layers.append((st._lock, a, b, st.row_tokens))
-            _ext.core().reset_layers(layers, idx, busy)
-            self._broken.difference_update(int(r) for r in idx)
-
-    def _copy_layers(self, where: str) -> tuple:
-        """Copies of every layer and the inconsistent rows, taken under the state's lock (a
-        running call of another thread finishes first; RuntimeError when this thread's own call
-        holds it)."""
-        import copy
-
-        from exactblocks._state import SNAPSHOT_TIMEOUT
-
-        with self._lock.hold(where, SNAPSHOT_TIMEOUT):
-            return tuple(copy.copy(st) for st in self.layers), sorted(self._broken)
-
-    def __reduce__(self):
-        layers, broken = self._copy_layers("ModelState (pickle or copy)")
-        return (
-            _restore_model_state,
-            (layers, self.batch_size, self.max_tokens, self.fingerprint, broken),
-        )
-
-    def __copy__(self):
-        layers, broken = self._copy_layers("ModelState (copy)")
-        # the model's own fingerprint object: the copy is recognised by identity, and a
-        # fingerprint not yet computed stays so
-        return ModelState._make(
-            _PRIVATE, layers, self.batch_size, self.max_tokens, self._fingerprint, broken
-        )
-
-    def __deepcopy__(self, memo):
-        return self.__copy__()
-
-    def __repr__(self) -> str:
-        return (
-            f"ModelState(batch_size={self.batch_size}, max_tokens={self.max_tokens}, "
-            f"layers={len(self.layers)}, row_tokens={self.row_tokens.tolist()})"
-        )
-
-
-def _restore_model_state(layers, batch_size, max_tokens, fingerprint, broken=()):
-    return ModelState._make(_PRIVATE, layers, batch_size, max_tokens, fingerprint, broken)
-
-
-# -- generation results -------------------------------------------------------------------------
-
-
-@dataclass
-class GenerateOutput:
-    """What :meth:`Model.generate` produced.
-
-    Attributes
-    ----------
-    ids : list of int
-        The new token ids (a stop token is not included).
-    text : str or None
-        Their text (``tokenizer.decode(ids)``, cut before a stop string), or None without a
-        tokenizer.
-    prompt_ids : list of int
-        The prompt as token ids.
-    finish_reason : str
-        ``"length"`` (max_new_tokens reached) or ``"stop"`` (a stop token or string).
-    prefill_seconds, decode_seconds : float
-        Wall time of the prompt's forward and of the decode steps.
-    decode_steps : int
-        ``step`` calls made (new tokens after the first).
-    """
-
-    ids: list = field(default_factory=list)
-    text: str | None = None
-    prompt_ids: list = field(default_factory=list)
-    finish_reason: str = "length"
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    decode_steps: int = 0
-
-
-class GenerationStream:
-    """An iterator over the pieces of a generation, as they are decoded.
-
-    Returned by ``Model.generate(..., stream=True)``. Yields str pieces (whose concatenation
-    is the final ``text``) when the model has a tokenizer, else the new token ids (int).
-    After exhaustion, :attr:`output` holds the :class:`GenerateOutput`.
-
-    Attributes
-    ----------
-    output : GenerateOutput or None
-        None until the iterator is exhausted.
-    """
-
-    def __init__(self, gen: Iterator, holder: list):
-        self._gen = gen
-        self._holder = holder
-
-    def __iter__(self) -> GenerationStream:
-        return self
-
-    def __next__(self):
-        return next(self._gen)
-
-    @property
-    def output(self) -> GenerateOutput | None:
-        """GenerateOutput or None: the result, once the iterator is exhausted."""
-        return self._holder[0] if self._holder else None
-
-    def close(self) -> None:
-        """Stop generating (releases the decode sessions at once)."""
-        self._gen.close()
-
-
-# -- the model ----------------------------------------------------------------------------------
-
-
-class _HeadRows:
-    """The rows of a packed vocabulary matrix, as float32 on demand.
-
-    An embedding without a float32 copy: the output head's matrix for a tied embedding
-    (``_core.OutputHead``), or an untied GGUF embedding's own packed blocks
-    (``_core.PackedLinear``). ``rows[ids]`` gives ``(*ids.shape, d_model)``, each row rebuilt
-    by the core with the kernels' own operations, so it equals the row the matrix was packed
-    from, bit for bit.
-    """
-
-    __slots__ = ("_head", "vocab_size", "d_model")
-
-    def __init__(self, head, vocab_size: int, d_model: int):
-        self._head = head
-        self.vocab_size = int(vocab_size)
-        self.d_model = int(d_model)
-
-    @property
-    def nbytes(self) -> int:
-        """int: Bytes of the float32 matrix."""
-        return self.vocab_size * self.d_model * 4
-
-    def __getitem__(self, ids) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.int64)
-        flat = np.ascontiguousarray(ids.reshape(-1))
-        return self._head.rows(flat).reshape(*ids.shape, self.d_model)
-
-    def chunks(self, rows: int = 2048):
-        """Yield the float32 matrix a slice of ``rows`` rows at a time, in order."""
-        for r0 in range(0, self.vocab_size, rows):
-            yield self._head.unpack(r0, min(self.vocab_size, r0 + rows))
+from .._weights import LazyFingerprint, same_fingerprint
+from ._args import _as_ids, _check_int, _frozen_json
+from .errors import layer_error, memory_named
+from .generate import Generation, GenerationStream, SamplingParams, decode_one, split_stop
+from .head import _model_fingerprint
+from .state import _PRIVATE, ModelState
+
+__all__ = ["Model"]
 
 
 class Model:
@@ -637,7 +272,8 @@ class Model:
             rows *= self._embed_scale
         return rows
 
-    def _stack_run(self, x: np.ndarray, state: ModelState, lens, i: int, *, undo, workspace):
+    def _stack_run(self, x: np.ndarray, state: ModelState, lens, i: int, *, undo, workspace,
+                   end=None):  # fmt: skip
         """Layers ``i`` .. of ``state`` in one native call (``_core.layer_stack``), up to the
         first it cannot take; returns ``(x, next layer)``.
 
@@ -648,7 +284,8 @@ class Model:
         changed nothing of it; the caller then runs that layer through the block's call, which
         raises the block's error (or runs it, when the cause has gone)."""
         items = []
-        for j in range(i, len(self._blocks) if self._native_layers else i):
+        end = len(self._blocks) if end is None else end
+        for j in range(i, end if self._native_layers else i):
             impl, st, recurrent = self._blocks[j]._impl, state.layers[j], self._recurrent[j]
             if not same_fingerprint(st._fingerprint, impl.fp) or (
                 not recurrent and st._session is not None
@@ -674,24 +311,26 @@ class Model:
             return x, i
         return (x, i) if done == 0 else (y, i + done)
 
-    def _run_blocks(self, x: np.ndarray, state, lens, *, step: bool, where: str, ws=None):
+    def _run_blocks(self, x: np.ndarray, state, lens, *, step: bool, where: str, ws=None,
+                    upto=None):  # fmt: skip
         """x through every block: without a state, or with a state only this call uses (that of
         ``generate``, with the workspace ``ws`` its calls share), which saves nothing. A layer's
-        error is named after the model call ``where`` (:func:`_layer_error`)."""
-        i, n = 0, len(self._blocks)
+        error is named after the model call ``where`` (``errors.layer_error``). ``upto``: run
+        layers [0, upto) only (None = all)."""
+        i, n = 0, len(self._blocks) if upto is None else upto
         while i < n:
             try:
                 if state is None:
                     x = self._blocks[i].forward(x, lengths=lens)
                     i += 1
                     continue
-                x, i = self._stack_run(x, state, lens, i, undo=None, workspace=ws)
+                x, i = self._stack_run(x, state, lens, i, undo=None, workspace=ws, end=n)
                 if i < n:
                     x = self._blocks[i]._model_call(x, state.layers[i], lens, step=step,
                                                     session=None, undo=None)  # fmt: skip
                     i += 1
             except BaseException as exc:
-                named = _layer_error(exc, where, i, "")
+                named = layer_error(exc, where, i, "")
                 if named is None:
                     raise
                 raise named from None
@@ -727,7 +366,7 @@ class Model:
                         f"; state rows {rows} are left inconsistent (the call ran on another "
                         "thread than the main one): reset() them"
                     )
-                named = _layer_error(exc, where, i, tail)
+                named = layer_error(exc, where, i, tail)
                 if named is None:
                     raise
                 raise named from None
@@ -855,17 +494,17 @@ class Model:
         ids, lens = self._prepare(ids, state, lengths, where)
         B, L = ids.shape
         unchanged = "" if state is None else "; the state is unchanged"
-        with _memory_named(where, f"the embeddings of {B} x {L} tokens", unchanged):
+        with memory_named(where, f"the embeddings of {B} x {L} tokens", unchanged):
             x = self._embed_rows(ids, lens)
         head = self._last_logits if which == "last" else self._logits
         n_out = B if which == "last" else B * L
         if state is None:
             x = self._run_blocks(x, None, lens, step=False, where=where)
-            with _memory_named(where, self._head_what(n_out)):
+            with memory_named(where, self._head_what(n_out)):
                 return head(x, lens)
         with self._in_transaction(state, where):  # the head too: a stop there rolls back
             x = self._run_layers(x, state, lens, step=False, where=where)
-            with _memory_named(where, self._head_what(n_out), self._head_tail()):
+            with memory_named(where, self._head_what(n_out), self._head_tail()):
                 return head(x, lens)
 
     __call__ = forward
@@ -899,13 +538,115 @@ class Model:
             raise TypeError(f"{where}: state is required (use forward() without a state)")
         arr, _ = self._prepare(arr, state, None, where)
         B = arr.shape[0]
-        with _memory_named(where, f"the embeddings of {B} tokens", "; the state is unchanged"):
+        with memory_named(where, f"the embeddings of {B} tokens", "; the state is unchanged"):
             x = self._lookup(arr[:, 0])  # (B, d)
         with self._in_transaction(state, where):
             x = self._run_layers(x, state, None, step=True, where=where)
-            with _memory_named(where, self._head_what(B), self._head_tail()):
+            with memory_named(where, self._head_what(B), self._head_tail()):
                 x = self._head.forward(x.reshape(-1, self.d_model))
         return x.reshape(-1, 1, self.vocab_size)
+
+    # -- for apps: a layer's output, the head on chosen rows ------------------------------------
+    def hidden_states(self, ids, *, lengths=None, layer: int | None = None) -> np.ndarray:
+        """The hidden states of every position: a block's output, or the final normed one.
+
+        Parameters
+        ----------
+        ids : array-like of shape (batch, n_tokens), integer dtype
+        lengths : array-like of shape (batch,) or None, default=None
+            Valid tokens per ragged row (as :meth:`forward`).
+        layer : int or None, default=None
+            None: after the model's final norm (what the output head reads). An int: the
+            output of block ``layer`` (0-based; negative counts from the end, -1 = the last
+            block, before the final norm).
+
+        Returns
+        -------
+        ndarray of shape (batch, n_tokens, d_model), float32
+            Row b, position t equals, bit for bit, the same row run alone; padding positions
+            hold unspecified values.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`forward`; ``layer`` not an int or outside the blocks. The layers run as
+            in :meth:`forward` (one native call), the final norm is the core's ``norm``.
+        """
+        where = "Model.hidden_states"
+        n = len(self._blocks)
+        if layer is not None:
+            layer = _check_int(layer, "layer", where, minimum=-n)
+            if layer >= n:
+                raise ValueError(f"{where}: layer={layer}; the model has {n} blocks")
+            layer %= n
+        ids, lens = self._prepare(ids, None, lengths, where)
+        x = self._run_private(ids, lens, where, upto=None if layer is None else layer + 1)
+        if layer is not None:
+            return x
+        from exactblocks import _ext
+
+        core = _ext.core()
+        fn = self.spec.final_norm()
+        kind = getattr(core.NormKind, fn["norm"]).value
+        B, L, _ = x.shape
+        real = np.ones((B, L), bool) if lens is None else np.arange(L)[None, :] < lens[:, None]
+        if real.any():
+            x[real] = core.norm(kind, np.ascontiguousarray(x[real]), self._final_norm_weight,
+                                None, float(fn["norm_eps"]))  # fmt: skip
+        return x
+
+    def logits(self, hidden) -> np.ndarray:
+        """The output head (final norm and vocabulary projection) on chosen hidden rows.
+
+        Parameters
+        ----------
+        hidden : array-like of shape (n, d_model), float32
+            Outputs of the last block (``hidden_states(ids, layer=-1)[rows, positions]``).
+
+        Returns
+        -------
+        ndarray of shape (n, vocab_size), float32
+            Bit for bit the logits :meth:`forward` gives at those positions.
+
+        Raises
+        ------
+        TypeError
+            ``hidden`` not float32.
+        ValueError
+            ``hidden`` not of shape (n, d_model).
+        """
+        h = np.asarray(hidden)
+        if h.dtype != np.float32:
+            raise TypeError(f"Model.logits: hidden has dtype {h.dtype}; expected float32")
+        if h.ndim != 2 or h.shape[1] != self.d_model:
+            raise ValueError(
+                f"Model.logits: hidden has shape {h.shape}; expected (n, {self.d_model})"
+            )
+        if h.shape[0] == 0:
+            return np.zeros((0, self.vocab_size), np.float32)
+        with memory_named("Model.logits", self._head_what(h.shape[0])):
+            return self._head.forward(np.ascontiguousarray(h))
+
+    def _run_private(self, ids, lens, where, upto=None, state=None, ws=None):
+        """Embed ``ids`` and run layers ``[0, upto)`` on a state this call alone uses (nothing
+        saved for a rollback) with one scratch workspace: the one-native-call layer path."""
+        from exactblocks import _ext
+
+        B, L = ids.shape
+        if state is None:
+            state = self.allocate_state(B, None if self._is_mamba else L)
+        if ws is None:
+            ws = _ext.core().Workspace()
+        with memory_named(where, f"the embeddings of {B} x {L} tokens"):
+            x = self._embed_rows(ids, lens)
+        return self._run_blocks(x, state, lens, step=False, where=where, ws=ws, upto=upto)
+
+    def __reduce__(self):
+        raise TypeError(
+            "Model: a loaded model cannot be pickled (its weights live in the native core); "
+            "ship its path, or exactblocks.ray.pack_model(path), and load_model it where it is "
+            "needed"
+        )
 
     # -- generation -----------------------------------------------------------------------------
     def generate(
@@ -918,6 +659,8 @@ class Model:
         top_p: float | None = None,
         seed: int | None = None,
         stop=None,
+        ignore_eos: bool = False,
+        logprobs: bool = False,
         stream: bool = False,
     ):
         """Continue ``prompt`` token by token: greedy, or sampled with a seeded generator.
@@ -941,9 +684,14 @@ class Model:
         seed : int or None, default=None
             Seed of ``numpy.random.Generator(PCG64(seed))``; the same seed gives the same tokens
             on every machine. None = fresh OS entropy.
-        stop : None or iterable of int and str, default=None
-            Stop token ids and stop strings; None = ``eos_token_ids``. A stop token is not
-            part of the output; the text is cut before a stop string.
+        stop : None, str, int or iterable of int and str, default=None
+            Stop token ids and stop strings, in addition to the model's ``eos_token_ids``; a
+            str is one stop string. A stop token is not part of the output; the text is cut
+            before a stop string.
+        ignore_eos : bool, default=False
+            True: the model's ``eos_token_ids`` do not stop the generation.
+        logprobs : bool, default=False
+            Fill ``GenerateOutput.logprobs`` (:func:`exactblocks.sampling.logprobs`).
         stream : bool, default=False
             Return a :class:`GenerationStream` of pieces instead of the output.
 
@@ -968,6 +716,8 @@ class Model:
         token picks the first token whose cumulative weight exceeds it. The prompt is prefilled
         with one ``forward`` (the output head on its last position only); each new token is
         one ``step`` (every layer in one native call), which equals the prefill bit for bit.
+        The stop rules and sampling arguments are those of the server and
+        ``exactblocks.ray`` (``exactblocks.models.generate``, docs/generation.md).
         """
         where = "Model.generate"
         if isinstance(prompt, str):
@@ -990,134 +740,60 @@ class Model:
                 f"{where}: {what}[{i}]={int(ids[i])} is outside the vocabulary "
                 f"[0, {self.vocab_size})"
             )
-        n_new = _check_int(max_new_tokens, "max_new_tokens", where, minimum=1)
-        temp = _check_real(temperature, "temperature", where)
-        if temp < 0:
-            raise ValueError(f"{where}: temperature={temp} must be >= 0")
-        k = _check_int(top_k, "top_k", where, minimum=1, allow_none=True)
-        p = None if top_p is None else _check_real(top_p, "top_p", where)
-        if p is not None and not 0 < p <= 1:
-            raise ValueError(f"{where}: top_p={p} must be in (0, 1]")
-        seed = _check_int(seed, "seed", where, minimum=0, allow_none=True)
-        stop_ids, stop_strs = set(), []
-        for s in self.eos_token_ids if stop is None else stop:
-            if isinstance(s, str):
-                if not s:
-                    raise ValueError(f"{where}: a stop string is empty")
-                stop_strs.append(s)
-            else:
-                sid = _check_int(s, "stop entry", where)
-                if stop is not None and sid >= self.vocab_size:  # (the model's own eos ids
-                    raise ValueError(  # are taken as the config states them)
-                        f"{where}: stop id {sid} is outside the vocabulary [0, "
-                        f"{self.vocab_size}): it could never be generated"
-                    )
-                stop_ids.add(sid)
-        if stop_strs and self.tokenizer is None:
-            raise TypeError(f"{where}: stop strings need a tokenizer; this model has none")
-        capacity = len(prompt_ids) + n_new
+        stop_ids, stop_strs = split_stop(stop, where)
+        params = SamplingParams.checked(
+            where,
+            {"max_tokens": "max_new_tokens"},
+            max_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stop=stop_strs,
+            stop_token_ids=stop_ids,
+            ignore_eos=ignore_eos,
+            logprobs=logprobs,
+        )
+        gen = self.generation(prompt_ids, params, where=where)
+        capacity = len(prompt_ids) + params.max_tokens
         if self.max_positions is not None and capacity > self.max_positions:
             raise ValueError(
-                f"{where}: the prompt ({len(prompt_ids)} tokens) plus max_new_tokens={n_new} "
-                f"exceeds max_positions={self.max_positions}"
+                f"{where}: the prompt ({len(prompt_ids)} tokens) plus max_new_tokens="
+                f"{params.max_tokens} exceeds max_positions={self.max_positions}"
             )
-        # greedy decoding draws nothing: numpy.random (and the libcrypto its import loads,
-        # about 5 MB of memory) is imported only to sample
-        rng = np.random.Generator(np.random.PCG64(seed)) if temp > 0 else None
         holder: list = []
-        gen = self._generate_iter(
-            prompt_ids, n_new, temp, k, p, rng, stop_ids, stop_strs, capacity, holder
-        )
-        out = GenerationStream(gen, holder)
+        out = GenerationStream(decode_one(self, gen, capacity, holder), holder)
         if stream:
             return out
         for _ in out:
             pass
         return out.output
 
-    def _generate_iter(self, prompt_ids, n_new, temp, k, p, rng, stop_ids, stop_strs, capacity,
-                       holder):  # fmt: skip
-        from exactblocks import _ext
+    def generation(self, prompt_ids, params: SamplingParams, *, where: str = "Model.generation"):
+        """A :class:`~exactblocks.models.generate.Generation` of ``prompt_ids`` on this model.
 
-        res = GenerateOutput(prompt_ids=list(prompt_ids))
-        detok = Detokenizer(self.tokenizer, stop_strs) if self.tokenizer is not None else None
-        # A state this generation alone uses (nothing saved for a rollback), and one scratch
-        # workspace for all its calls: the layers run one after another (one per layer held
-        # ~1.6 MB each after a SmolLM2 prompt: 30 layers, 47 MB of peak memory).
-        state = self.allocate_state(1, None if self._is_mamba else capacity)
-        ws = _ext.core().Workspace()
-        t0 = time.perf_counter()
-        ids = np.asarray([prompt_ids], np.int64)
-        x = self._run_blocks(self._embed_rows(ids, None), state, None, step=False,
-                             where="Model.generate", ws=ws)  # fmt: skip
-        logits = self._last_logits(x, None)[0]  # the head on the last position only
-        res.prefill_seconds = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        while True:
-            token = pick_token(logits, temperature=temp, top_k=k, top_p=p, rng=rng)
-            if token in stop_ids:
-                res.finish_reason = "stop"
-                break
-            res.ids.append(token)
-            if detok is not None:
-                piece = detok.push(token)
-                if piece:
-                    yield piece
-                if detok.stopped:
-                    res.finish_reason = "stop"
-                    break
-            else:
-                yield token
-            if len(res.ids) == n_new:
-                break
-            x = self._lookup(np.asarray([token]))
-            x = self._run_blocks(x, state, None, step=True, where="Model.generate",
-                                 ws=ws)  # fmt: skip
-            logits = self._head.forward(x.reshape(1, self.d_model))[0]
-            res.decode_steps += 1
-        res.decode_seconds = time.perf_counter() - t1
-        if detok is not None:
-            piece = detok.finish()
-            res.text = detok.text
-            if piece:
-                yield piece
-        holder.append(res)
+        Parameters
+        ----------
+        prompt_ids : sequence of int
+        params : SamplingParams
+        where : str, default="Model.generation"
+            The call named in errors.
 
+        Returns
+        -------
+        Generation
+            Its stop tokens are this model's ``eos_token_ids`` (unless ``params.ignore_eos``)
+            and ``params.stop_token_ids``; its text is decoded with this model's tokenizer.
 
-def _model_fingerprint(spec, blocks, head_bytes) -> str:
-    """XXH3-128 of the family's spec, every block's fingerprint and the head's weights (the
-    final norm, and the head and embedding matrices as float32 rows: a packed head's rows are
-    rebuilt a slice at a time)."""
-    h = xxhash.xxh3_128()
-    for part in (b"exactblocks-model-1", repr(spec).encode()):
-        h.update(len(part).to_bytes(8, "little"))
-        h.update(part)
-    for blk in blocks:
-        h.update(blk.fingerprint.encode())
-    for arr in head_bytes:
-        h.update(arr.nbytes.to_bytes(8, "little"))
-        if isinstance(arr, _HeadRows):  # the packed head's float32 rows, a slice at a time
-            for chunk in arr.chunks():
-                h.update(memoryview(chunk).cast("B"))
-        else:
-            h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
-    return h.hexdigest()
-
-
-def _eos_from(config: Mapping, generation_config: Mapping | None) -> tuple[int, ...]:
-    """Default stop ids: generation_config.json's eos_token_id, else the config's (as HF)."""
-    for src in (generation_config or {}, config):
-        v = src.get("eos_token_id")
-        if v is not None:
-            vals = v if isinstance(v, (list, tuple)) else [v]
-            return tuple(int(i) for i in vals if isinstance(i, int) and not isinstance(i, bool))
-    return ()
-
-
-def _frozen_json(value: Any) -> Any:
-    """A deep copy of a JSON-like config with tuples for lists (for MappingProxyType views)."""
-    if isinstance(value, Mapping):
-        return MappingProxyType({k: _frozen_json(v) for k, v in value.items()})
-    if isinstance(value, (list, tuple)):
-        return tuple(_frozen_json(v) for v in value)
-    return value
+        Raises
+        ------
+        TypeError, ValueError
+            As :class:`~exactblocks.models.generate.Generation`.
+        """
+        if not isinstance(params, SamplingParams):
+            raise TypeError(
+                f"{where}: params must be a SamplingParams; got {type(params).__name__}"
+            )
+        return Generation(params, prompt_ids, tokenizer=self.tokenizer,
+                          eos_token_ids=self.eos_token_ids, vocab_size=self.vocab_size,
+                          where=where)  # fmt: skip

@@ -1,0 +1,75 @@
+"""Argument checks and config helpers of the model calls.
+
+What lives here: the int/real/token-id checks of ``Model`` calls (``_check_int``,
+``_check_real``, ``_as_ids``) and the config helpers ``load_model`` uses (``_eos_from``,
+``_frozen_json``). What does not: the sampling checks (``SamplingParams`` in
+``exactblocks.models.generate``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+
+def _check_int(value, name: str, where: str, *, minimum: int = 0, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{where}: {name} must be an int; got {type(value).__name__}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{where}: {name}={value} must be >= {minimum}")
+    return value
+
+
+def _check_real(value, name: str, where: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{where}: {name} must be a real number; got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: {name}={value} must be finite")
+    return value
+
+
+def _as_ids(ids, where: str, name: str = "ids") -> np.ndarray:
+    """Token ids as an int64 array (no float, no bool: a silently truncated id is a bug)."""
+    arr = np.asarray(ids)
+    if arr.dtype == object or arr.dtype.kind not in "iu":
+        if arr.size == 0 and arr.dtype.kind == "f":  # [] or [[]]: an empty list has no dtype
+            return arr.astype(np.int64)
+        raise TypeError(
+            f"{where}: {name} must hold integers (token ids); got dtype {arr.dtype}"
+            + (" (bool is not an id)" if arr.dtype == bool else "")
+        )
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+        at = tuple(int(i) for i in np.unravel_index(int(arr.argmax()), arr.shape))
+        raise ValueError(f"{where}: {name}{list(at)}={int(arr[at])} is not a token id")
+    return arr.astype(np.int64, copy=False)
+
+
+# -- the model ----------------------------------------------------------------------------------
+
+
+def _eos_from(config: Mapping, generation_config: Mapping | None) -> tuple[int, ...]:
+    """Default stop ids: generation_config.json's eos_token_id, else the config's (as HF)."""
+    for src in (generation_config or {}, config):
+        v = src.get("eos_token_id")
+        if v is not None:
+            vals = v if isinstance(v, (list, tuple)) else [v]
+            return tuple(int(i) for i in vals if isinstance(i, int) and not isinstance(i, bool))
+    return ()
+
+
+def _frozen_json(value: Any) -> Any:
+    """A deep copy of a JSON-like config with tuples for lists (for MappingProxyType views)."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _frozen_json(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen_json(v) for v in value)
+    return value
