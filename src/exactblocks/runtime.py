@@ -13,7 +13,7 @@ import threading
 import warnings
 
 from . import _ext
-from ._validation import check_int, describe_type
+from ._validation import _fmt_int, check_int, describe_type
 
 __all__ = [
     "arithmetic_version",
@@ -205,16 +205,16 @@ def set_num_threads(n: int) -> None:
     Parameters
     ----------
     n : int
-        Threads, in [1, 4096] (Python int or NumPy integer). A value above the CPUs usable by
-        the process (:func:`usable_cpus`, its affinity mask) is capped to them with a
-        RuntimeWarning: more threads than CPUs only adds overhead.
+        Threads, >= 1 (Python int or NumPy integer). A value above the CPUs usable by the
+        process (:func:`usable_cpus`, its affinity mask), however large, is capped to them with
+        a RuntimeWarning: more threads than CPUs only adds overhead.
 
     Raises
     ------
     TypeError
         ``n`` is not an int (bool and float are refused).
     ValueError
-        ``n`` outside [1, 4096].
+        ``n < 1``.
 
     Warns
     -----
@@ -236,12 +236,12 @@ def set_num_threads(n: int) -> None:
     1
     >>> exactblocks.set_num_threads(old)
     """
-    v = check_int(n, "n", "exactblocks.set_num_threads", min_value=1, max_value=MAX_NUM_THREADS)
+    v = check_int(n, "n", "exactblocks.set_num_threads", min_value=1)
     cpus = usable_cpus()
     if v > cpus:
         warnings.warn(
-            f"exactblocks.set_num_threads: n={v} exceeds the {_count(cpus, 'CPU')} usable by "
-            f"this process (its affinity mask); using {_count(cpus, 'thread')}",
+            f"exactblocks.set_num_threads: n={_fmt_int(v)} exceeds the {_count(cpus, 'CPU')} "
+            f"usable by this process (its affinity mask); using {_count(cpus, 'thread')}",
             RuntimeWarning,
             stacklevel=2,
         )
