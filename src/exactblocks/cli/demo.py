@@ -124,7 +124,8 @@ def run_demo(
     logits before it.
     """
     import exactblocks
-    from exactblocks.loaders.gguf import default_smollm2_path
+
+    from .models import resolve
 
     out = out if out is not None else sys.stdout
     if max_new_tokens < 1:
@@ -133,7 +134,7 @@ def run_demo(
         exactblocks.set_num_threads(threads)
 
     t0 = time.perf_counter()
-    path = default_smollm2_path() if gguf is None else gguf
+    path = resolve("smollm2") if gguf is None else gguf  # (names the pip command if missing)
     _note("loading: reading GGUF and building the model ...")
     try:
         model = exactblocks.load_model(path)
