@@ -180,8 +180,9 @@ def _apply_isa_env(core_module) -> None:
     Paths: scalar, avx2, avx512 on x86-64; scalar, neon on AArch64.
 
     An ISA the CPU or the build lacks is refused: the first use of the extension raises
-    ValueError naming the variable, its value and the available paths (nothing silently falls
-    back, so a test that forces a path really runs it).
+    ValueError naming the environment variable, its value and the available paths (nothing
+    silently falls back, so a test that forces a path really runs it). ``load_model`` loads
+    the extension before it opens a file, so this is never reported as a broken file.
     """
     raw = os.environ.get("EXACTBLOCKS_ISA", "")
     name = raw.strip().lower()  # "AVX2" and " avx2 " name the avx2 path too
@@ -190,8 +191,9 @@ def _apply_isa_env(core_module) -> None:
     avail = [str(s) for s in core_module.available_isas()]
     if name not in avail:
         raise ValueError(
-            f"exactblocks: EXACTBLOCKS_ISA={raw!r} is not available on this CPU "
-            f"or build; available: {avail} (unset it to use the best one)"
+            f"exactblocks: the environment variable EXACTBLOCKS_ISA={raw!r} is not available on "
+            f"this CPU or build; available: {avail} (unset it to use the best one, or set one "
+            "of those)"
         )
     core_module.set_isa(name)
 

@@ -155,7 +155,7 @@ def test_run_reports_a_bad_model_path(tmp_path, capsys):
         "exactblocks.models.loading",
         "exactblocks.models._config",
         "exactblocks.loaders.safetensors",
-        "exactblocks.loaders.hf_tokenizer",
+        "exactblocks.text.hf_tokenizer",
     ],
 )
 def test_docstring_examples(name):

@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..tokenizer import bytes_to_unicode
+from ..text import bytes_to_unicode
 from .engine import (
     SHUTTING_DOWN,
     Engine,
