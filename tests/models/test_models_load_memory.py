@@ -155,7 +155,7 @@ def test_lean_reader_tables_equal_gguf_py():
     import struct
 
     gguf = pytest.importorskip("gguf")
-    from exactblocks.loaders import gguf as lean
+    from exactblocks.loaders.gguf import reader as lean
 
     vt = gguf.GGUFValueType
     assert (lean._GGUF_STRING, lean._GGUF_ARRAY, lean._GGUF_BOOL) == (
