@@ -87,36 +87,7 @@ PY_LAYER_OF = {
 #: Every import that breaks the order today, each with what removes it. The test fails on a
 #: violation not listed here, and on a listed one that no longer occurs, so this set can only
 #: shrink; the integrator trims it as the restructuring lands.
-KNOWN_VIOLATIONS = {
-    # the pickle shims of a layout never released import their blocks: removed when the
-    # shims state.py and mamba2_state.py are deleted (the structure issue's sweep)
-    "exactblocks.state -> exactblocks.transformer.state (upward: base imports blocks)",
-    "exactblocks.state -> exactblocks.transformer.state._restore_transformer_state "
-    "(private name of another package)",
-    "exactblocks.mamba2_state -> exactblocks.mamba2.state (upward: base imports blocks)",
-    "exactblocks.mamba2_state -> exactblocks.mamba2.state._restore_mamba2_state "
-    "(private name of another package)",
-    # models/ takes block classes from the package facade: removed by importing them from
-    # exactblocks.transformer / exactblocks.mamba2 (the one-file-per-family records touch
-    # each of these lines)
-    "exactblocks.models._decoder -> exactblocks (upward: models imports api)",
-    "exactblocks.models._hybrid -> exactblocks (upward: models imports api)",
-    "exactblocks.models.model -> exactblocks (upward: models imports api)",
-    "exactblocks.models.mamba2 -> exactblocks (upward: models imports api)",
-    # models/ reaches into the base modules' private helpers: removed when ModelState's row
-    # check becomes a public base helper (_state.py names it publicly)
-    "exactblocks.models.state -> exactblocks._state._check_rows (private name of another package)",
-    # the blocks share the base modules' private sentinel and formatter: removed by naming
-    # them publicly in _state.py / _validation.py (they are shared by design)
-    "exactblocks.transformer.block -> exactblocks._state._PRIVATE "
-    "(private name of another package)",
-    "exactblocks.transformer.state -> exactblocks._state._PRIVATE "
-    "(private name of another package)",
-    "exactblocks.mamba2.block -> exactblocks._state._PRIVATE (private name of another package)",
-    "exactblocks.mamba2.state -> exactblocks._state._PRIVATE (private name of another package)",
-    "exactblocks.transformer.config -> exactblocks._validation._fmt_int "
-    "(private name of another package)",
-}
+KNOWN_VIOLATIONS: set[str] = set()
 
 
 def py_modules() -> dict[str, Path]:

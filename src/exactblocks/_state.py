@@ -21,7 +21,7 @@ from ._weights import LazyFingerprint, fingerprint_value
 __all__ = ["SNAPSHOT_TIMEOUT", "StateBase"]
 
 # Passed by the blocks' allocate_state (and unpickling) only; any other construction raises.
-_PRIVATE = object()
+PRIVATE_TOKEN = object()
 
 # Seconds a snapshot (pickle, copy, keys, values) waits for a running call of another thread to
 # finish before it raises RuntimeError (SPEC.md 2.6).
@@ -57,7 +57,7 @@ class StateBase:
         str (unpickling) or the allocating block's
         :class:`~exactblocks._weights.LazyFingerprint`, kept as it is so that the block
         recognises its state without computing the digest."""
-        if token is not _PRIVATE:
+        if token is not PRIVATE_TOKEN:
             raise TypeError(f"{cls.__name__}: states are made by {cls._MADE_BY}")
         self = object.__new__(cls)
         for name, v in ints.items():
@@ -147,7 +147,7 @@ class StateBase:
         """A state's ``reset``: zero the buffers and ``row_tokens`` of ``rows`` (all when None),
         under the state's lock and after re-checking its buffers, in one native step; nothing
         is written when a check fails or an exception interrupts it."""
-        idx = np.array(_check_rows(rows, self.batch_size, where), dtype=np.int64)
+        idx = np.array(check_rows(rows, self.batch_size, where), dtype=np.int64)
         # a reset of every row also makes a state held by a call at a fork usable (SPEC 2.6)
         all_rows = len(set(idx.tolist())) == self.batch_size
         with self._lock.reset_claim(f"{where}: state is in use by another call", all_rows):
@@ -157,7 +157,7 @@ class StateBase:
             _ext.core().reset_rows(a, b, self.row_tokens, idx)
 
 
-def _check_rows(rows, batch: int, where: str) -> list[int]:
+def check_rows(rows, batch: int, where: str) -> list[int]:
     """``reset``'s ``rows`` argument as a list of row indices in [0, batch)."""
     if rows is None:
         return list(range(batch))

@@ -309,7 +309,7 @@ def check_finite(
     )  # fmt: skip
 
 
-def _fmt_int(v: int) -> str:
+def fmt_int(v: int) -> str:
     """Spell an int for a message; a huge one by its size (str() of >4300 digits raises)."""
     if abs(v) >= 1 << 256:
         return f"{'-' if v < 0 else ''}an int of {abs(v).bit_length()} bits"
@@ -369,7 +369,7 @@ def check_int(
             rng = f"<= {max_value}"
         else:
             rng = f"in [{min_value}, {max_value}]"
-        raise ValueError(f"{where}: {name} must be {rng}; got {_fmt_int(v)}")
+        raise ValueError(f"{where}: {name} must be {rng}; got {fmt_int(v)}")
     return v
 
 
@@ -431,7 +431,7 @@ def check_real(
         v = float(value)
     except OverflowError:  # a Python int beyond binary64
         raise ValueError(
-            f"{where}: {name} must be finite; got {_fmt_int(int(value))}, too "
+            f"{where}: {name} must be finite; got {fmt_int(int(value))}, too "
             f"large for a float (the largest is about 1.8e308)"
         ) from None
     if math.isnan(v) or (math.isinf(v) and not (allow_inf and v > 0)):

@@ -13,7 +13,7 @@ import threading
 import warnings
 
 from . import _ext
-from ._validation import _fmt_int, check_int, describe_type
+from ._validation import check_int, describe_type, fmt_int
 
 __all__ = [
     "arithmetic_version",
@@ -242,7 +242,7 @@ def set_num_threads(n: int) -> None:
     cpus = usable_cpus()
     if v > cpus:
         warnings.warn(
-            f"exactblocks.set_num_threads: n={_fmt_int(v)} exceeds the {_count(cpus, 'CPU')} "
+            f"exactblocks.set_num_threads: n={fmt_int(v)} exceeds the {_count(cpus, 'CPU')} "
             f"usable by this process (its affinity mask); using {_count(cpus, 'thread')}",
             RuntimeWarning,
             stacklevel=2,

@@ -753,7 +753,7 @@ def test_state_wrong_class(block, x, kind):
     elif kind == "array":
         bad = np.zeros((2, NH, DI // NH, NS), np.float32)
     else:
-        from exactblocks._state import _PRIVATE
+        from exactblocks._state import PRIVATE_TOKEN as _PRIVATE
 
         bad = TransformerState._make(
             _PRIVATE,

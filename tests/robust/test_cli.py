@@ -228,14 +228,7 @@ def test_the_cli_is_an_app_on_public_names():
     src = root.parent
     assert not (src / "models" / "cli.py").exists()
     allowed = ("exactblocks", "exactblocks.models", "exactblocks.runtime", "exactblocks.serve")
-    # The demo is being rebuilt on load_model + generate; until then it keeps the legacy path.
-    legacy = {
-        ("demo.py", "exactblocks", "_ext"),
-        ("demo.py", "exactblocks.loaders.gguf", "build_blocks"),
-        ("demo.py", "exactblocks.loaders.gguf", "load_gguf_llama"),
-        ("demo.py", "exactblocks.loaders.gguf", "open_gguf"),
-        ("demo.py", "exactblocks.tokenizer", "GGUFTokenizer"),
-    }
+    legacy: set[tuple[str, str, str]] = set()
     bad = []
     for path in sorted(root.glob("*.py")) + [src / "serve" / "cli.py"]:
         for node in ast.walk(ast.parse(path.read_text())):

@@ -18,7 +18,7 @@ import numpy as np
 from .. import _ext
 from .._block import BlockCommon, make_impl
 from .._options import install
-from .._state import _PRIVATE
+from .._state import PRIVATE_TOKEN
 from .._validation import check_array, check_finite, check_int, format_shape
 from .._weights import canonical_copy, check_weight, packed_layout, resolve_names
 from .config import OPTIONS, check_options, core_config
@@ -299,7 +299,7 @@ class Mamba2BlockInference(BlockCommon):
             if nbytes > sys.maxsize:
                 raise MemoryError
             return Mamba2State._make(
-                _PRIVATE,
+                PRIVATE_TOKEN,
                 batch_size=b,
                 n_heads=s["n_heads"],
                 head_dim=s["head_dim"],

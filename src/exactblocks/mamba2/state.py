@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _ext
-from .._state import _PRIVATE, StateBase
+from .._state import PRIVATE_TOKEN, StateBase
 from .._validation import check_finite, describe_type
 
 __all__ = ["Mamba2State"]
@@ -35,7 +35,7 @@ def _restore_mamba2_state(
 ):
     """Unpickle a Mamba2State (the arguments of ``Mamba2State.__reduce__``)."""
     return Mamba2State._make(
-        _PRIVATE,
+        PRIVATE_TOKEN,
         batch_size=batch_size,
         n_heads=n_heads,
         head_dim=head_dim,

@@ -305,7 +305,7 @@ class DecoderSpec:
         """
         import numpy as np
 
-        from exactblocks import TransformerBlockInference
+        from exactblocks.transformer import TransformerBlockInference
 
         p = self.layer_prefix.format(layer)
         weights = {}

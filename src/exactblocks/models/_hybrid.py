@@ -199,7 +199,8 @@ class HybridSpec:
         -------
         list of Mamba2BlockInference or TransformerBlockInference
         """
-        from exactblocks import Mamba2BlockInference, TransformerBlockInference
+        from exactblocks.mamba2 import Mamba2BlockInference
+        from exactblocks.transformer import TransformerBlockInference
 
         p = self.layer_prefix.format(layer)
         out = []

@@ -155,7 +155,7 @@ class Mamba2Spec:
         -------
         Mamba2BlockInference
         """
-        from exactblocks import Mamba2BlockInference
+        from exactblocks.mamba2 import Mamba2BlockInference
 
         p = self.layer_prefix.format(layer)
         weights = {name[len(p) :]: arr for name, arr in tensors.items()}  # HF Mamba2Block names

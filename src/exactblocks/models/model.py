@@ -95,7 +95,7 @@ class Model:
         self.max_positions = max_positions
         self.source = source
         self._is_mamba = spec.family == "mamba2"
-        from exactblocks import Mamba2BlockInference
+        from exactblocks.mamba2 import Mamba2BlockInference
 
         # per block: a recurrent Mamba-2 state (no capacity, no decode session) or a KV cache
         self._recurrent = tuple(isinstance(b, Mamba2BlockInference) for b in self._blocks)

@@ -122,10 +122,10 @@ class ModelState:
         child; SPEC.md 2.6).
         """
         from exactblocks import _ext
-        from exactblocks._state import _check_rows
+        from exactblocks._state import check_rows
 
         where = "ModelState.reset"
-        idx = np.array(_check_rows(rows, self.batch_size, where), dtype=np.int64)
+        idx = np.array(check_rows(rows, self.batch_size, where), dtype=np.int64)
         busy = f"{where}: the state is in use by another call"
         # a reset of every row also makes a state held by a call at a fork usable (SPEC 2.6)
         all_rows = len(set(idx.tolist())) == self.batch_size

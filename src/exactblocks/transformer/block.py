@@ -18,7 +18,7 @@ import numpy as np
 from .. import _ext
 from .._block import BlockCommon, make_impl
 from .._options import install
-from .._state import _PRIVATE
+from .._state import PRIVATE_TOKEN
 from .._validation import check_int, format_shape
 from .._weights import canonical_copy, check_weight, packed_layout, resolve_names
 from .config import (
@@ -394,7 +394,7 @@ class TransformerBlockInference(BlockCommon):
             if nbytes > sys.maxsize:
                 raise MemoryError
             return TransformerState._make(
-                _PRIVATE,
+                PRIVATE_TOKEN,
                 batch_size=b,
                 n_kv_heads=kv,
                 head_dim=hd,

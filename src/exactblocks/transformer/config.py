@@ -23,12 +23,12 @@ import numpy as np
 
 from .._options import Option, check_all, fill_fields
 from .._validation import (
-    _fmt_int,
     check_choice,
     check_flag,
     check_int,
     check_real,
     describe_type,
+    fmt_int,
 )
 
 __all__ = ["OPTIONS", "check_options", "core_config", "resolve", "rope_set_for"]
@@ -264,7 +264,7 @@ def _check_rope_dim(value, name: str, where: str):
     if v is not None and not -_MAX_INT_OPTION <= v <= _MAX_INT_OPTION:
         raise ValueError(
             f"{where}: rope_dim must be 0 (no RoPE) or an even int in [2, head_dim]; got "
-            f"{_fmt_int(v)}"
+            f"{fmt_int(v)}"
         )
     return v
 

@@ -14,7 +14,7 @@ import weakref
 import numpy as np
 
 from .. import _ext
-from .._state import _PRIVATE, StateBase
+from .._state import PRIVATE_TOKEN, StateBase
 from .._validation import check_int, describe_type
 
 __all__ = ["TransformerState"]
@@ -35,7 +35,7 @@ def _restore_transformer_state(
     """Unpickle a TransformerState (the arguments of ``TransformerState.__reduce__``; states
     pickled before longrope have no ``rope_factors``, which is then None)."""
     return TransformerState._make(
-        _PRIVATE,
+        PRIVATE_TOKEN,
         batch_size=batch_size,
         n_kv_heads=n_kv_heads,
         head_dim=head_dim,
