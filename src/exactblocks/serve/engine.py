@@ -36,6 +36,7 @@ from exactblocks.models.generate import (
     plan_step,
 )
 from exactblocks.runtime import get_num_threads
+from exactblocks.sampling import logprobs
 
 from .prefix_cache import PrefixCache, clear_row, restore_row, snapshot_row
 
@@ -43,6 +44,7 @@ __all__ = [
     "Engine",
     "EngineClosed",
     "FinishEvent",
+    "PromptEvent",
     "PromptTooLong",
     "QueueFull",
     "RequestHandle",
@@ -89,6 +91,9 @@ class FinishEvent:
     prompt_tokens, completion_tokens, cached_tokens : int
         Usage; ``cached_tokens`` were restored from the prefix cache.
     error : str or None
+    stop_token : TokenEvent or None
+        With logprobs, the stop token that ended the generation (never emitted, not in
+        ``text``): its id and logprobs, ``text_offset`` the length of the text.
     """
 
     finish_reason: str
@@ -98,6 +103,24 @@ class FinishEvent:
     completion_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    stop_token: TokenEvent | None = None
+
+
+@dataclass
+class PromptEvent:
+    """The logprobs of a request's prompt, sent once its prefill is done (when asked for).
+
+    Attributes
+    ----------
+    logprobs : list of tuple
+        One ``(logprob, top)`` per prompt token: ``logprob`` the float32 value of
+        ``log softmax(logits)[token]`` at the position before it (None for the first token,
+        which nothing predicts), ``top`` None (the first token, or ``top_logprobs=0``) or a
+        list of ``(id, logprob)`` by logprob descending then id ascending
+        (:func:`exactblocks.sampling.logprobs`).
+    """
+
+    logprobs: list
 
 
 class RequestHandle:
@@ -166,6 +189,10 @@ class _Seq:
     chain_ok: bool = True
     logits: np.ndarray | None = None  # ready to sample
     next_token: int | None = None  # to feed at the next step
+    prompt_top: int | None = None  # top_logprobs of the prompt's logprobs; None = not asked
+    prompt_lps: list | None = None  # (logprob, top) per prompt token so far
+    prefill_only: bool = False  # max_tokens=0: finish once the prompt is in
+    stop_token: TokenEvent | None = None
 
 
 class Engine:
@@ -317,17 +344,20 @@ class Engine:
     def check(self, n_prompt: int, max_tokens: int | None) -> int:
         """Validate sizes; return the max_tokens to use (None = all the room left).
 
+        ``max_tokens=0`` (a prompt scored, nothing generated) needs only room for the prompt.
+
         Raises
         ------
         PromptTooLong
-            The prompt leaves no room for one new token.
+            The prompt leaves no room for one new token (for ``max_tokens=0``: it exceeds
+            the sequence).
         ValueError
             An empty prompt, or prompt + max_tokens beyond ``max_tokens_per_sequence``.
         """
         cap = self.max_tokens_per_sequence
         if n_prompt < 1:
             raise ValueError("the prompt is empty")
-        if n_prompt >= cap:
+        if n_prompt >= cap + (max_tokens == 0):
             raise PromptTooLong(
                 f"the prompt has {n_prompt} tokens; this server holds at most {cap} tokens per "
                 "sequence (prompt + completion)"
@@ -342,7 +372,13 @@ class Engine:
         return max_tokens
 
     def submit(
-        self, prompt_ids, params: SamplingParams, sink: Callable | None = None
+        self,
+        prompt_ids,
+        params: SamplingParams,
+        sink: Callable | None = None,
+        *,
+        prompt_logprobs: int | None = None,
+        prefill_only: bool = False,
     ) -> RequestHandle:
         """Queue a request; return its handle.
 
@@ -351,8 +387,18 @@ class Engine:
         prompt_ids : sequence of int
         params : SamplingParams
         sink : callable or None
-            Called from the loop thread with each TokenEvent and the FinishEvent; None =
-            collect them in the handle (:meth:`RequestHandle.events`).
+            Called from the loop thread with each event (a :class:`PromptEvent` first when
+            asked for, the TokenEvents, then the FinishEvent); None = collect them in the
+            handle (:meth:`RequestHandle.events`).
+        prompt_logprobs : int or None, default=None
+            None: no prompt logprobs. An int in [0, 20]: send a :class:`PromptEvent` with
+            every prompt token's logprob and that many alternatives once the prompt is in.
+            Its bits do not depend on the batch, the chunk split or the prefix cache: such a
+            request computes its whole prompt (a cached prefix is not restored for it, so its
+            ``cached_tokens`` is 0), with the logits of every prompt position.
+        prefill_only : bool, default=False
+            True: run the prompt and finish (reason ``"length"``) without generating
+            (``max_tokens=0``; ``params.max_tokens`` is then not used).
 
         Raises
         ------
@@ -364,7 +410,13 @@ class Engine:
         EngineClosed
         """
         ids = np.asarray(list(prompt_ids), dtype=np.int64)
-        self.check(len(ids), params.max_tokens)
+        self.check(len(ids), 0 if prefill_only else params.max_tokens)
+        if prompt_logprobs is not None and not (
+            isinstance(prompt_logprobs, int) and 0 <= prompt_logprobs <= 20
+        ):
+            raise ValueError(
+                f"prompt_logprobs={prompt_logprobs!r} must be None or an int in [0, 20]"
+            )
         vocab = self.model.vocab_size
         if ids.ndim != 1 or ((ids < 0) | (ids >= vocab)).any():
             raise ValueError(f"a prompt token id is outside the vocabulary [0, {vocab})")
@@ -373,7 +425,10 @@ class Engine:
         except TypeError as exc:  # stop strings without a tokenizer: a bad request
             raise ValueError(str(exc)) from None
         handle = RequestHandle(self, next(self._ids), ids.tolist(), params, sink)
-        seq = _Seq(handle=handle, ids=ids, gen=gen)
+        seq = _Seq(handle=handle, ids=ids, gen=gen, prompt_top=prompt_logprobs,
+                   prefill_only=bool(prefill_only))  # fmt: skip
+        if prompt_logprobs is not None:
+            seq.prompt_lps = [(None, None)]
         with self._cond:
             if self._stop:
                 raise EngineClosed("the engine is shut down")
@@ -413,12 +468,19 @@ class Engine:
         return self._thread is not None and self._thread.is_alive()
 
     def stats(self) -> dict:
-        """A snapshot of gauges and counters (for /metrics)."""
+        """A snapshot of gauges and counters (for /metrics).
+
+        ``kv_cache_usage`` is the fraction (0..1) of the state's positions that running
+        requests hold: their tokens (prompt in + generated) over ``max_batch *
+        max_tokens_per_sequence``.
+        """
         with self._cond:
             waiting = len(self._waiting) + len(self._incoming)
+        held = sum(s.pos + len(s.gen.ids) for s in list(self._rows) if s is not None)
         return {
             "running": self.max_batch - self._free_rows(),
             "waiting": waiting,
+            "kv_cache_usage": held / (self.max_batch * self.max_tokens_per_sequence),
             "max_batch": self.max_batch,
             "prefix_cache_bytes": self.cache.nbytes,
             "prefix_cache_entries": len(self.cache),
@@ -489,7 +551,8 @@ class Engine:
             seq.row = row
             self._rows[row] = seq
             clear_row(self.state, row)
-            entry = self.cache.lookup(seq.ids)
+            # prompt logprobs need every prompt position's logits: such a prompt runs whole
+            entry = None if seq.prompt_top is not None else self.cache.lookup(seq.ids)
             if entry is not None:
                 restore_row(self.state, row, entry)
                 seq.pos = seq.cached = entry.end
@@ -521,11 +584,20 @@ class Engine:
                     ids[row, 0] = seq.next_token
                 else:
                     ids[row, :n] = seq.ids[seq.pos : seq.pos + n]
+            scored = [
+                r
+                for r in np.flatnonzero(lens)
+                if self._rows[r].prompt_top is not None and self._rows[r].next_token is None
+            ]
+            every = None
             t0 = time.perf_counter()
             try:
                 # (B, vocab_size): each row's last position is all that is sampled or cached
                 if (lens == 1).all():  # every row decodes: step (same bits, less overhead)
                     logits = self.model.step(ids[:, 0], self.state)[:, 0]
+                elif scored:  # a prompt's logprobs: every position (the same bits per row)
+                    every = self.model.forward(ids, self.state, lengths=lens, logits="all")
+                    logits = every[np.arange(B), np.maximum(lens - 1, 0)]
                 else:
                     logits = self.model.forward(ids, self.state, lengths=lens, logits="last")
             except Exception as exc:  # non-finite activations: fail the rows of this call
@@ -542,14 +614,33 @@ class Engine:
                     seq.next_token = None
                     seq.logits = logits[row]
                     continue
+                if every is not None and seq.prompt_top is not None:
+                    self._score_prompt(seq, every[row, :n])
                 seq.pos += n
                 if seq.pos % chunk == 0 or seq.pos == len(seq.ids):
                     self._save(seq, logits[row])
                 if seq.pos == len(seq.ids):
-                    seq.logits = logits[row]
+                    if seq.prompt_lps is not None:
+                        self._emit(seq, PromptEvent(seq.prompt_lps))
+                    if seq.prefill_only:
+                        self._finish(seq, "length")
+                    else:
+                        seq.logits = logits[row]
         ready = [seq for seq in self._rows if seq is not None and seq.logits is not None]
         for seq, pick in zip(ready, self._pick_all(ready)):
             self._sample(seq, pick)
+
+    @staticmethod
+    def _score_prompt(seq: _Seq, chunk_logits: np.ndarray) -> None:
+        """Append the logprobs of the prompt tokens the chunk's positions predict."""
+        ids, k = seq.ids, seq.prompt_top
+        for t in range(len(chunk_logits)):
+            nxt = seq.pos + t + 1
+            if nxt >= len(ids):
+                break  # the last position predicts the first new token
+            lp, top = logprobs(chunk_logits[t], int(ids[nxt]), k)
+            top = None if top is None else [(i, float(v)) for i, v in top]
+            seq.prompt_lps.append((float(lp), top))
 
     def prefill_allowance(self, decoding: int) -> int:
         """Prompt tokens the next step may carry when ``decoding`` rows decode in it.
@@ -619,6 +710,10 @@ class Engine:
                 seq.handle.first_token - seq.handle.submitted
             )
         gen = seq.gen
+        if token in gen.stop_ids and gen.params.logprobs:
+            lp, top = logprobs(logits, token, gen.params.top_logprobs)
+            top = None if top is None else [(i, float(v)) for i, v in top]
+            seq.stop_token = TokenEvent(int(token), "", float(lp), top, 0)
         events, _ = gen.accept(token, logits)
         if token not in gen.stop_ids:
             self.sums["generation_tokens_total"] += 1
@@ -662,6 +757,8 @@ class Engine:
             for ev in held:
                 self._emit(seq, ev)
         text = seq.gen.text or ""
+        if seq.stop_token is not None:
+            seq.stop_token.text_offset = len(text)
         if seq.row >= 0 and self._rows[seq.row] is seq:
             self._rows[seq.row] = None
             clear_row(self.state, seq.row)
@@ -679,5 +776,6 @@ class Engine:
                 completion_tokens=len(seq.gen.ids),
                 cached_tokens=seq.cached,
                 error=error,
+                stop_token=seq.stop_token,
             ),
         )
