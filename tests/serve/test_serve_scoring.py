@@ -61,7 +61,7 @@ def test_echo_logprobs_match_forward_and_text(srv, smol):
         np.testing.assert_array_equal(f32(list(got.values())), f32([v for _, v in top]))
 
 
-def test_prompt_logprobs_alone_batch_chunked_and_cached(smol):
+def test_prompt_logprobs_alone_batch_chunked_and_cached(smol, monkeypatch):
     """The same bits alone, in a batch of 5 (ids and text prompts mixed in order), with
     another chunk size, and after the prompt is in the prefix cache."""
     tok = smol.tokenizer
@@ -85,13 +85,19 @@ def test_prompt_logprobs_alone_batch_chunked_and_cached(smol):
         again = complete(s, prompt=id_lists[0], echo=True, logprobs=1, max_tokens=1, temperature=0)
     with live_server(smol, max_batch=2, max_tokens_per_sequence=256, prefill_chunk=64) as s:
         other = complete(s, prompt=texts, echo=True, logprobs=1, max_tokens=1, temperature=0)
+    # scored rows cut to 3 logits positions a step: other chunk splits, the same bits
+    from exactblocks.serve import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "SCORED_LOGITS_BYTES", 3 * 4 * smol.vocab_size)
+    with live_server(smol, max_batch=3, max_tokens_per_sequence=256, prefill_chunk=16) as s:
+        cut = complete(s, prompt=texts, echo=True, logprobs=1, max_tokens=1, temperature=0)
     assert [c["index"] for c in batch["choices"]] == list(range(5))
     for i, ids in enumerate(id_lists):
         ref = alone[i]["choices"][0]["logprobs"]
         assert len(ref["tokens"]) == len(ids) + 1  # the prompt, then the new token
         want, _ = oracle_prompt_logprobs(smol, ids, 1)
         np.testing.assert_array_equal(f32(ref["token_logprobs"][1 : len(ids)]), f32(want[1:]))
-        for res in (batch["choices"][i], other["choices"][i]):
+        for res in (batch["choices"][i], other["choices"][i], cut["choices"][i]):
             assert res["logprobs"]["tokens"] == ref["tokens"]
             np.testing.assert_array_equal(
                 f32(res["logprobs"]["token_logprobs"][1:]), f32(ref["token_logprobs"][1:])
@@ -235,3 +241,39 @@ def test_bad_input_is_refused_and_harmless(srv, path, body, param):
     assert out["error"]["message"]
     after = complete(srv, prompt=PROMPT, max_tokens=4, temperature=0)
     assert after["choices"][0]["text"] == base["choices"][0]["text"]
+
+
+def test_streamed_echo_and_stop_token_logprobs(srv, smol):
+    body = {"prompt": PROMPT, "echo": True, "logprobs": 1, "max_tokens": 5, "temperature": 0}
+    whole = complete(srv, **body)["choices"][0]
+    client = srv.client()
+    text, tokens, lps = "", [], []
+    for chunk in client.completions.create(model="smollm2", stream=True, **body):
+        for ch in chunk.choices:
+            text += ch.text
+            if ch.logprobs is not None:
+                tokens += ch.logprobs.tokens
+                lps += ch.logprobs.token_logprobs
+    assert text == whole["text"] and tokens == whole["logprobs"]["tokens"]
+    assert lps[0] is None and whole["logprobs"]["token_logprobs"][0] is None
+    np.testing.assert_array_equal(f32(lps[1:]), f32(whole["logprobs"]["token_logprobs"][1:]))
+    # a completion ended by the end token lists it last (lm-eval drops the last entry)
+    tok = smol.tokenizer
+    ids = list(
+        tok.apply_chat_template(
+            [{"role": "user", "content": "Say yes."}], add_generation_prompt=True, tokenize=True
+        )
+    )
+    ids += list(tok.encode("Yes."))
+    logits = smol.forward(np.asarray([ids], np.int64))[0, -1]
+    eos = int(np.argmax(logits))
+    assert eos in smol.eos_token_ids  # greedy, the model ends its answer here
+    out = complete(srv, prompt=ids, echo=True, logprobs=1, max_tokens=1, temperature=0)
+    ch = out["choices"][0]
+    assert ch["finish_reason"] == "stop" and out["usage"]["completion_tokens"] == 0
+    assert ch["text"] == tok.decode(ids)  # the stop token's text is not in the text
+    assert len(ch["logprobs"]["tokens"]) == len(ids) + 1
+    assert ch["logprobs"]["tokens"][-1] == tok.decode([eos])
+    assert ch["logprobs"]["text_offset"][-1] == len(ch["text"])
+    want, _ = lib_logprobs(logits, eos, 1)
+    np.testing.assert_array_equal(f32(ch["logprobs"]["token_logprobs"][-1:]), f32([want]))

@@ -1,7 +1,9 @@
 """The ASGI app: OpenAI-compatible routes over an :class:`~exactblocks.serve.engine.Engine`.
 
 What lives here: :func:`create_app` (FastAPI) with ``/v1/chat/completions``,
-``/v1/completions``, ``/v1/models``, ``/health`` and ``/metrics``; the translation of typed
+``/v1/completions`` (with echo and prompt logprobs, batched prompts, ``n`` choices),
+``/v1/embeddings``, ``/v1/models``, ``/health`` and ``/metrics`` (also under vLLM's gauge
+names); the translation of typed
 requests (``exactblocks.serve.protocol``) into prompt ids and
 :class:`~exactblocks.serve.engine.SamplingParams`, and of engine events into OpenAI JSON and
 server-sent events; OpenAI error bodies for every failure; the ``--api-key`` check. What does
@@ -55,7 +57,7 @@ from .protocol import (
     error_body,
 )
 
-__all__ = ["create_app", "token_bytes", "token_text"]
+__all__ = ["create_app", "pooled_embeddings", "token_bytes", "token_text"]
 
 MAX_BODY_BYTES = 4 * 2**20
 MAX_STOP_STRINGS = 4

@@ -55,6 +55,8 @@ __all__ = [
 DEFAULT_MAX_TOKENS_PER_SEQUENCE = 4096
 #: Prompt tokens a step may always carry beside decoding rows (prefill never starves).
 MIN_PREFILL_TOKENS = 16
+#: Logits of every position the prompt-logprob rows of one step may carry, in bytes.
+SCORED_LOGITS_BYTES = 64 * 2**20
 #: The error of the FinishEvent("abort") every unfinished request gets at shutdown.
 SHUTTING_DOWN = "the server is shutting down"
 
@@ -593,11 +595,10 @@ class Engine:
             t0 = time.perf_counter()
             try:
                 # (B, vocab_size): each row's last position is all that is sampled or cached
-                if (lens == 1).all():  # every row decodes: step (same bits, less overhead)
+                if scored:  # a prompt's logprobs: every position (the same bits per row)
+                    lens, every, logits = self._forward_scored(ids, lens, scored)
+                elif (lens == 1).all():  # every row decodes: step (same bits, less overhead)
                     logits = self.model.step(ids[:, 0], self.state)[:, 0]
-                elif scored:  # a prompt's logprobs: every position (the same bits per row)
-                    every = self.model.forward(ids, self.state, lengths=lens, logits="all")
-                    logits = every[np.arange(B), np.maximum(lens - 1, 0)]
                 else:
                     logits = self.model.forward(ids, self.state, lengths=lens, logits="last")
             except Exception as exc:  # non-finite activations: fail the rows of this call
@@ -629,6 +630,30 @@ class Engine:
         ready = [seq for seq in self._rows if seq is not None and seq.logits is not None]
         for seq, pick in zip(ready, self._pick_all(ready)):
             self._sample(seq, pick)
+
+    def _forward_scored(self, ids: np.ndarray, lens: np.ndarray, scored: list):
+        """A step with prompt chunks whose logprobs are asked for: the other rows run with
+        ``logits="last"``, the scored rows then with ``logits="all"`` (a row of length 0 is
+        untouched by a call, so each row still advances once). The scored rows carry at most
+        ``SCORED_LOGITS_BYTES`` of logits in all (a row cut short continues next step).
+
+        Returns (the lengths run, the all-position logits, each row's last logits)."""
+        B, vocab = len(lens), self.model.vocab_size
+        room = max(1, SCORED_LOGITS_BYTES // (4 * vocab))
+        mine = np.zeros_like(lens)
+        for r in scored:
+            mine[r] = min(int(lens[r]), room)
+            room -= int(mine[r])
+        others = lens.copy()
+        others[scored] = 0
+        last = np.zeros((B, vocab), np.float32)
+        if others.any():
+            last = self.model.forward(ids, self.state, lengths=others, logits="last")
+        width = int(mine.max())
+        every = self.model.forward(ids[:, :width], self.state, lengths=mine, logits="all")
+        rows = np.flatnonzero(mine)
+        last[rows] = every[rows, mine[rows] - 1]
+        return others + mine, every, last
 
     @staticmethod
     def _score_prompt(seq: _Seq, chunk_logits: np.ndarray) -> None:
