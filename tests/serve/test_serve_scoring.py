@@ -277,3 +277,30 @@ def test_streamed_echo_and_stop_token_logprobs(srv, smol):
     assert ch["logprobs"]["text_offset"][-1] == len(ch["text"])
     want, _ = lib_logprobs(logits, eos, 1)
     np.testing.assert_array_equal(f32(ch["logprobs"]["token_logprobs"][-1:]), f32([want]))
+
+
+@pytest.mark.parametrize("family", ["mamba2", "mistral"])
+def test_prompt_logprobs_of_a_recurrent_and_a_windowed_model(family, tmp_path):
+    """A Mamba-2 state and a sliding-window ring: the same bits alone, batched, with small
+    chunks, and after the prompts are cached, equal to ``Model.forward``."""
+    from serve_helpers import tiny_model
+
+    model = tiny_model(family, tmp_path)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, model.vocab_size, n).tolist() for n in (5, 13, 9)]
+    with live_server(model, model_name="smollm2", max_batch=2, max_tokens_per_sequence=32,
+                     prefill_chunk=4) as s:  # fmt: skip
+        body = {"echo": True, "logprobs": 2, "max_tokens": 0}
+        batch = complete(s, prompt=prompts, **body)
+        for ids in prompts:
+            complete(s, prompt=ids, max_tokens=1)  # now cached
+        for i, ids in enumerate(prompts):
+            alone = complete(s, prompt=ids, **body)["choices"][0]["logprobs"]
+            want, tops = oracle_prompt_logprobs(model, ids, 2)
+            got = batch["choices"][i]["logprobs"]
+            assert got["tokens"] == alone["tokens"] == [str(t) for t in ids]
+            for lp in (got, alone):
+                np.testing.assert_array_equal(f32(lp["token_logprobs"][1:]), f32(want[1:]))
+                assert [list(d) for d in lp["top_logprobs"][1:]] == [
+                    [str(t) for t, _ in top] for top in tops[1:]
+                ]
