@@ -83,6 +83,13 @@ def test_prompt_logprobs_alone_batch_chunked_and_cached(smol, monkeypatch):
         complete(s, prompt=id_lists[0], max_tokens=1)  # a plain request: a prefix-cache hit
         assert s.metric("exactblocks_prefix_cache_hits_total") > cached_before
         again = complete(s, prompt=id_lists[0], echo=True, logprobs=1, max_tokens=1, temperature=0)
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # scores restored
+        # PROMPT + " Rome." shares PROMPT's scored prefix: restored, then computed on
+        hit = complete(s, prompt=id_lists[4], echo=True, logprobs=1, max_tokens=1, temperature=0)
+        assert hit["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        full = complete(s, prompt=id_lists[0], echo=True, logprobs=0, max_tokens=0)
+        assert full["usage"]["prompt_tokens_details"]["cached_tokens"] == len(id_lists[0])
+        assert full["usage"]["completion_tokens"] == 0 and full["choices"][0]["text"] == texts[0]
     with live_server(smol, max_batch=2, max_tokens_per_sequence=256, prefill_chunk=64) as s:
         other = complete(s, prompt=texts, echo=True, logprobs=1, max_tokens=1, temperature=0)
     # scored rows cut to 3 logits positions a step: other chunk splits, the same bits
@@ -103,6 +110,16 @@ def test_prompt_logprobs_alone_batch_chunked_and_cached(smol, monkeypatch):
                 f32(res["logprobs"]["token_logprobs"][1:]), f32(ref["token_logprobs"][1:])
             )
             assert res["text"] == alone[i]["choices"][0]["text"]
+    lp = full["choices"][0]["logprobs"]
+    assert lp["top_logprobs"][0] is None and all(d == {} for d in lp["top_logprobs"][1:])
+    np.testing.assert_array_equal(
+        f32(lp["token_logprobs"][1:]),
+        f32(alone[0]["choices"][0]["logprobs"]["token_logprobs"][1 : len(id_lists[0])]),
+    )
+    got = hit["choices"][0]["logprobs"]
+    ref = alone[4]["choices"][0]["logprobs"]
+    assert got["tokens"] == ref["tokens"] and got["top_logprobs"] == ref["top_logprobs"]
+    np.testing.assert_array_equal(f32(got["token_logprobs"][1:]), f32(ref["token_logprobs"][1:]))
     got = again["choices"][0]["logprobs"]["token_logprobs"]
     np.testing.assert_array_equal(
         f32(got[1:]), f32(alone[0]["choices"][0]["logprobs"]["token_logprobs"][1:])

@@ -38,7 +38,9 @@ from exactblocks.models.generate import (
 from exactblocks.runtime import get_num_threads
 from exactblocks.sampling import logprobs
 
-from .prefix_cache import PrefixCache, clear_row, restore_row, snapshot_row
+# PROMPT_TOP: alternatives kept per prompt position (the most a request asks for), what the
+# prefix cache stores, so any request's top k is their first k
+from .prefix_cache import PROMPT_TOP, PrefixCache, clear_row, restore_row, snapshot_row
 
 __all__ = [
     "Engine",
@@ -395,9 +397,10 @@ class Engine:
         prompt_logprobs : int or None, default=None
             None: no prompt logprobs. An int in [0, 20]: send a :class:`PromptEvent` with
             every prompt token's logprob and that many alternatives once the prompt is in.
-            Its bits do not depend on the batch, the chunk split or the prefix cache: such a
-            request computes its whole prompt (a cached prefix is not restored for it, so its
-            ``cached_tokens`` is 0), with the logits of every prompt position.
+            Its bits do not depend on the batch, the chunk split or the prefix cache: the
+            prompt's chunks run with the logits of every position, and only a cached prefix
+            whose entries hold the scores of a request that asked for them is restored
+            (each entry's next token is scored from its stored last logits).
         prefill_only : bool, default=False
             True: run the prompt and finish (reason ``"length"``) without generating
             (``max_tokens=0``; ``params.max_tokens`` is then not used).
@@ -553,16 +556,43 @@ class Engine:
             seq.row = row
             self._rows[row] = seq
             clear_row(self.state, row)
-            # prompt logprobs need every prompt position's logits: such a prompt runs whole
-            entry = None if seq.prompt_top is not None else self.cache.lookup(seq.ids)
+            # prompt logprobs: only a prefix whose entries hold its scores is restored
+            entry = self.cache.lookup(seq.ids, scored=seq.prompt_top is not None)
             if entry is not None:
                 restore_row(self.state, row, entry)
                 seq.pos = seq.cached = entry.end
                 seq.parent = entry
+                if seq.prompt_lps is not None:
+                    self._restore_scores(seq, entry)
                 if entry.end == len(seq.ids):
-                    seq.logits = entry.logits
+                    self._prompt_done(seq, entry.logits)
             self.sums["prompt_tokens_total"] += len(seq.ids)
             self.sums["cached_tokens_total"] += seq.cached
+
+    def _prompt_done(self, seq: _Seq, last_logits: np.ndarray) -> None:
+        """The whole prompt is in the row: send its logprobs, then finish or sample next."""
+        if seq.prompt_lps is not None:
+            self._emit(seq, PromptEvent(self._prompt_view(seq)))
+        if seq.prefill_only:
+            self._finish(seq, "length")
+        else:
+            seq.logits = last_logits
+
+    @staticmethod
+    def _prompt_view(seq: _Seq) -> list:
+        """The prompt's (logprob, top) with the request's own number of alternatives (the
+        engine keeps the top 20: the first k of them are the top k, same bits)."""
+        k = seq.prompt_top
+        return [(lp, None if top is None or k == 0 else top[:k]) for lp, top in seq.prompt_lps]
+
+    def _restore_scores(self, seq: _Seq, entry) -> None:
+        """The logprobs of the prompt tokens a restored prefix predicts: each entry's stored
+        ones, and the token after each entry from the entry's last logits."""
+        for e in entry.chain():
+            seq.prompt_lps += e.scores
+            if e.end < len(seq.ids):
+                lp, top = logprobs(e.logits, int(seq.ids[e.end]), PROMPT_TOP)
+                seq.prompt_lps.append((float(lp), [(i, float(v)) for i, v in top]))
 
     def _step(self) -> None:
         B = self.max_batch
@@ -621,12 +651,7 @@ class Engine:
                 if seq.pos % chunk == 0 or seq.pos == len(seq.ids):
                     self._save(seq, logits[row])
                 if seq.pos == len(seq.ids):
-                    if seq.prompt_lps is not None:
-                        self._emit(seq, PromptEvent(seq.prompt_lps))
-                    if seq.prefill_only:
-                        self._finish(seq, "length")
-                    else:
-                        seq.logits = logits[row]
+                    self._prompt_done(seq, logits[row])
         ready = [seq for seq in self._rows if seq is not None and seq.logits is not None]
         for seq, pick in zip(ready, self._pick_all(ready)):
             self._sample(seq, pick)
@@ -658,14 +683,13 @@ class Engine:
     @staticmethod
     def _score_prompt(seq: _Seq, chunk_logits: np.ndarray) -> None:
         """Append the logprobs of the prompt tokens the chunk's positions predict."""
-        ids, k = seq.ids, seq.prompt_top
+        ids = seq.ids
         for t in range(len(chunk_logits)):
             nxt = seq.pos + t + 1
             if nxt >= len(ids):
                 break  # the last position predicts the first new token
-            lp, top = logprobs(chunk_logits[t], int(ids[nxt]), k)
-            top = None if top is None else [(i, float(v)) for i, v in top]
-            seq.prompt_lps.append((float(lp), top))
+            lp, top = logprobs(chunk_logits[t], int(ids[nxt]), PROMPT_TOP)
+            seq.prompt_lps.append((float(lp), [(i, float(v)) for i, v in top]))
 
     def prefill_allowance(self, decoding: int) -> int:
         """Prompt tokens the next step may carry when ``decoding`` rows decode in it.
@@ -697,6 +721,9 @@ class Engine:
             entry = self.cache.insert(prefix, seq.parent, layers, last_logits)
         if entry is None:
             seq.chain_ok = False
+        elif entry.scores is None and seq.prompt_lps is not None:
+            # tokens start+1 .. end-1 (the one at end is predicted from entry.logits)
+            self.cache.add_scores(entry, seq.prompt_lps[entry.start + 1 : entry.end])
         seq.parent = entry
 
     @staticmethod
