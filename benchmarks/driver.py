@@ -18,6 +18,7 @@ from dataclasses import asdict
 
 import numpy as np
 
+from .backward_run import backward_table, run_mamba2_backward
 from .checks import Recorder
 from .environment import blas_info, cpu_busy, cpu_model, loadavg, package_version
 from .layer_run import run_layer
@@ -165,6 +166,9 @@ def run_bench(
     try:
         for w in layer_names:
             results[w] = run_layer(specs[w], sh, avail, opts, rec, numpy_peer, ceiling)
+        backward = None
+        if "mamba2-layer" in layer_names:  # the backward row (benchmarks/backward_run.py)
+            backward = run_mamba2_backward(specs["mamba2-layer"], sh, avail, opts, rec)
     finally:
         if numpy_peer is not None:
             numpy_peer.close()
@@ -218,6 +222,10 @@ def run_bench(
             "the run: timings are unreliable, rerun on an idle machine"
         )
     report = markdown_report(meta, sh, ceiling, rows, peers_present, models, rec.checks, rec.notes)
+    if backward is not None:
+        head, sep, tail = report.partition("\n### Targets\n")
+        table = backward_table(backward, specs["mamba2-layer"].label)
+        report = f"{head}\n{table}\n{sep}{tail}" if sep else f"{report}\n\n{table}"
 
     os.makedirs(out_dir, exist_ok=True)
     data = {
@@ -228,6 +236,9 @@ def run_bench(
         "models": models,
         "checks": rec.checks,
         "notes": rec.notes,
+        "backward": None
+        if backward is None
+        else {k: (v.as_dict() if hasattr(v, "as_dict") else v) for k, v in backward.items()},
     }
     with open(os.path.join(out_dir, "bench.json"), "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1, default=str)

@@ -51,15 +51,16 @@ ops::MatrixSource matrix_source(const nb::handle& value, std::vector<nb::object>
                                 int64_t rows, int64_t k_in, const std::string& what);
 
 // The module's parts, one per bound object, registered in this order by module.cpp.
-void bind_runtime(nb::module_& m);      // module.cpp: threads, ISA, versions
-void bind_configs(nb::module_& m);      // configs.cpp: the blocks' typed configs and enums
-void bind_gguf(nb::module_& m);         // gguf.cpp: GGUF block layout and dequantisation
-void bind_transformer(nb::module_& m);  // transformer.cpp: TransformerCore
-void bind_mamba2(nb::module_& m);       // mamba2.cpp: Mamba2Core
-void bind_stack(nb::module_& m);        // stack.cpp: layer_stack, a model's layers in one call
-void bind_state(nb::module_& m);        // state.cpp: StateLock, its claims, UndoLog, resets
-void bind_ops(nb::module_& m);          // ops.cpp: single kernels, PackedLinear, sampling
-void bind_twins(nb::module_& m);        // twins.cpp: kernels beside their plain twins
-void bind_head(nb::module_& m);         // head.cpp: the output head
+void bind_runtime(nb::module_& m);          // module.cpp: threads, ISA, versions
+void bind_configs(nb::module_& m);          // configs.cpp: the blocks' typed configs and enums
+void bind_gguf(nb::module_& m);             // gguf.cpp: GGUF block layout and dequantisation
+void bind_transformer(nb::module_& m);      // transformer.cpp: TransformerCore
+void bind_mamba2(nb::module_& m);           // mamba2.cpp: Mamba2Core
+void bind_mamba2_backward(nb::module_& m);  // mamba2_backward.cpp: its backward
+void bind_stack(nb::module_& m);            // stack.cpp: layer_stack, a model's layers in one call
+void bind_state(nb::module_& m);            // state.cpp: StateLock, its claims, UndoLog, resets
+void bind_ops(nb::module_& m);              // ops.cpp: single kernels, PackedLinear, sampling
+void bind_twins(nb::module_& m);            // twins.cpp: kernels beside their plain twins
+void bind_head(nb::module_& m);             // head.cpp: the output head
 
 }  // namespace eb::bindings

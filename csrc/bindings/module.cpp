@@ -68,6 +68,7 @@ NB_MODULE(_core, m) {
   eb::bindings::bind_gguf(m);
   eb::bindings::bind_transformer(m);
   eb::bindings::bind_mamba2(m);
+  eb::bindings::bind_mamba2_backward(m);
   eb::bindings::bind_stack(m);
   eb::bindings::bind_state(m);
   eb::bindings::bind_ops(m);

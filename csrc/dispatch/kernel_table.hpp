@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "blocks/mamba2/backward_call.hpp"
 #include "blocks/mamba2/model.hpp"
 #include "blocks/transformer/model.hpp"
 #include "ops/gemm/format.hpp"
@@ -64,6 +65,8 @@ struct KernelTable {
                const float* inv_freq, float* scratch);
   // mlp_combine<V>: gu (2 * it gated, it ungated), u (it).
   void (*mlp_combine)(int kind, const float* gu, int64_t it, float* u);
+  // The Mamba-2 block's backward (blocks/mamba2/backward.hpp).
+  void (*mamba2_backward)(const blocks::Mamba2Model&, const blocks::Mamba2BackwardCall&);
 };
 
 // Elementwise op codes for KernelTable::elementwise (tests, and kOpExpVec for ops/sample.hpp's

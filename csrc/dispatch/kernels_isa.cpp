@@ -1,6 +1,7 @@
 // One kernel table per ISA: this file is compiled once per ISA with that ISA's flags and
 // EB_ISA_<name> defined (CMakeLists.txt); everything it instantiates lives in namespace
 // eb::isa_<name>, so the per-ISA copies of the templates never collide (ATen rule).
+#include "blocks/mamba2/backward.hpp"
 #include "blocks/mamba2/forward.hpp"
 #include "blocks/transformer/forward.hpp"
 #include "dispatch/kernel_table.hpp"
@@ -204,6 +205,10 @@ void mlp_combine(int kind, const float* gu, int64_t it, float* u) {
   ops::mlp_combine<V>(kind, gu, it, u);
 }
 
+void mamba2_backward(const blocks::Mamba2Model& m, const blocks::Mamba2BackwardCall& c) {
+  blocks::mamba2_backward<V>(m, c);
+}
+
 }  // namespace
 
 extern const KernelTable kTable;
@@ -224,6 +229,7 @@ const KernelTable kTable = {EB_ISA_STR,
                             ssm_scan_step,
                             ssm_scan_tokens,
                             rope,
-                            mlp_combine};
+                            mlp_combine,
+                            mamba2_backward};
 
 }  // namespace eb::EB_ISA_NAME

@@ -13,7 +13,7 @@ import threading
 import warnings
 
 from . import _ext
-from ._validation import check_int, describe_type
+from ._validation import _fmt_int, check_int, describe_type
 
 __all__ = [
     "arithmetic_version",
@@ -180,8 +180,9 @@ def _apply_isa_env(core_module) -> None:
     Paths: scalar, avx2, avx512 on x86-64; scalar, neon on AArch64.
 
     An ISA the CPU or the build lacks is refused: the first use of the extension raises
-    ValueError naming the variable, its value and the available paths (nothing silently falls
-    back, so a test that forces a path really runs it).
+    ValueError naming the environment variable, its value and the available paths (nothing
+    silently falls back, so a test that forces a path really runs it). ``load_model`` loads
+    the extension before it opens a file, so this is never reported as a broken file.
     """
     raw = os.environ.get("EXACTBLOCKS_ISA", "")
     name = raw.strip().lower()  # "AVX2" and " avx2 " name the avx2 path too
@@ -190,8 +191,9 @@ def _apply_isa_env(core_module) -> None:
     avail = [str(s) for s in core_module.available_isas()]
     if name not in avail:
         raise ValueError(
-            f"exactblocks: EXACTBLOCKS_ISA={raw!r} is not available on this CPU "
-            f"or build; available: {avail} (unset it to use the best one)"
+            f"exactblocks: the environment variable EXACTBLOCKS_ISA={raw!r} is not available on "
+            f"this CPU or build; available: {avail} (unset it to use the best one, or set one "
+            "of those)"
         )
     core_module.set_isa(name)
 
@@ -205,16 +207,16 @@ def set_num_threads(n: int) -> None:
     Parameters
     ----------
     n : int
-        Threads, in [1, 4096] (Python int or NumPy integer). A value above the CPUs usable by
-        the process (:func:`usable_cpus`, its affinity mask) is capped to them with a
-        RuntimeWarning: more threads than CPUs only adds overhead.
+        Threads, >= 1 (Python int or NumPy integer). A value above the CPUs usable by the
+        process (:func:`usable_cpus`, its affinity mask), however large, is capped to them with
+        a RuntimeWarning: more threads than CPUs only adds overhead.
 
     Raises
     ------
     TypeError
         ``n`` is not an int (bool and float are refused).
     ValueError
-        ``n`` outside [1, 4096].
+        ``n < 1``.
 
     Warns
     -----
@@ -236,12 +238,12 @@ def set_num_threads(n: int) -> None:
     1
     >>> exactblocks.set_num_threads(old)
     """
-    v = check_int(n, "n", "exactblocks.set_num_threads", min_value=1, max_value=MAX_NUM_THREADS)
+    v = check_int(n, "n", "exactblocks.set_num_threads", min_value=1)
     cpus = usable_cpus()
     if v > cpus:
         warnings.warn(
-            f"exactblocks.set_num_threads: n={v} exceeds the {_count(cpus, 'CPU')} usable by "
-            f"this process (its affinity mask); using {_count(cpus, 'thread')}",
+            f"exactblocks.set_num_threads: n={_fmt_int(v)} exceeds the {_count(cpus, 'CPU')} "
+            f"usable by this process (its affinity mask); using {_count(cpus, 'thread')}",
             RuntimeWarning,
             stacklevel=2,
         )

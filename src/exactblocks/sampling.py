@@ -1,14 +1,13 @@
-"""Seeded token sampling and streaming detokenisation, shared by every generator.
+"""Seeded token sampling and log-probabilities, shared by every generator.
 
 What lives here: :func:`pick_token` (the next token from float32 logits: greedy, or drawn with a
-``numpy.random.Generator`` after temperature, top-k and top-p) and :class:`Detokenizer` (the
-text of a growing list of new ids, released piece by piece once it is final, cut before stop
-strings). :meth:`exactblocks.Model.generate`, the serving engine (``exactblocks.serve``) and
-``exactblocks.ray.Generate`` all use them (through ``exactblocks.models.generate``), so the same
-logits, options and generator state give the same token and the same text everywhere;
-:func:`logprobs` and :func:`token_logprobs` (log-probabilities with the library's own float32
-``exp`` and ``log1p``, the one computation every surface reports). What does not: computing
-logits (``exactblocks.models``).
+``numpy.random.Generator`` after temperature, top-k and top-p), :func:`logprobs` and
+:func:`token_logprobs` (log-probabilities with the library's own float32 ``exp`` and
+``log1p``, the one computation every surface reports). :meth:`exactblocks.Model.generate`, the
+serving engine (``exactblocks.serve``) and ``exactblocks.ray.Generate`` all use them (through
+``exactblocks.models.generate``), so the same logits, options and generator state give the same
+token everywhere. What does not: computing logits (``exactblocks.models``) and the text of new
+tokens (:class:`exactblocks.text.Detokenizer`).
 
 Exactness: the probabilities are built from the float32 logits with the library's own float32
 ``exp`` (``_core.elementwise("exp")``, the same bits on every ISA) and summed in float64 in a
@@ -22,13 +21,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
 
 import numpy as np
 
 from . import _ext
 
-__all__ = ["Detokenizer", "logprobs", "pick_token", "token_logprobs"]
+__all__ = ["logprobs", "pick_token", "token_logprobs"]
 
 _U16 = np.uint32(0xFFFF)
 _SHIFT16 = np.uint32(16)
@@ -330,125 +328,3 @@ def logprobs(logits, token: int, top_logprobs: int = 0):
         cand = cand[np.lexsort((cand, -row[cand]))][:k]
         top = [(int(i), (row[i] - top_z) - lse) for i in cand]
     return lp, top
-
-
-class Detokenizer:
-    """The text of a growing list of new token ids, released only once it is final.
-
-    Parameters
-    ----------
-    tokenizer : object
-        Anything with ``decode(list of int) -> str`` (``Model.tokenizer``).
-    stop_strings : sequence of str, default=()
-        The text ends before the first occurrence of any of them.
-
-    Attributes
-    ----------
-    ids : list of int
-        The ids pushed so far.
-    text : str
-        The final text so far (cut before a stop string once one appeared).
-    stopped : bool
-        True once a stop string appeared; push no more ids then.
-    decoded_len : int
-        Characters of the last whole decode of :attr:`ids` that ended on a complete
-        character (before any stop-string cut).
-    released : int
-        Characters of :attr:`text` returned so far by :meth:`push` and :meth:`finish`.
-
-    Raises
-    ------
-    TypeError
-        A stop string that is not a str.
-    ValueError
-        An empty stop string.
-
-    Notes
-    -----
-    The whole id list is decoded at each token, which is exact for every tokenizer whatever
-    its decoder's context rules (a leading-space strip, byte fallback). Text ending in U+FFFD
-    (an incomplete UTF-8 character) waits for the next token; the last
-    ``len(longest stop string) - 1`` characters wait until they cannot start a stop string.
-    So the pieces returned by :meth:`push` and :meth:`finish`, joined, equal :attr:`text`.
-
-    Examples
-    --------
-    >>> class Letters:
-    ...     def decode(self, ids):
-    ...         return "".join(chr(ord("a") + i) for i in ids)
-    >>> d = Detokenizer(Letters(), ["cd"])
-    >>> [d.push(t) for t in (0, 1, 2)]  # each letter waits a token: it could start "cd"
-    ['', 'a', 'b']
-    >>> d.push(3), d.stopped, d.text
-    ('', True, 'ab')
-    """
-
-    def __init__(self, tokenizer, stop_strings: Sequence[str] = ()):
-        stops = list(stop_strings)
-        for s in stops:
-            if not isinstance(s, str):
-                raise TypeError(f"Detokenizer: a stop string must be a str; got {type(s).__name__}")
-            if not s:
-                raise ValueError("Detokenizer: a stop string is empty")
-        self._tok = tokenizer
-        self._stop = stops
-        self._hold = max((len(s) for s in stops), default=1) - 1
-        self.ids: list[int] = []
-        self.text = ""
-        self.stopped = False
-        self.decoded_len = 0
-        self._sent = 0
-
-    @property
-    def released(self) -> int:
-        """int: Characters of :attr:`text` returned so far."""
-        return self._sent
-
-    def _cut(self, text: str) -> int:
-        return min((i for i in (text.find(s) for s in self._stop) if i >= 0), default=-1)
-
-    def push(self, token: int) -> str:
-        """Append ``token``; return the text it releases (may be empty).
-
-        Parameters
-        ----------
-        token : int
-            The next new id.
-
-        Returns
-        -------
-        str
-            New final text: empty while a character is incomplete or the tail could still
-            start a stop string; when a stop string appears, everything before it not yet
-            returned, and :attr:`stopped` becomes True.
-        """
-        self.ids.append(token)
-        text = self._tok.decode(self.ids)
-        if text.endswith("\ufffd"):
-            return ""
-        self.decoded_len = len(text)
-        cut = self._cut(text)
-        if cut >= 0:
-            text, self.stopped = text[:cut], True
-        self.text = text
-        end = len(text) if self.stopped else max(self._sent, len(text) - self._hold)
-        piece = text[self._sent : end]
-        self._sent = end
-        return piece
-
-    def finish(self) -> str:
-        """End the text; return what was held back (an incomplete tail decodes as it is).
-
-        Returns
-        -------
-        str
-            The rest of :attr:`text` not yet returned (cut before a stop string).
-        """
-        if not self.stopped:
-            self.text = self._tok.decode(self.ids)
-            cut = self._cut(self.text)
-            if cut >= 0:
-                self.text = self.text[:cut]
-        piece = self.text[self._sent :] if len(self.text) > self._sent else ""
-        self._sent = max(self._sent, len(self.text))
-        return piece

@@ -64,6 +64,7 @@ struct MbCase {
 std::vector<MbCase> mamba2_cases();
 Weights mamba2_weights(const MbCase& mc);
 uint64_t run_mamba2(const MbCase& mc, const eb::blocks::Mamba2Model& mdl, int n_threads);
+uint64_t run_mamba2_backward(const MbCase& mc, const eb::blocks::Mamba2Model& mdl, int n_threads);
 
 // ---- digest_stack.cpp
 uint64_t run_stack_case(const std::string& isa);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "blocks/mamba2/backward_call.hpp"
 #include "blocks/mamba2/model.hpp"
 #include "blocks/transformer/model.hpp"
 #include "digest.hpp"
@@ -338,6 +339,56 @@ uint64_t run_mamba2(const MbCase& mc, const eb::blocks::Mamba2Model& mdl, int n_
   }
   f.floats(conv);
   f.floats(h);
+  return f.h;
+}
+
+// The backward (SPEC 7.6) of a ragged batch whose rows cross a scan chunk (32 tokens): dx and
+// every weight gradient; the naive twins must give the same bits.
+uint64_t run_mamba2_backward(const MbCase& mc, const eb::blocks::Mamba2Model& mdl, int n_threads) {
+  const eb::blocks::Mamba2Config& c = mc.cfg;
+  const int64_t B = 3, L = 40, d = c.d_model, n_in = c.d_inner + c.conv_dim + c.n_heads;
+  const int64_t lengths[3] = {40, 33, 1};
+  const std::vector<float> x = tensor(mc.name + ".bx", B * L * d, 1.0f);
+  const std::vector<float> gy = tensor(mc.name + ".bg", B * L * d, 1.0f);
+  const auto n = [](int64_t v) { return static_cast<size_t>(v); };
+  Fnv1a f;
+  std::vector<float> first;
+  for (int naive = 0; naive < 2; ++naive) {
+    std::vector<float> dx(x.size(), 0.0f), bn(n(d)), wi(n(n_in * d)), bi(n(n_in)),
+        cw(n(c.conv_dim * c.conv_kernel)), cb(n(c.conv_dim)), dtb(n(c.n_heads)), al(n(c.n_heads)),
+        dd(n(c.n_heads)), gn(n(c.d_inner)), wo(n(d * c.d_inner)), bo(n(d));
+    eb::blocks::Mamba2BackwardCall call{};
+    call.x = x.data();
+    call.gy = gy.data();
+    call.batch = B;
+    call.n_tokens = L;
+    call.lengths = lengths;
+    call.dx = dx.data();
+    call.d_block_norm_w = bn.data();
+    call.d_in_w = wi.data();
+    call.d_in_b = c.proj_bias ? bi.data() : nullptr;
+    call.d_conv_w = cw.data();
+    call.d_conv_b = c.conv_bias ? cb.data() : nullptr;
+    call.d_dt_bias = dtb.data();
+    call.d_a_log = al.data();
+    call.d_d = dd.data();
+    call.d_norm_w = gn.data();
+    call.d_out_w = wo.data();
+    call.d_out_b = c.proj_bias ? bo.data() : nullptr;
+    call.n_threads = n_threads;
+    call.naive = naive == 1;
+    eb::kernels().mamba2_backward(mdl, call);
+    std::vector<float> all;
+    for (const std::vector<float>* v :
+         {&dx, &bn, &wi, &bi, &cw, &cb, &dtb, &al, &dd, &gn, &wo, &bo})
+      all.insert(all.end(), v->begin(), v->end());
+    if (naive == 0) {
+      first = all;
+      f.floats(all);
+    } else if (first != all) {
+      fail(eb::get_isa(), mc.name + ": backward differs from its naive twin");
+    }
+  }
   return f.h;
 }
 

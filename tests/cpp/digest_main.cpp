@@ -157,6 +157,10 @@ int main(int argc, char** argv) {
       const uint64_t h1 = run_mamba2(mcs[i], mms[i], 1);
       if (h1 != h2) fail(isa, mcs[i].name + ": 1 and 2 threads differ");
       record(mcs[i].name, h2);
+      const uint64_t b2 = run_mamba2_backward(mcs[i], mms[i], 2);
+      const uint64_t b1 = run_mamba2_backward(mcs[i], mms[i], 1);
+      if (b1 != b2) fail(isa, mcs[i].name + ": backward: 1 and 2 threads differ");
+      record(mcs[i].name + "_backward", b2);
     }
     record("l16", run_reductions());
     {

@@ -103,7 +103,7 @@ def our_tokenizer(gguf_path):
     """exactblocks' GGUFTokenizer of the same file."""
     require("tokenizers", "the tokenizers package builds the tokenizer")
     require("jinja2", "jinja2 renders the chat template")
-    from exactblocks.tokenizer import GGUFTokenizer
+    from exactblocks.text import GGUFTokenizer
 
     return GGUFTokenizer.from_gguf(gguf_path)
 

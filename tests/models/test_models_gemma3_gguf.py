@@ -316,7 +316,7 @@ def test_gemma3_gguf_refusals(tmp_path, write, match):
 def test_gemma3_sentencepiece_refusals(tmp_path):
     """A vocabulary transformers and llama.cpp would split differently is refused: Gemma's
     pipeline never prepends a space, so a Gemma file asking for one is not read."""
-    from exactblocks.tokenizer import GGUFTokenizer
+    from exactblocks.text import GGUFTokenizer
 
     gguf = require("gguf", "the gguf package writes the file")
     hf, keys = make_gemma3("no_window")
@@ -396,7 +396,7 @@ def test_llama_sentencepiece_tokenizer_equals_transformers(tmp_path):
     """The llama variant (Metaspace prepending '▁' at the start, merges sorted by score with
     ties in vocabulary order) on a GGUF of the llama architecture, against
     ``AutoTokenizer.from_pretrained(folder, gguf_file=...)``."""
-    from exactblocks.tokenizer import GGUFTokenizer
+    from exactblocks.text import GGUFTokenizer
 
     gguf = require("gguf", "the gguf package writes the file")
     transformers = require("transformers", "transformers is the oracle")

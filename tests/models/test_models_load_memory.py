@@ -187,7 +187,7 @@ def test_tokenizer_vocabulary_fast_path_and_respelling():
     whose byte-alphabet spelling is 'âĤ¬': 0x82 is not printable, GPT-2 maps it
     to U+0124); a merge that is not two tokens is named."""
     pytest.importorskip("tokenizers")
-    from exactblocks.tokenizer import GGUFTokenizer
+    from exactblocks.text import GGUFTokenizer
 
     plain = GGUFTokenizer(["a", "b", "ab", "Ġa"], ["a b"])
     assert plain._tok.get_vocab() == {"a": 0, "b": 1, "ab": 2, "Ġa": 3}

@@ -41,11 +41,19 @@ metric_list:
 """
 
 
-def hf_tokenizer_dir(model, folder) -> str:
-    """The model's own tokenizer saved as a Hugging Face tokenizer (what the harness loads)."""
+def hf_tokenizer_dir(folder) -> str:
+    """SmolLM2's tokenizer read from its GGUF file by transformers and saved as a Hugging Face
+    tokenizer (what the harness loads), as docs/serving-api.md shows."""
+    import os
+
     transformers = require("transformers", "the harness tokenizes with transformers")
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=model.tokenizer._tok)
-    fast.save_pretrained(str(folder))
+    from exactblocks.loaders.gguf import default_smollm2_path
+
+    path = default_smollm2_path()
+    tok = transformers.AutoTokenizer.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path)
+    )
+    tok.save_pretrained(str(folder))
     return str(folder)
 
 
@@ -80,7 +88,7 @@ def test_lm_eval_scores_are_batch_invariant_and_match_forward(smol, tmp_path, mo
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     (tasks / "eb_mc.yaml").write_text(TASK_YAML.format(data=data))
-    tok_dir = hf_tokenizer_dir(smol, tmp_path / "tokenizer")
+    tok_dir = hf_tokenizer_dir(tmp_path / "tokenizer")
     manager = TaskManager(include_path=str(tasks))
 
     runs = {}

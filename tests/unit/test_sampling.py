@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exactblocks import _ext
-from exactblocks.sampling import Detokenizer, _pick_token_reference, pick_token
+from exactblocks.sampling import _pick_token_reference, pick_token
+from exactblocks.text import Detokenizer
 
 
 def _exp32(x: np.ndarray) -> np.ndarray:

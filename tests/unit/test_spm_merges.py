@@ -1,7 +1,7 @@
 """The SentencePiece merge derivation and the lazily built tokenizer of a 'llama' vocabulary.
 
-``_spm_merges`` (NumPy, hashed) must return exactly what its plain-Python twin
-``_spm_merges_ref`` (transformers' ``generate_merges``, tests/models/test_models_gemma3_gguf.py
+``spm_merges`` (NumPy, hashed) must return exactly what its plain-Python twin
+``spm_merges_ref`` (transformers' ``generate_merges``, tests/models/test_models_gemma3_gguf.py
 checks that one against transformers on Gemma 3) returns: same pairs, same order, for every
 vocabulary, including ones where the hash collides. ``GGUFTokenizer.from_sentencepiece`` builds
 its ``tokenizers`` object on first use; these tests check that loading does not build it and
@@ -15,7 +15,8 @@ import threading
 import numpy as np
 import pytest
 
-from exactblocks.tokenizer import GGUFTokenizer, _spm_merges, _spm_merges_ref
+from exactblocks.text import GGUFTokenizer
+from exactblocks.text.spm_merges import spm_merges, spm_merges_ref
 
 ALPHABET = ["a", "b", "c", "\u2581", "é", "中", "\U0001f600", " ", "\n"]
 
@@ -46,39 +47,39 @@ def priorities(tokens, kind: str, seed: int):
 def test_spm_merges_equals_the_python_twin(seed, kind):
     vocab, tokens = random_vocab(seed, 400)
     priority = priorities(tokens, kind, seed)
-    want = _spm_merges_ref(vocab, priority)
+    want = spm_merges_ref(vocab, priority)
     assert len(want) > 100  # the vocabulary does have splits
-    assert _spm_merges(vocab, priority) == want
+    assert spm_merges(vocab, priority) == want
     # a weak base (3): many split parts hash like a vocabulary token; the string check
     # must drop them all (or the whole vocabulary collides and the twin runs)
-    assert _spm_merges(vocab, priority, base=3) == want
+    assert spm_merges(vocab, priority, base=3) == want
 
 
 def test_spm_merges_hash_collisions_are_checked_on_the_strings():
     # base 1: h(s) = sum(ord(c) + 1). 'ab' (not a token) hashes as 'ba' (a token) and has its
     # length, so the lookup finds ('ba', 'c') for 'abc'; only the string check drops it
     vocab = {"ba": 0, "c": 1, "abc": 2, "a": 3}
-    assert _spm_merges(vocab, None, base=1) == _spm_merges_ref(vocab, None) == []
+    assert spm_merges(vocab, None, base=1) == spm_merges_ref(vocab, None) == []
     vocab["bc"] = 4  # 'bc' is a split of 'abc' now
-    assert _spm_merges(vocab, None, base=1) == _spm_merges_ref(vocab, None) == [("a", "bc")]
+    assert spm_merges(vocab, None, base=1) == spm_merges_ref(vocab, None) == [("a", "bc")]
     # two vocabulary strings of one hash ('ab', 'ba'): the Python twin derives them
     vocab = {"ab": 0, "ba": 1, "a": 2, "b": 3}
-    assert _spm_merges(vocab, None, base=1) == [("a", "b"), ("b", "a")]
+    assert spm_merges(vocab, None, base=1) == [("a", "b"), ("b", "a")]
 
 
 def test_spm_merges_shares_the_vocabulary_strings():
     vocab, tokens = random_vocab(7, 200)
     keys = {id(t) for t in vocab}
-    pairs = _spm_merges(vocab, None)
+    pairs = spm_merges(vocab, None)
     assert pairs and all(id(a) in keys and id(b) in keys for a, b in pairs)
 
 
 def test_spm_merges_edge_vocabularies():
-    assert _spm_merges({}, None) == []
-    assert _spm_merges({"a": 0}, None) == []
-    assert _spm_merges({"": 0, "a": 1, "aa": 2}, None) == [("a", "a")]
+    assert spm_merges({}, None) == []
+    assert spm_merges({"a": 0}, None) == []
+    assert spm_merges({"": 0, "a": 1, "aa": 2}, None) == [("a", "a")]
     vocab = {"\ud800": 0, "x": 1, "\ud800x": 2}  # a lone surrogate (a str, not UTF-8)
-    assert _spm_merges(vocab, None) == _spm_merges_ref(vocab, None) == [("\ud800", "x")]
+    assert spm_merges(vocab, None) == spm_merges_ref(vocab, None) == [("\ud800", "x")]
 
 
 PIECES = ["<unk>", "<s>", "</s>", "\u2581", "a", "b", "\u2581a", "ab"]
@@ -166,12 +167,12 @@ def test_spm_merges_on_gemma3_vocabulary():
     spelled = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
     vocab = {t: i for i, t in enumerate(spelled)}
     assert len(vocab) == len(tokens) == 262144
-    want = _spm_merges_ref(vocab, None)
+    want = spm_merges_ref(vocab, None)
     assert len(want) == 514906
-    assert _spm_merges(vocab, None) == want
+    assert spm_merges(vocab, None) == want
     by_score = dict(zip(spelled, scores))  # not in descending order: the sorted path
     assert not np.all(np.diff(np.asarray(scores)) < 0)
-    assert _spm_merges(vocab, by_score) == _spm_merges_ref(vocab, by_score)
+    assert spm_merges(vocab, by_score) == spm_merges_ref(vocab, by_score)
 
 
 @pytest.mark.slow

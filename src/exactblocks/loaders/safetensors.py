@@ -22,6 +22,7 @@ Any other dtype is refused with the tensor's name (integer tensors are not model
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator, Mapping
 
@@ -33,6 +34,11 @@ _ITEMSIZE = {"F32": 4, "BF16": 2, "F16": 2}
 _KNOWN_DTYPES = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL",
                  "F8_E4M3", "F8_E5M2", "U16", "U32", "U64"}  # fmt: skip
 _MAX_HEADER = 100 * 2**20  # the format's own limit on the header (100 MB)
+
+
+def _is_count(value) -> bool:
+    """A JSON integer >= 0 (not a float such as 2.5 or 2.0, not a bool)."""
+    return type(value) is int and value >= 0
 
 
 def read_header(path: str) -> tuple[dict, int]:
@@ -57,8 +63,9 @@ def read_header(path: str) -> tuple[dict, int]:
         If ``path`` is not a file.
     ValueError
         If the file is shorter than its header says, the header is not the format's JSON, a
-        tensor's offsets do not match its dtype and shape, or its bytes lie past the end of the
-        file (a truncated download): the message names the file and the tensor.
+        tensor's shape or offsets are not non-negative integers, its offsets do not match its
+        dtype and shape, its bytes lie past the end of the file (a truncated download), or two
+        tensors' bytes overlap: the message names the file and the tensor.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"safetensors: {path!r} is not a file")
@@ -88,29 +95,46 @@ def read_header(path: str) -> tuple[dict, int]:
         if name == "__metadata__":
             continue
         try:
-            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-            shape = tuple(int(s) for s in shape)
-            begin, end = int(begin), int(end)
+            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise ValueError(
                 f"safetensors: {path!r}: the header entry of tensor {name!r} lacks dtype, shape "
                 "or data_offsets"
             ) from None
+        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+            raise ValueError(
+                f"safetensors: {path!r}: tensor {name!r} has shape {shape!r}; expected a list "
+                "of non-negative integers"
+            )
+        if not (_is_count(begin) and _is_count(end)):
+            raise ValueError(
+                f"safetensors: {path!r}: tensor {name!r} has data_offsets {[begin, end]!r}; "
+                "expected two non-negative integers"
+            )
+        shape = tuple(shape)
         if dtype not in _KNOWN_DTYPES:
             raise ValueError(f"safetensors: {path!r}: tensor {name!r} has unknown dtype {dtype!r}")
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        count = math.prod(shape)  # Python ints: no wrap-around for absurd dims
         width = _ITEMSIZE.get(dtype)
         if width is not None and end - begin != count * width:
             raise ValueError(
                 f"safetensors: {path!r}: tensor {name!r} ({dtype}, shape {shape}) spans "
                 f"{end - begin} bytes; expected {count * width}"
             )
-        if begin < 0 or end < begin or base + end > size:
+        if end < begin or base + end > size:
             raise ValueError(
                 f"safetensors: {path!r} is truncated: tensor {name!r} needs bytes "
                 f"[{base + begin}, {base + end}) but the file has {size}"
             )
         out[name] = {"dtype": dtype, "shape": shape, "begin": base + begin, "end": base + end}
+    # two tensors may not share bytes (an empty tensor holds none, so it overlaps nothing)
+    spans = sorted((t["begin"], t["end"], name) for name, t in out.items() if t["end"] > t["begin"])
+    for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
+        if begin_b < end_a:
+            raise ValueError(
+                f"safetensors: {path!r}: the data of tensors {a!r} and {b!r} overlap (bytes "
+                f"[{begin_b}, {end_a}) belong to both)"
+            )
     return out, size
 
 

@@ -19,7 +19,7 @@ from .. import _ext
 from .._block import BlockCommon, make_impl
 from .._options import install
 from .._state import _PRIVATE
-from .._validation import check_int, format_shape
+from .._validation import check_array, check_finite, check_int, format_shape
 from .._weights import canonical_copy, check_weight, packed_layout, resolve_names
 from .config import OPTIONS, check_options, core_config
 from .state import Mamba2State, _check_counters, _check_finite, _state_type_error
@@ -62,7 +62,7 @@ def _build(raw: dict, where: str, weights=None, canonical=None):
     else:
         weights_c = arrs  # the canonical ones: private, read-only, 2-D conv, checked finite
     check_a(core_mod, weights_c["A_log"], spell, where)
-    return make_impl(
+    impl = make_impl(
         _CLS,
         OPTIONS,
         raw,
@@ -74,6 +74,10 @@ def _build(raw: dict, where: str, weights=None, canonical=None):
         core_mod.Mamba2Core,
         packed_layout(_PACKED, arrs),
     )
+    # backward returns each gradient under the name and in the shape the constructor took
+    impl.sizes["grad_names"] = {n: spell(n) for n in weights_c}
+    impl.sizes["conv_weight_shape"] = tuple(arrs["conv1d.weight"].shape)
+    return impl
 
 
 class Mamba2BlockInference(BlockCommon):
@@ -397,6 +401,156 @@ class Mamba2BlockInference(BlockCommon):
             The state is in use by another call.
         """
         return self._call(x, state, None, f"{_CLS}.step", step=True)
+
+    def backward(self, x, grad_output, *extra, lengths=None, state=None) -> dict:
+        """Gradients of a zero-state prefill (a vector-Jacobian product).
+
+        Recomputes the forward with the current weights on every call; no earlier forward or
+        cached state is used or changed. For ``y = forward(x, lengths=lengths)`` and the
+        loss ``sum(grad_output * y)`` over the real positions, returns the gradient with
+        respect to ``x`` and to every constructor weight. Every gradient element is a fixed
+        sequence of float32 operations (SPEC.md 7.6): the same bits at any thread count and on
+        every SIMD path, and a row's ``x`` gradient is the same whatever the other rows.
+
+        Parameters
+        ----------
+        x : buffer of shape (batch, n_tokens, d_model), dtype float32
+            The forward input, as :meth:`forward` takes it; real positions must be finite.
+        grad_output : buffer of shape (batch, n_tokens, d_model), dtype float32
+            Gradient of the loss with respect to the block output (residual included). Real
+            positions must be finite; padding positions are never read.
+        lengths : None, sequence of int or 1-D integer array, default=None
+            Real tokens per row in [0, n_tokens], as in :meth:`forward`: padding positions
+            get a zero ``x`` gradient and contribute nothing to the weight gradients.
+        state : None
+            Must be None: there is no gradient through a carried state.
+
+        Returns
+        -------
+        dict of str to ndarray (float32)
+            ``'x'`` (batch, n_tokens, d_model), then one entry per constructor weight under
+            the name the constructor took (short or HF spelling) and in that weight's shape
+            (``conv1d.weight`` as given: (conv_dim, 1, K) or (conv_dim, K)). Weight gradients
+            are summed over the batch's rows and real positions. A weight stored compactly
+            (``weight_storage``) gets the float32 gradient of its float32 values.
+
+        Raises
+        ------
+        TypeError
+            ``x`` or ``grad_output`` not a float32 buffer; an extra positional argument.
+        ValueError
+            A wrong shape (``grad_output`` must have ``x``'s shape); NaN or infinity in a
+            real position of ``x`` or ``grad_output`` (array, index, value); bad ``lengths``;
+            a ``state`` (carried-state and decode gradients are not available).
+        MemoryError
+            The scratch cannot be allocated.
+
+        Notes
+        -----
+        Not differentiated: a carried state (the prefill starts from zero), decode steps and
+        the final state. The clamp of dt to ``dt_limit`` passes the gradient where
+        ``lo <= softplus(.) <= hi`` and blocks it elsewhere, as ``torch.clamp`` does.
+
+        Memory: the call keeps every real token's activations, about
+        ``4 * M * (5 * d_model + 2 * (d_inner + conv_dim + n_heads) + 3 * conv_dim +
+        9 * d_inner + 2 * n_heads * d_state)`` bytes for M real tokens, the scan state before
+        every 32nd token of each row (``4 * ceil(n_b / 32) * n_heads * head_dim * d_state``
+        bytes per row), one chunk's 33 states per thread, in_proj and out_proj rebuilt as
+        float32 and a transposed copy of the in_proj gradient's rows (``4 * M * (d_inner +
+        conv_dim + n_heads)`` bytes); nothing is stored between calls. Agreement with
+        torch autograd of HF ``Mamba2Block`` (float64): see SPEC.md 7.6 for the tolerance.
+
+        Examples
+        --------
+        >>> import numpy as np, exactblocks
+        >>> rng = np.random.default_rng(0)
+        >>> d, di, nh, ns, K = 16, 32, 4, 8, 4
+        >>> cd = di + 2 * ns
+        >>> def r(*s): return (0.1 * rng.standard_normal(s)).astype(np.float32)
+        >>> w = {'block_norm.weight': 1 + r(d), 'in_proj.weight': r(di + cd + nh, d),
+        ...      'conv1d.weight': r(cd, 1, K), 'conv1d.bias': r(cd), 'dt_bias': r(nh),
+        ...      'A_log': r(nh), 'D': 1 + r(nh), 'norm.weight': 1 + r(di),
+        ...      'out_proj.weight': r(d, di)}
+        >>> blk = exactblocks.Mamba2BlockInference(w)
+        >>> x = r(2, 5, d)
+        >>> g = blk.backward(x, np.ones_like(x))
+        >>> g['x'].shape, g['conv1d.weight'].shape
+        ((2, 5, 16), (48, 1, 4))
+        """
+        where = f"{_CLS}.backward"
+        if extra:
+            raise TypeError(
+                f"{where}: takes x and grad_output; got {len(extra)} extra positional "
+                "argument(s) (a state? backward differentiates a zero-state prefill only)"
+            )
+        if state is not None:
+            raise ValueError(
+                f"{where}: state must be None (got {type(state).__name__}); gradients with "
+                "respect to a carried state, decode backward and final-state cotangents are "
+                "not available: backward differentiates a zero-state prefill"
+            )
+        impl = self._impl  # one snapshot: set_params swaps configurations atomically
+        s = impl.sizes
+        xa, lens = self._check_call_inputs(
+            x,
+            None,
+            lengths,
+            where,
+            step=False,
+            d_model=s["d_model"],
+            state_cls=Mamba2State,
+            type_error=_state_type_error,
+            alloc_call="allocate_state(batch_size)",
+        )
+        ga = check_array(grad_output, "grad_output", where)
+        if ga.shape != xa.shape:
+            raise ValueError(
+                f"{where}: grad_output has shape {format_shape(ga.shape)}; expected the "
+                f"shape of x, {format_shape(xa.shape)}"
+            )
+        if lengths is None:
+            check_finite(ga, "grad_output", where)
+        else:
+            for b in range(ga.shape[0]):
+                n = int(lens[b])
+                if n:
+                    check_finite(ga[b, :n], "grad_output", where, index_base=(b,))
+        try:
+            dx, grads = _ext.core().mamba2_backward(impl.core, xa, ga, lens)
+        except MemoryError as exc:
+            raise MemoryError(
+                f"{where}: cannot allocate the scratch of a backward pass over "
+                f"{int(lens.sum())} tokens ({exc})"
+            ) from None
+        out = {"x": dx}
+        names = s["grad_names"]
+        for n, gr in grads.items():
+            if n == "conv1d.weight":
+                gr = gr.reshape(s["conv_weight_shape"])
+            out[names[n]] = gr
+        return out
+
+    def set_params(self, **params):  # noqa: D102 - BlockCommon.set_params's docstring
+        names = self._impl.sizes["grad_names"], self._impl.sizes["conv_weight_shape"]
+        super().set_params(**params)
+        # the weights are unchanged: backward keeps the constructor's names and shapes
+        self._impl.sizes["grad_names"], self._impl.sizes["conv_weight_shape"] = names
+        return self
+
+    set_params.__doc__ = BlockCommon.set_params.__doc__
+
+    def __getstate__(self) -> dict:
+        st = super().__getstate__()
+        s = self._impl.sizes  # backward's names and conv shape (absent from older pickles)
+        st["grad_names"], st["conv_weight_shape"] = dict(s["grad_names"]), s["conv_weight_shape"]
+        return st
+
+    def __setstate__(self, st: dict) -> None:
+        super().__setstate__(st)
+        if "grad_names" in st:
+            s = self._impl.sizes
+            s["grad_names"] = dict(st["grad_names"])
+            s["conv_weight_shape"] = tuple(st["conv_weight_shape"])
 
     # -- internals ----------------------------------------------------------------------------
     def _model_call(self, x, state, lengths, *, step: bool, session, undo) -> np.ndarray:

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from exactblocks.sampling import Detokenizer, logprobs, pick_token
+from exactblocks.sampling import logprobs, pick_token
+from exactblocks.text import Detokenizer
 
 __all__ = [
     "MAX_TOP_LOGPROBS",

@@ -210,8 +210,8 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
     elif isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if os.path.isdir(path):
-            from exactblocks.loaders.hf_tokenizer import HFTokenizer
             from exactblocks.loaders.safetensors import SafetensorsSource
+            from exactblocks.text import HFTokenizer
 
             if config is not None:
                 raise TypeError(
@@ -261,6 +261,7 @@ def _load_gguf(path: str, max_positions) -> Model:
     import warnings
     from functools import partial
 
+    from exactblocks import _ext
     from exactblocks.loaders.gguf import (
         GGUF_SPEC_CHANGES,
         GGUFFile,
@@ -269,8 +270,11 @@ def _load_gguf(path: str, max_positions) -> Model:
         load_gguf_model,
     )
     from exactblocks.loaders.torch import ArraySource
-    from exactblocks.tokenizer import GGUFTokenizer
+    from exactblocks.text import GGUFTokenizer, UnsupportedTokenizerError
 
+    # the extension first: a missing build or an unavailable EXACTBLOCKS_ISA is reported as
+    # itself, not as a file that cannot be read
+    _ext.core()
     try:
         cfg, arrays, reader = load_gguf_model(path, direct=True)
     except (FileNotFoundError, ImportError):
@@ -285,7 +289,8 @@ def _load_gguf(path: str, max_positions) -> Model:
         # (it cannot raise): only a failure on this side can become a MemoryError
         with _building(f"building the tokenizer of {path!r}"):
             tokenizer = GGUFTokenizer.from_gguf(reader)
-    except ValueError as exc:  # a tokenizer kind GGUFTokenizer does not implement
+    except UnsupportedTokenizerError as exc:  # a kind GGUFTokenizer does not build (a malformed
+        # field or a chat template that cannot render is a ValueError, and the load fails)
         warnings.warn(f"load_model: {path!r}: no tokenizer ({exc})", stacklevel=3)
         tokenizer = None
     # The source keeps only the tensors and a way to drop the map's pages: the reader's

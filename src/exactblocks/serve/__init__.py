@@ -3,9 +3,10 @@ caching and batch-invariant answers (issue #14).
 
 Layout: ``engine`` (the loop thread, scheduling, sampling; knows nothing of HTTP),
 ``prefix_cache`` (saved row states keyed by token ids), ``protocol`` (typed request bodies,
-OpenAI error body), ``api`` (the FastAPI app factory :func:`create_app`), ``cli`` (the
-``serve`` subcommand: load, build, run uvicorn). The engine needs only NumPy; ``api`` and
-``cli`` need the ``serve`` extra (fastapi, uvicorn).
+OpenAI error body), ``api`` (the FastAPI app factory :func:`create_app`), ``cli``
+(``build_server``: the engine and the app in an uvicorn server; the ``exactblocks serve``
+command itself is ``exactblocks.cli.serve``). The engine needs only NumPy; ``api`` and ``cli``
+need the ``serve`` extra (fastapi, uvicorn).
 """
 
 from .engine import (

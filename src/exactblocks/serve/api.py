@@ -36,8 +36,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..sampling import Detokenizer
-from ..tokenizer import bytes_to_unicode
+from ..text import Detokenizer, bytes_to_unicode
 from .engine import (
     SHUTTING_DOWN,
     Engine,

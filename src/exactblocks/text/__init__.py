@@ -1,0 +1,35 @@
+"""Text: tokenizers, chat templates and the streaming detokenizer.
+
+What lives here: :class:`GGUFTokenizer` (the tokenizer a GGUF file stores: byte-level BPE with
+its original pre-tokenizer, or a SentencePiece-style vocabulary), :class:`HFTokenizer` (a
+Hugging Face folder's ``tokenizer.json``), the chat-template renderer both use
+(:mod:`exactblocks.text.chat_template`, checked once when a tokenizer is loaded) and
+:class:`Detokenizer` (the text of a growing list of generated ids, for streaming). What does
+not: reading files (``exactblocks.loaders``) and generation (``exactblocks.models``).
+docs/text.md says which tokenizers and pre-tokenizers are supported and what each follows.
+"""
+
+from .byte_level import (
+    DIGITS_FIRST,
+    PRE_TOKENIZER_SPLITS,
+    byte_level_pre_tokenizer,
+    bytes_to_unicode,
+)
+from .chat_template import check_chat_template, compile_chat_template, render_chat_template
+from .detokenizer import Detokenizer
+from .gguf_tokenizer import GGUFTokenizer, UnsupportedTokenizerError
+from .hf_tokenizer import HFTokenizer
+
+__all__ = [
+    "DIGITS_FIRST",
+    "PRE_TOKENIZER_SPLITS",
+    "Detokenizer",
+    "GGUFTokenizer",
+    "HFTokenizer",
+    "byte_level_pre_tokenizer",
+    "bytes_to_unicode",
+    "check_chat_template",
+    "compile_chat_template",
+    "render_chat_template",
+    "UnsupportedTokenizerError",
+]
