@@ -172,6 +172,19 @@ def test_openai_client_echo_and_n(srv):
         )
         assert ch.message.content == one.choices[0].message.content
     assert chat.usage.prompt_tokens == one.usage.prompt_tokens  # the prompt counted once
+    streamed = ["", ""]
+    for chunk in client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "Say hi"}],
+        n=2,
+        seed=3,
+        max_tokens=6,
+        temperature=1.0,
+        stream=True,
+    ):
+        for ch in chunk.choices:
+            streamed[ch.index] += ch.delta.content or ""
+    assert streamed == [ch.message.content for ch in chat.choices]
 
 
 def test_embeddings_float_base64_and_batch_invariant(srv, smol):
