@@ -21,7 +21,7 @@ renders a short chat prompt and generates one token greedily. It reports, per re
 - ``packed``: the bytes of packed weights the model holds (``Model.weight_storage()``), and the
   KV cache of the first token's state.
 
-The targets of issue #13 (reported, not asserted): first token <= 1.0 s warm, and peak RSS
+What it is read against (reported, not asserted): first token <= 1.0 s warm, and peak RSS
 <= 1.5 x (packed + KV cache) for SmolLM2-135M from its GGUF.
 """
 

@@ -76,9 +76,9 @@ def _hf_llama(path: str, rec: Recorder, name: str):
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        from exactblocks.loaders.gguf import hf_state_dict, load_gguf_llama
+        from exactblocks.models.loading import load_gguf_model
 
-        config, layers, top = load_gguf_llama(path)
+        config, tensors, _ = load_gguf_model(path)
         cfg = LlamaConfig(
             vocab_size=int(config["vocab_size"]),
             hidden_size=config["hidden_size"],
@@ -97,10 +97,7 @@ def _hf_llama(path: str, rec: Recorder, name: str):
         )
         hf_model = LlamaForCausalLM(cfg)
         # (the file's F32 tensors come read-only: torch wants writable arrays, a copy each)
-        sd = {
-            k: torch.from_numpy(np.require(v, requirements="W"))
-            for k, v in hf_state_dict(layers, top).items()
-        }
+        sd = {k: torch.from_numpy(np.require(v, requirements="W")) for k, v in tensors.items()}
         hf_model.load_state_dict(sd, strict=True)
         return hf_model.eval(), config["eos_token_id"]
     except Exception as exc:  # noqa: BLE001

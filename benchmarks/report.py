@@ -190,8 +190,7 @@ def targets_table(rows: list[dict], models: dict | None, ceiling: dict | None) -
     str
         Prefill GFLOP/s (and % of NumPy), decode speed vs torch sdpa, Llama-1B decode vs
         NumPy's GEMVs and vs the bandwidth bound, B=8 / B=1 decode time, speed vs mojolearn,
-        and each model's prefill and decode rates against HF generate and llama.cpp (issue
-        #13's targets: prefill >= 3x and decode >= 1.5x llama.cpp's speed).
+        and each model's prefill and decode rates against HF generate and llama.cpp.
     """
     lines = ["| target | value |", "|---|---|"]
     by = {(r["name"], r["case"]): r for r in rows}
@@ -332,7 +331,7 @@ def model_table(models: dict) -> str:
     return "\n".join(lines)
 
 
-#: What the report says under the model table when llama.cpp ran (issue #13).
+#: What the report says under the model table when llama.cpp ran.
 LLAMA_CPP_ARITHMETIC = (
     "llama.cpp computes Q4_1 (and the other quantised types) with 8-bit quantised activations "
     "(each activation row rounded to Q8_1 blocks before the dot products), while exactblocks "

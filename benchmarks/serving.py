@@ -15,7 +15,7 @@ fields and ``stream_options.include_usage`` for both servers, with the two serve
 back to back so that a change in the machine's load hits both. Per server, mode and client
 count it prints aggregate tokens/s (completion tokens from each answer's ``usage`` over the
 round's wall time), p50/p99 time to first token and p50/p99 gap between streamed tokens, then
-markdown tables and the exactblocks / llama.cpp ratios, and the issue's two targets. Every
+markdown tables and the exactblocks / llama.cpp ratios, and the two targets it tracks. Every
 answer must be non-empty; an error or an empty answer makes the exit status 1. The machine's
 load (load average and the CPU share other processes used during each round) is printed beside
 the numbers: on a shared machine the numbers say little without it.

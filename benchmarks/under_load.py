@@ -1,4 +1,4 @@
-"""Thread counts on an idle machine and under foreign load (issue #16).
+"""Thread counts on an idle machine and under foreign load.
 
 ``python -m benchmarks.under_load`` (from a clone's root) times three workloads with 1 thread,
 2 threads and the default thread count, first on an otherwise idle machine, then with one core

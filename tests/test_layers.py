@@ -96,9 +96,6 @@ KNOWN_VIOLATIONS = {
     "exactblocks.mamba2_state -> exactblocks.mamba2.state (upward: base imports blocks)",
     "exactblocks.mamba2_state -> exactblocks.mamba2.state._restore_mamba2_state "
     "(private name of another package)",
-    # the legacy Llama demo path builds blocks inside the GGUF reader: removed by the loaders
-    # restructuring (loaders/gguf/ reads formats only, the demo runs on load_model)
-    "exactblocks.loaders.gguf -> exactblocks (upward: sources imports api)",
     # models/ takes block classes from the package facade: removed by importing them from
     # exactblocks.transformer / exactblocks.mamba2 (the one-file-per-family records touch
     # each of these lines)
@@ -106,11 +103,8 @@ KNOWN_VIOLATIONS = {
     "exactblocks.models._hybrid -> exactblocks (upward: models imports api)",
     "exactblocks.models.model -> exactblocks (upward: models imports api)",
     "exactblocks.models.mamba2 -> exactblocks (upward: models imports api)",
-    # models/ reaches into the loaders' and the base modules' private helpers: removed when
-    # the loaders give the map release a public name (loaders/gguf/ reader) and when
-    # ModelState's row check becomes a public base helper (_state.py names it publicly)
-    "exactblocks.models.loading -> exactblocks.loaders.gguf._release_map "
-    "(private name of another package)",
+    # models/ reaches into the base modules' private helpers: removed when ModelState's row
+    # check becomes a public base helper (_state.py names it publicly)
     "exactblocks.models.state -> exactblocks._state._check_rows (private name of another package)",
     # the blocks share the base modules' private sentinel and formatter: removed by naming
     # them publicly in _state.py / _validation.py (they are shared by design)

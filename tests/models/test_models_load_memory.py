@@ -2,7 +2,7 @@
 (import ``gguf`` or ``numpy.random``, compute fingerprints, keep per-layer copies), that the
 file is left as it was, and that a truncated or foreign GGUF still gets a clear error.
 
-The memory targets themselves (issue #13) are measured by ``python -m benchmarks.load``, not
+The memory figures themselves are measured by ``python -m benchmarks.load``, not
 asserted here: they depend on the machine and the library versions.
 """
 
@@ -155,7 +155,7 @@ def test_lean_reader_tables_equal_gguf_py():
     import struct
 
     gguf = pytest.importorskip("gguf")
-    from exactblocks.loaders import gguf as lean
+    from exactblocks.loaders.gguf import reader as lean
 
     vt = gguf.GGUFValueType
     assert (lean._GGUF_STRING, lean._GGUF_ARRAY, lean._GGUF_BOOL) == (

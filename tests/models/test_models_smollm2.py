@@ -82,7 +82,7 @@ def test_smollm2_direct_packing_equals_dequantise_then_pack(smollm2_path):
     detecting packer (the old path), on a few layers and the head: the same storage formats,
     fingerprints, weights and output bits."""
     from exactblocks._weights import QuantizedMatrix
-    from exactblocks.loaders.gguf import load_gguf_model
+    from exactblocks.models.loading import load_gguf_model
 
     _, direct, _ = load_gguf_model(smollm2_path, direct=True)
     cfg, plain, _ = load_gguf_model(smollm2_path)

@@ -1,4 +1,4 @@
-"""The core's layer shapes of real checkpoints (issue #12) against HF's own layer classes.
+"""The core's layer shapes of real checkpoints against HF's own layer classes.
 
 ``_core.TransformerCore`` is built directly from a typed ``_core.TransformerConfig`` and the
 canonical short weight names (the Python option layer comes later), and compared with the HF

@@ -1,4 +1,4 @@
-"""The layer shapes of issue #12 through the public API, against HF's own layer classes.
+"""The layer shapes of SPEC.md 4.7 through the public API, against HF's own layer classes.
 
 Each HF layer of ``test_core_layer_shapes`` (same builders, same seeded weights) is built as
 ``exactblocks.TransformerBlockInference`` from the HF layer's own ``state_dict()``, with the HF

@@ -1,4 +1,4 @@
-"""Fixtures of the robustness tests (issue #16); helpers live in robust_helpers.py."""
+"""Fixtures of the robustness tests; helpers live in robust_helpers.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Helpers of the robustness tests (issue #16): small blocks, byte snapshots of states, exception
+"""Helpers of the robustness tests: small blocks, byte snapshots of states, exception
 injection after every call event of a block call, and subprocess runs with a timeout.
 
 A unique module name (tests import helpers by name, and several folders have a conftest.py).

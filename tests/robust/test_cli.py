@@ -1,4 +1,4 @@
-"""CLI faults of issue #16 finding 6: a closed stdout pipe ends the command quietly, and error
+"""CLI faults: a closed stdout pipe ends the command quietly, and error
 lines name the command and the argument, never an internal function."""
 
 from __future__ import annotations
@@ -125,8 +125,8 @@ def _signal_state(pid: int) -> str:
     ],
 )
 def test_ctrl_c_prints_one_line_and_exits_130(argv):
-    # Ctrl-C during `exactblocks run` or `demo` printed a whole traceback (a fresh-user review
-    # of issue #16): now one line on stderr and the status of a tool killed by SIGINT.
+    # Ctrl-C during `exactblocks run` or `demo` printed a whole traceback; it
+    # prints one line on stderr and the status of a tool killed by SIGINT.
     import signal
     import time
 

@@ -1,5 +1,5 @@
-"""Leaving the interpreter while a thread is inside a call prints nothing (issue #16 finding 7:
-nanobind reported the objects the running call still referenced as leaks)."""
+"""Leaving the interpreter while a thread is inside a call prints nothing (nanobind
+would report the objects the running call still referenced as leaks)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""A fork while another thread is inside a call on a state (SPEC.md 2.6; the fresh-user review
-of issue #16): in the child that state was refused forever with "in use by another call",
-although no call runs there. Its contents may be torn (the parent's call was writing them), so
-it must not silently become usable either: calls and snapshots raise a RuntimeError saying why,
+"""A fork while another thread is inside a call on a state (SPEC.md 2.6): in the child that
+state was refused forever with "in use by another call", although no call runs there. Its
+contents may be torn (the parent's call was writing them), so it must not silently become
+usable either: calls and snapshots raise a RuntimeError saying why,
 and a reset of every row (or a new state) makes it usable.
 
 Real forks of a subprocess, with the call running on a real thread of the parent.

@@ -1,5 +1,5 @@
 """Bounded property fuzz of the bit promises (SPEC.md 3.1, 9) over random configurations of
-both blocks (issue #16 finding 8): for random sizes, GQA ratios, windows, RoPE settings,
+both blocks: for random sizes, GQA ratios, windows, RoPE settings,
 norm/MLP kinds, biases, n_groups, d_state and conv kernels, with random token splits and
 ragged lengths,
 

@@ -1,7 +1,6 @@
 """Ctrl-C, or a signal handler that raises, stops a long call within about 100 ms and leaves the
 state exactly as before the call; a retry then gives the bits of an uninterrupted call
-(SPEC.md 2.5; issue #16 finding 10: Ctrl-C used to wait for the whole call, 7.5 s on a long
-prefill).
+(SPEC.md 2.5), instead of waiting for the whole call (seconds for a long prefill).
 
 Each case runs in a subprocess (real signals): for 1 and 2 threads, a prefill sized to take
 about 2.5 s is started on the main thread and interrupted after 0.5 s, once by SIGINT

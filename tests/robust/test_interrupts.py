@@ -1,6 +1,6 @@
 """An exception raised into a call (KeyboardInterrupt, a signal handler that raises) leaves the
 state either exactly as before the call or exactly as after it, and never locked (SPEC.md 2.5,
-2.6; issue #16 findings 1 and 2).
+2.6).
 
 Two ways in. In process, the profiler raises at every call event of one block call in turn
 (every call and return of a Python function, before and after every builtin call): a superset

@@ -1,5 +1,5 @@
 """A call that cannot get its memory raises MemoryError naming the call and the bytes, leaves the
-state byte-identical, and keeps no scratch alive (SPEC.md 2.5, 2.7; issue #16 finding 4).
+state byte-identical, and keeps no scratch alive (SPEC.md 2.5, 2.7).
 
 Run in a subprocess under an address-space limit (RLIMIT_AS) that leaves room for the output but
 not for the scratch of a long prefill through a wide MLP.

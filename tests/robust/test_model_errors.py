@@ -1,5 +1,5 @@
 """A Model call's errors name the model call, never an inner block, and a MemoryError is never a
-bare ``std::bad_alloc`` (SPEC.md 2.7; the fresh-user review of issue #16).
+bare ``std::bad_alloc`` (SPEC.md 2.7).
 
 The memory cases run SmolLM2 in a subprocess under an address-space limit (RLIMIT_AS); the
 overflow case builds a tiny Llama through transformers whose first layer overflows.

@@ -1,5 +1,5 @@
-"""AddressSanitizer + UndefinedBehaviorSanitizer runs (issue #16 finding 8), marked ``sanitize``
-(deselect locally with ``-m "not sanitize"``).
+"""AddressSanitizer + UndefinedBehaviorSanitizer runs, marked ``sanitize`` (deselect locally with
+``-m "not sanitize"``).
 
 1. tests/cpp/digest_main.cpp built natively with ``-fsanitize=address,undefined
    -fno-sanitize-recover=all`` (the sources and flags of the NEON cross test's
@@ -16,10 +16,17 @@
 
 Both need g++ with libasan/libubsan (Debian: g++); without them the tests skip locally and fail
 under CI.
+
+Each build is made once and reused: it lives in ``build/sanitize/<name>-<key>/``, where the key
+hashes everything the build reads (every file under csrc/ and tests/cpp/, CMakeLists.txt,
+pyproject.toml, the flags, the compiler's version, the Python executable). A run whose sources
+are unchanged reuses the binaries of the previous run; a change to any of them builds afresh,
+once, and drops the stale directory.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import platform
@@ -43,6 +50,7 @@ SAN_ENV = {
     "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
 }
 REPORTS = ("ERROR: AddressSanitizer", "runtime error:", "ERROR: LeakSanitizer", "SUMMARY: ")
+CACHE = ROOT / "build" / "sanitize"
 
 
 def _in_ci():
@@ -82,6 +90,99 @@ def _clean(res, what):
     )
 
 
+def _build_key(cxx, *extra):
+    """A hash of everything a sanitized build reads, so that a cached build is reused only
+    when it would be rebuilt identically."""
+    h = hashlib.sha256()
+    files = [ROOT / "CMakeLists.txt", ROOT / "pyproject.toml"]
+    for top in ("csrc", "tests/cpp"):
+        files += [p for p in (ROOT / top).rglob("*") if p.is_file()]
+    for path in sorted(files):
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60)
+    for part in (version.stdout, sys.executable, *SAN_COMPILE, *SAN, *extra):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _cached_build(name, key, build):
+    """The directory ``build/sanitize/<name>-<key>``, made by ``build(tmp_dir)`` on a miss.
+
+    A build is moved into place only once it succeeded, so an interrupted or failed build is
+    never reused; older directories of the same name are removed.
+    """
+    final = CACHE / f"{name}-{key}"
+    if (final / "done").exists():
+        return final
+    for old in CACHE.glob(f"{name}-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    tmp = CACHE / f"{name}-{key}.tmp"
+    tmp.mkdir(parents=True)
+    build(tmp)
+    (tmp / "done").write_text("ok\n")
+    tmp.rename(final)
+    return final
+
+
+@pytest.fixture(scope="session")
+def sanitized_digest():
+    """tests/cpp/digest_main.cpp built with the sanitizers (once, cached under build/)."""
+    gxx, _ = _sanitizer_runtime()
+    cross = _load_cross()
+    arch = "aarch64" if platform.machine() == "aarch64" else "x86_64"
+
+    def build(out):
+        cross.build_digest(gxx, arch, out, static=False, extra=SAN_COMPILE)
+
+    return _cached_build("digest", _build_key(gxx, arch), build) / "digest"
+
+
+@pytest.fixture(scope="session")
+def sanitized_extension():
+    """The extension ``_core*.so`` built with the sanitizers (once, cached under build/)."""
+    gxx, _ = _sanitizer_runtime()
+    _need(shutil.which("cmake") is not None, "cmake not found")
+    text = (ROOT / "pyproject.toml").read_text()
+    version = re.search(r'^version = "([^"]+)"', text, re.MULTILINE).group(1)
+    flags = " ".join(SAN_COMPILE)
+
+    def build(out):
+        build_dir = out / "cmake"
+        configure = [
+            "cmake",
+            "-S",
+            str(ROOT),
+            "-B",
+            str(build_dir),
+            *(["-G", "Ninja"] if shutil.which("ninja") else []),
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DPython_EXECUTABLE={sys.executable}",
+            f"-DSKBUILD_PROJECT_VERSION={version}",
+            f"-DCMAKE_CXX_FLAGS={flags}",
+            f"-DCMAKE_C_FLAGS={flags}",
+            # Release's own -O3 would come after the flags above and double the build time
+            "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG",
+            "-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG",
+            f"-DCMAKE_SHARED_LINKER_FLAGS={' '.join(SAN)}",
+            f"-DCMAKE_MODULE_LINKER_FLAGS={' '.join(SAN)}",
+        ]
+        res = subprocess.run(configure, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        res = subprocess.run(
+            ["cmake", "--build", str(build_dir), "-j", "2"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        (so,) = build_dir.glob("_core*.so")
+        shutil.copy2(so, out)
+        shutil.rmtree(build_dir)  # the objects are not needed again: keep only the .so
+
+    (so,) = _cached_build("extension", _build_key(gxx, version), build).glob("_core*.so")
+    return so
+
+
 def _load_cross():
     path = ROOT / "tests" / "cross" / "test_neon_cross.py"
     spec = importlib.util.spec_from_file_location("_eb_cross_build", path)
@@ -90,11 +191,8 @@ def _load_cross():
     return mod
 
 
-def test_digest_under_asan_ubsan(tmp_path):
-    gxx, _ = _sanitizer_runtime()
-    cross = _load_cross()
-    arch = "aarch64" if platform.machine() == "aarch64" else "x86_64"
-    exe = cross.build_digest(gxx, arch, tmp_path, static=False, extra=SAN_COMPILE)
+def test_digest_under_asan_ubsan(sanitized_digest):
+    exe = sanitized_digest
     env = {k: v for k, v in os.environ.items() if k != "EXACTBLOCKS_ISA"}
     env.update(SAN_ENV)
     env["ASAN_OPTIONS"] = env["ASAN_OPTIONS"].replace("detect_leaks=0", "detect_leaks=1")
@@ -116,38 +214,9 @@ API_SUBSET = [
 ]
 
 
-def test_extension_under_asan_ubsan(tmp_path):
+def test_extension_under_asan_ubsan(sanitized_extension, tmp_path):
     _, preload = _sanitizer_runtime()
-    _need(shutil.which("cmake") is not None, "cmake not found")
-    text = (ROOT / "pyproject.toml").read_text()
-    version = re.search(r'^version = "([^"]+)"', text, re.MULTILINE).group(1)
-    build = tmp_path / "build"
-    flags = " ".join(SAN_COMPILE)
-    configure = [
-        "cmake",
-        "-S",
-        str(ROOT),
-        "-B",
-        str(build),
-        *(["-G", "Ninja"] if shutil.which("ninja") else []),
-        "-DCMAKE_BUILD_TYPE=Release",
-        f"-DPython_EXECUTABLE={sys.executable}",
-        f"-DSKBUILD_PROJECT_VERSION={version}",
-        f"-DCMAKE_CXX_FLAGS={flags}",
-        f"-DCMAKE_C_FLAGS={flags}",
-        # Release's own -O3 would come after the flags above and double the build time
-        "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG",
-        "-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG",
-        f"-DCMAKE_SHARED_LINKER_FLAGS={' '.join(SAN)}",
-        f"-DCMAKE_MODULE_LINKER_FLAGS={' '.join(SAN)}",
-    ]
-    res = subprocess.run(configure, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    res = subprocess.run(
-        ["cmake", "--build", str(build), "-j", "2"], capture_output=True, text=True, timeout=900
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    (so,) = build.glob("_core*.so")
+    so = sanitized_extension
 
     # The package's Python files with the sanitized extension beside them.
     pkg = tmp_path / "pkg"

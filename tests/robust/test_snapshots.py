@@ -1,6 +1,6 @@
 """Snapshots of a state (pickle, copy, deepcopy, keys, values) take the state's lock: taken while
 another thread's call runs, they wait for it and show the state after it, never a mix (SPEC.md
-2.6; issue #16 finding 3)."""
+2.6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Thread-count defaults and caps, and threadpoolctl (issue #16 finding 5; SPEC.md 1, 2.6).
+"""Thread-count defaults and caps, and threadpoolctl (SPEC.md 1, 2.6).
 
 Precedence at import: EXACTBLOCKS_NUM_THREADS, else OMP_NUM_THREADS (first entry), else the
 usable CPUs (the affinity mask); every source is capped to the usable CPUs with a
@@ -56,7 +56,7 @@ def test_env_above_the_cpus_is_capped_with_a_warning(name):
 
 @pytest.mark.parametrize(("name", "value"), [("OMP_NUM_THREADS", "999"), ("OMP_NUM_THREADS", "x")])
 def test_env_warnings_point_at_the_users_import_line(name, value):
-    # they pointed at exactblocks/__init__.py:20 (a fresh-user review of issue #16)
+    # they pointed at exactblocks/__init__.py:20
     res = run_python("x = 1\nimport exactblocks\n", timeout=60, env={name: value})
     assert res.returncode == 0, res.stderr
     assert res.stderr.startswith("<string>:2: RuntimeWarning: exactblocks: "), res.stderr

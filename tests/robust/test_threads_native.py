@@ -1,4 +1,4 @@
-"""Robustness of the core's threads (issue #16, native part): the thread pool of csrc/base/pool.
+"""Robustness of the core's threads (native part): the thread pool of csrc/base/pool.
 
 Each risky case runs in a subprocess bounded by a timeout, so a hang, an abort or an
 ``exit(1)`` fails the test instead of the suite:
@@ -25,12 +25,17 @@ import numpy as np
 import pytest
 
 import exactblocks as eb
+from exactblocks import _ext
 
 TESTS = str(Path(__file__).resolve().parents[1])
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
-from helpers import make_mamba2_weights, make_transformer_weights  # noqa: E402
+from helpers import (  # noqa: E402
+    force_num_threads,
+    make_mamba2_weights,
+    make_transformer_weights,
+)
 
 TIMEOUT = 120  # seconds per subprocess: a hung fork child or pool fails here, not the suite
 
@@ -310,7 +315,8 @@ def test_pool_thread_counts_and_concurrent_calls_give_the_same_bits(compact):
         eb.set_num_threads(1)
         ref = run_all()
         for n in (2, 3, 8):
-            eb.set_num_threads(n)
+            force_num_threads(n)  # set_num_threads would cap 3 and 8 at the usable CPUs
+            assert _ext.core().get_num_threads() == n
             assert run_all() == ref, f"{n} threads"
         eb.set_num_threads(2)
         out = [None] * 4
@@ -336,7 +342,8 @@ def test_mamba2_thread_counts_give_the_same_bits():
     outs = []
     try:
         for n in (1, 2, 3, 8):
-            eb.set_num_threads(n)
+            force_num_threads(n)  # set_num_threads would cap 3 and 8 at the usable CPUs
+            assert _ext.core().get_num_threads() == n
             st = blk.allocate_state(3)
             y = blk.forward(x, st)
             outs.append(y.tobytes() + blk.step(x[:, 0], st).tobytes() + st.conv_window.tobytes())

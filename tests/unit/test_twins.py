@@ -1,4 +1,4 @@
-"""Every fast kernel against its plain twin, bit for bit, on every ISA (issue #11 item 4).
+"""Every fast kernel against its plain twin, bit for bit, on every ISA.
 
 The twins (csrc/ops/ref/, bound as ``<op>_ref``) are simple scalar loops over the documented
 op order (SPEC 3.3 SEQ and L16, 3.4, 4.3 step 6, 4.4, 7.3), compiled once, written from the

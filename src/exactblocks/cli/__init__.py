@@ -19,14 +19,12 @@ import sys
 from collections.abc import Sequence
 
 from .common import positive_int as _positive_int
-from .demo import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPT, final_logits, pack_head, run_demo
+from .demo import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPT, run_demo
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_PROMPT",
-    "final_logits",
     "main",
-    "pack_head",
     "run_demo",
 ]
 

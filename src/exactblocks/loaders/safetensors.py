@@ -264,10 +264,10 @@ class SafetensorsSource(Mapping):
         The maps are read-only: a later read faults the pages in again from the page cache.
         The model builder calls it after each layer is packed.
         """
-        from .gguf import _release_map
+        from .gguf import release_map
 
         for mm in self._maps.values():
-            _release_map(mm)
+            release_map(mm)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._index)

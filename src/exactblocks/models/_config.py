@@ -144,7 +144,7 @@ class ConfigReader:
             )
         return self.resolved[key]
 
-    def int(self, key: str, *, minimum: int = 1, allow_none: bool = False) -> int | None:
+    def integer(self, key: str, *, minimum: int = 1, allow_none: bool = False) -> int | None:
         """An integer field >= ``minimum`` (bool refused); None only with ``allow_none``."""
         v = self.get(key)
         if v is None and allow_none:
@@ -153,7 +153,7 @@ class ConfigReader:
             self._fail(key, v, f"an integer >= {minimum}" + (" or null" if allow_none else ""))
         return int(v)
 
-    def float(self, key: str, *, positive: bool = True) -> float:
+    def number(self, key: str, *, positive: bool = True) -> float:
         """A finite real field (> 0 with ``positive``); bool refused."""
         v = self.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -162,7 +162,7 @@ class ConfigReader:
             self._fail(key, v, "a number > 0")
         return float(v)
 
-    def bool(self, key: str) -> bool:
+    def flag(self, key: str) -> bool:
         """A boolean field."""
         v = self.get(key)
         if not isinstance(v, bool):
@@ -175,11 +175,6 @@ class ConfigReader:
         if not isinstance(v, (str, int, float, type(None))) or v not in allowed:
             self._fail(key, v, "one of " + ", ".join(repr(a) for a in allowed))
         return allowed[v]
-
-    def equals(self, key: str, expected: Any, why: str) -> None:
-        """Refuse a field whose value differs from ``expected`` (a feature not implemented)."""
-        if key in self.resolved and self.resolved[key] != expected:
-            self._fail(key, self.resolved[key], f"{expected!r}: {why}")
 
     def rope(
         self,

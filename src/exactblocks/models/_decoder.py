@@ -1,8 +1,10 @@
 """The shared base of the decoder-only Transformer families.
 
-What lives here: :class:`DecoderSpec`, the ONE frozen config a family file builds from the HF
-config (every block option and size, per layer where they differ, and everything outside the
-blocks: embedding scale, final norm, logit scaling and softcap), the tensor names of HF's
+What lives here: the config fields every decoder family reads alike (:func:`heads_and_dims`,
+:func:`rope_fields`, :func:`layer_windows`), :class:`DecoderSpec`, the ONE frozen config a
+family file builds from the HF config (every block option and size, per layer where they
+differ, and everything outside the blocks: embedding scale, final norm, logit scaling and
+softcap), the tensor names of HF's
 ``<Family>ForCausalLM.state_dict()`` it implies, and the layer stack of
 :class:`exactblocks.TransformerBlockInference` it builds. What does not: how a family reads
 its HF config (one file per family), the embedding lookup and the output head (``base.py``).
@@ -35,7 +37,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GATED_MLPS", "DecoderSpec", "TensorSpec", "freeze", "thaw"]
+from ._config import ConfigReader
+
+__all__ = [
+    "GATED_MLP",
+    "GATED_MLPS",
+    "DecoderSpec",
+    "TensorSpec",
+    "block_tensors",
+    "freeze",
+    "heads_and_dims",
+    "layer_windows",
+    "rope_fields",
+    "thaw",
+]
 
 #: The block's gated MLP kinds (gate_proj present).
 GATED_MLPS = ("swiglu", "geglu", "geglu_tanh")
@@ -213,65 +228,27 @@ class DecoderSpec:
         return out
 
     def _block_tensors(self) -> list[tuple[str, tuple]]:
-        """The block's tensors (block spelling) and shapes for these options."""
-        d, hd, it = self.d_model, self.head_dim, self.intermediate
-        qw, kw = self.n_heads * hd, self.n_kv_heads * hd
-        norms = {
-            "pre": ("input_layernorm", "post_attention_layernorm"),
-            "sandwich": (
-                "input_layernorm",
-                "post_attention_layernorm",
-                "pre_feedforward_layernorm",
-                "post_feedforward_layernorm",
-            ),
-            "post": ("post_attention_layernorm", "post_feedforward_layernorm"),
-            "parallel": ("input_layernorm",),
-        }[self.norm_placement]
-        out = [(n + ".weight", (d,)) for n in norms]
-        if self.norm_bias:
-            out += [(n + ".bias", (d,)) for n in norms]
-        if self.fused_qkv:
-            out.append(("self_attn.qkv_proj.weight", (qw + 2 * kw, d)))
-        else:
-            out += [
-                ("self_attn.q_proj.weight", (qw, d)),
-                ("self_attn.k_proj.weight", (kw, d)),
-                ("self_attn.v_proj.weight", (kw, d)),
-            ]
-        out.append(("self_attn.o_proj.weight", (d, qw)))
-        if self.qkv_bias:
-            out += [
-                ("self_attn.q_proj.bias", (qw,)),
-                ("self_attn.k_proj.bias", (kw,)),
-                ("self_attn.v_proj.bias", (kw,)),
-            ]
-        if self.o_bias:
-            out.append(("self_attn.o_proj.bias", (d,)))
-        if self.qk_norm:
-            out += {
-                "head": [("self_attn.q_norm.weight", (hd,)), ("self_attn.k_norm.weight", (hd,))],
-                "all_heads": [
-                    ("self_attn.q_norm.weight", (qw,)),
-                    ("self_attn.k_norm.weight", (kw,)),
-                ],
-                "per_head_weights": [
-                    ("self_attn.q_norm.weight", (self.n_heads, hd)),
-                    ("self_attn.k_norm.weight", (self.n_kv_heads, hd)),
-                ],
-            }[self.qk_norm_scope]
-        gated = self.mlp in GATED_MLPS
-        if gated and self.fused_gate_up:
-            out.append(("mlp.gate_up_proj.weight", (2 * it, d)))
-        else:
-            if gated:
-                out.append(("mlp.gate_proj.weight", (it, d)))
-            out.append(("mlp.up_proj.weight", (it, d)))
-        out.append(("mlp.down_proj.weight", (d, it)))
-        if self.mlp_bias:
-            if gated:
-                out.append(("mlp.gate_proj.bias", (it,)))
-            out += [("mlp.up_proj.bias", (it,)), ("mlp.down_proj.bias", (d,))]
-        return out
+        """The block's tensors (HF spelling) and shapes for these options."""
+        qw, kw = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        qk_norm = {  # (q_norm, k_norm) shapes per qk_norm_scope (check_shapes)
+            "head": ((self.head_dim,), (self.head_dim,)),
+            "all_heads": ((qw,), (kw,)),
+            "per_head_weights": ((self.n_heads, self.head_dim), (self.n_kv_heads, self.head_dim)),
+        }.get(self.qk_norm_scope)
+        options = {
+            "block_parts": "full",
+            "norm_placement": self.norm_placement,
+            "norm_bias": self.norm_bias,
+            "qkv_bias": self.qkv_bias,
+            "o_bias": self.o_bias,
+            "qk_norm": self.qk_norm,
+            "mlp": self.mlp,
+            "mlp_bias": self.mlp_bias,
+        }
+        sizes = {"d": self.d_model, "QW": qw, "KW": kw, "IT": self.intermediate}
+        return block_tensors(
+            options, sizes, qk_norm, fused_qkv=self.fused_qkv, fused_gate_up=self.fused_gate_up
+        )
 
     def _file_name(self, block_name: str) -> str:
         for ours, theirs in self.renames:
@@ -352,3 +329,144 @@ class DecoderSpec:
             "logits_scaling": self.logits_scaling,
             "logit_softcap": 0.0 if self.logit_softcap is None else self.logit_softcap,
         }
+
+
+# -- config fields every decoder family reads the same way ---------------------------------------
+
+#: HF ``hidden_act`` -> the block's gated MLP (``LlamaMLP``: down(act(gate(x)) * up(x))).
+GATED_MLP = {"silu": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh"}
+
+
+def heads_and_dims(
+    c: ConfigReader,
+    *,
+    eps_key: str = "rms_norm_eps",
+    act_key: str = "hidden_act",
+    acts: dict = GATED_MLP,
+) -> dict:
+    """The size fields every decoder family reads the same way (HF ``__post_init__`` rules).
+
+    ``eps_key`` names the norm epsilon field, ``act_key`` the activation field and ``acts``
+    maps its values to the block's MLP kind (the family's MLP class decides gated or not).
+    """
+    d = c.integer("hidden_size")
+    n_heads = c.integer("num_attention_heads")
+    n_kv = c.integer("num_key_value_heads", allow_none=True)
+    head_dim = c.integer("head_dim", allow_none=True)
+    if head_dim is None:  # HF: hidden_size // num_attention_heads
+        head_dim = d // n_heads
+    if n_kv is None:  # HF: num_attention_heads
+        n_kv = n_heads
+    if n_heads % n_kv:
+        raise ValueError(
+            f"load_model: config num_attention_heads={n_heads} is not divisible by "
+            f"num_key_value_heads={n_kv}"
+        )
+    c.resolved.update(head_dim=head_dim, num_key_value_heads=n_kv)
+    return {
+        "vocab_size": c.integer("vocab_size"),
+        "d_model": d,
+        "n_layers": c.integer("num_hidden_layers"),
+        "n_heads": n_heads,
+        "n_kv_heads": n_kv,
+        "head_dim": head_dim,
+        "intermediate": c.integer("intermediate_size"),
+        "norm_eps": c.number(eps_key),
+        "max_position_embeddings": c.integer("max_position_embeddings"),
+        "tie_embeddings": c.flag("tie_word_embeddings"),
+        "mlp": c.choice(act_key, acts),
+    }
+
+
+def rope_fields(c: ConfigReader) -> dict:
+    """``rope_theta`` and the frozen scaling items (``RotaryEmbeddingConfigMixin.default_theta``
+    = 10000.0 when the file states no base, as HF)."""
+    theta, scaling, _ = c.rope(default_theta=10000.0)
+    return {
+        "rope_theta": theta,
+        "rope_scaling": freeze(scaling),
+    }
+
+
+def layer_windows(c: ConfigReader, n_layers: int) -> tuple:
+    """Per-layer windows from HF ``layer_types`` and ``sliding_window`` (Qwen2/Qwen3 rule:
+    ``sliding_window if layer_types[i] == "sliding_attention" else None``)."""
+    types = c.get("layer_types")
+    if not isinstance(types, list) or len(types) != n_layers:
+        raise ValueError(
+            f"load_model: config field 'layer_types'={types!r} must list {n_layers} layer types "
+            "(num_hidden_layers)"
+        )
+    window = c.get("sliding_window")
+    out = []
+    for i, t in enumerate(types):
+        if t == "full_attention":
+            out.append(0)
+        elif t == "sliding_attention":
+            if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+                raise ValueError(
+                    f"load_model: config layer_types[{i}]='sliding_attention' needs an integer "
+                    f"sliding_window >= 1; got sliding_window={window!r}"
+                )
+            out.append(window)
+        else:
+            raise ValueError(
+                f"load_model: config layer_types[{i}]={t!r} is not supported (expected "
+                "'full_attention' or 'sliding_attention')"
+            )
+    return tuple(out)
+
+
+def block_tensors(
+    options: dict,
+    sizes: dict,
+    qk_norm: tuple | None = None,
+    *,
+    fused_qkv: bool = False,
+    fused_gate_up: bool = False,
+) -> list[tuple[str, tuple]]:
+    """A ``TransformerBlockInference``'s tensors for ``options``, from the block's own table
+    (``exactblocks.transformer.weights.TENSORS``): HF spelling inside the layer, and shapes.
+
+    Parameters
+    ----------
+    options : dict
+        ``block_parts``, ``norm_placement``, ``norm_bias``, ``qkv_bias``, ``o_bias``,
+        ``qk_norm``, ``mlp``, ``mlp_bias``.
+    sizes : dict
+        The table's shape symbols: ``d``, ``QW``, ``KW``, ``IT``.
+    qk_norm : tuple of two shapes or None
+        Of ``q_norm`` and ``k_norm`` (they depend on ``qk_norm_scope``).
+    fused_qkv, fused_gate_up : bool
+        Phi-3's stacked ``qkv_proj`` / ``gate_up_proj`` in place of the rows they hold.
+
+    Returns
+    -------
+    list of (str, tuple)
+    """
+    from exactblocks.transformer.weights import TENSORS
+
+    out = []
+    for t in TENSORS:
+        test = t.presence.test if t.presence is not None else None
+        if test is not None and not test(options):
+            continue
+        if t.name in ("q_norm.weight", "k_norm.weight"):
+            shape = qk_norm[t.name[0] == "k"]
+        else:
+            shape = tuple(sizes[s] for s in t.shape)
+        out.append((t.hf, shape))
+    d, qw, kw, it = sizes["d"], sizes["QW"], sizes["KW"], sizes["IT"]
+    stacks = []
+    if fused_qkv:
+        qkv = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+        stacks.append((qkv, ("self_attn.qkv_proj.weight", (qw + 2 * kw, d))))
+    if fused_gate_up and options["mlp"] in GATED_MLPS:
+        stacks.append((("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+                       ("mlp.gate_up_proj.weight", (2 * it, d))))  # fmt: skip
+    for parts, stacked in stacks:  # one tensor in place of its parts, where the first was
+        at = next((i for i, (n, _) in enumerate(out) if n in parts), None)
+        if at is not None:
+            out = [x for x in out if x[0] not in parts]
+            out.insert(at, stacked)
+    return out

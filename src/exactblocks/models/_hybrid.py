@@ -18,9 +18,81 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._decoder import TensorSpec
+from ._decoder import TensorSpec, block_tensors
 
-__all__ = ["BlockPlan", "HybridSpec"]
+__all__ = ["BlockPlan", "HybridSpec", "mamba2_tensors", "transformer_tensors"]
+
+
+def _renamed(name: str, renames: dict) -> str:
+    """``name`` with the first matching ``renames`` prefix replaced (block -> file)."""
+    for ours, theirs in renames.items():
+        if name.startswith(ours):
+            return theirs + name[len(ours) :]
+    return name
+
+
+def transformer_tensors(options: dict, sizes: dict, renames: dict, **fused) -> tuple:
+    """``BlockPlan.tensors`` of a transformer block (whole or half) from the block's own table.
+
+    Parameters
+    ----------
+    options : dict
+        The block options the table's presence depends on (:func:`._decoder.block_tensors`).
+    sizes : dict
+        ``d``, ``QW``, ``KW``, ``IT``.
+    renames : dict of str to str
+        Block name prefix -> the family's file name prefix (Nemotron-H's ``self_attn.`` is
+        ``mixer.``); the rest is spelled as the block's table spells it.
+    **fused
+        ``fused_gate_up=True``: the gate and up rows as one stacked tensor.
+
+    Returns
+    -------
+    tuple of (str, str, tuple)
+        ``(block weight name, file name inside the layer, shape)``.
+    """
+    return tuple((n, _renamed(n, renames), s) for n, s in block_tensors(options, sizes, **fused))
+
+
+def mamba2_tensors(sizes: dict, renames: dict, *, conv_bias: bool, proj_bias: bool) -> tuple:
+    """``BlockPlan.tensors`` of a Mamba-2 block from the block's own table
+    (``exactblocks.mamba2.weights.TENSORS``).
+
+    Parameters
+    ----------
+    sizes : dict
+        ``d`` (d_model), ``d_inner``, ``conv_dim``, ``n_heads``, ``kernel``.
+    renames : dict of str to str
+        Block name prefix -> the family's file name prefix (Granite-4.0-H's ``mixer.`` is
+        ``mamba.``).
+    conv_bias, proj_bias : bool
+        Whether the conv1d bias and the in/out projection biases are there.
+
+    Returns
+    -------
+    tuple of (str, str, tuple)
+    """
+    from exactblocks.mamba2.weights import TENSORS
+
+    d, di, cd, mh = sizes["d"], sizes["d_inner"], sizes["conv_dim"], sizes["n_heads"]
+    n_in = di + cd + mh
+    shapes = {
+        "norm.weight": (d,),
+        "mixer.in_proj.weight": (n_in, d),
+        "mixer.in_proj.bias": (n_in,),
+        "mixer.conv1d.weight": (cd, 1, sizes["kernel"]),
+        "mixer.conv1d.bias": (cd,),
+        "mixer.dt_bias": (mh,),
+        "mixer.A_log": (mh,),
+        "mixer.D": (mh,),
+        "mixer.norm.weight": (di,),
+        "mixer.out_proj.weight": (d, di),
+        "mixer.out_proj.bias": (d,),
+    }
+    present = {"in_proj.bias": proj_bias, "out_proj.bias": proj_bias, "conv1d.bias": conv_bias}
+    return tuple(
+        (t.hf, _renamed(t.hf, renames), shapes[t.hf]) for t in TENSORS if present.get(t.name, True)
+    )
 
 
 @dataclass(frozen=True)
@@ -66,9 +138,6 @@ class HybridSpec:
     tie_embeddings : bool
     layers : tuple of tuple of BlockPlan
         Per HF layer, its blocks in order.
-    layer_kinds : tuple of str
-        Per HF layer, its type as HF names it (``'linear_attention'``, ``'full_attention'``,
-        ``'mlp'``), for ``repr`` and messages.
     embed_scale : float or None
         Float32 multiplier of the embedding rows (Granite ``embedding_multiplier``).
     logits_scaling : float
@@ -89,7 +158,6 @@ class HybridSpec:
     max_position_embeddings: int
     tie_embeddings: bool
     layers: tuple
-    layer_kinds: tuple
     embed_scale: float | None = None
     logits_scaling: float = 1.0
     embed_name: str = "model.embed_tokens.weight"

@@ -13,20 +13,29 @@ head_dim, hidden_activation, max_position_embeddings, rms_norm_eps, tie_word_emb
 rope_parameters (or rope_theta/rope_scaling), attention_bias, query_pre_attn_scalar,
 sliding_window, layer_types, final_logit_softcapping, attn_logit_softcapping,
 use_bidirectional_attention (refused when set).
-GGUF: ``general.architecture == "gemma2"`` (``exactblocks.loaders.gguf_archs``).
+GGUF: ``general.architecture == "gemma2"`` (its ``GGUF`` record below).
 """
 
 from __future__ import annotations
 
-from ._config import ConfigReader
-from ._decoder import DecoderSpec
-from .llama import GATED_MLP, heads_and_dims, layer_windows, rope_fields
+import numpy as np
 
-__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+from ._config import ConfigReader
+from ._decoder import GATED_MLP, DecoderSpec, heads_and_dims, layer_windows, rope_fields
+from ._gguf import (
+    _ATTN,
+    _GLU,
+    _TOP,
+    GGUFArch,
+    _common,
+    _Keys,
+    _rope,
+)
+
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
 ARCHITECTURES = ("Gemma2ForCausalLM",)
 MODEL_TYPES = ("gemma2",)
-GGUF_ARCHS = ("gemma2",)
 
 #: ``Gemma2Config`` class defaults (transformers 5.23.0), used only for omitted fields.
 DEFAULTS = {
@@ -55,7 +64,7 @@ DEFAULTS = {
 
 def optional_positive(c: ConfigReader, key: str) -> float | None:
     """A field that is null (off) or a finite number > 0 (softcaps)."""
-    return None if c.get(key) is None else c.float(key)
+    return None if c.get(key) is None else c.number(key)
 
 
 def gemma_common(c: ConfigReader, family: str) -> dict:
@@ -71,7 +80,7 @@ def gemma_common(c: ConfigReader, family: str) -> dict:
         c._fail("use_bidirectional_attention", c.get("use_bidirectional_attention"),
                 "false: bidirectional attention is not causal decoding")  # fmt: skip
     sizes = heads_and_dims(c, act_key="hidden_activation", acts=GATED_MLP)
-    bias = c.bool("attention_bias")
+    bias = c.flag("attention_bias")
     return {
         "family": family,
         **sizes,
@@ -82,7 +91,7 @@ def gemma_common(c: ConfigReader, family: str) -> dict:
         "norm_placement": "sandwich",
         # HF: self.scaling = config.query_pre_attn_scalar**-0.5, a binary64 pow, then a float32
         # multiply of the scores: the same value here, rounded to float32 once by the block
-        "attn_scale": float(c.float("query_pre_attn_scalar")) ** -0.5,
+        "attn_scale": float(c.number("query_pre_attn_scalar")) ** -0.5,
         "attn_softcap": optional_positive(c, "attn_logit_softcapping"),
         # HF: nn.Buffer(torch.tensor(hidden_size**0.5)) cast to the embedding's dtype
         "embed_scale": float(sizes["d_model"]) ** 0.5,
@@ -119,3 +128,65 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
         ]
     spec = DecoderSpec(**common, **rope_fields(c), qk_norm=False, windows=layer_windows(c, n))
     return spec, c.resolved
+
+
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
+
+
+def _gemma2_config(k: _Keys, names) -> dict:
+    """src/models/gemma2.cpp ``load_arch_hparams``: window 4096 and period 2 unless stated,
+    softcaps 50 / 30 unless stated (llama-hparams.h), scores scaled by head_dim ** -0.5 except
+    the 46-layer (27B) model, hidden_size / heads (gemma_pytorch config.py); GELU (tanh) MLP."""
+    c = _common(k, names, eps_key="rms_norm_eps")
+    c.update(_rope(k, c["head_dim"]))
+    if k.get("rope.freq_base_swa", c["rope_theta"]) != c["rope_theta"]:
+        k.fail("rope.freq_base_swa", k.get("rope.freq_base_swa"), "rope.freq_base (Gemma 2)")
+    period = k.get("attention.sliding_window_pattern", 2)
+    if isinstance(period, list) or not isinstance(period, int) or period < 0:
+        k.fail("attention.sliding_window_pattern", period, "a period >= 0")
+    n = c["num_hidden_layers"]
+    # llama_hparams::set_swa_pattern: layer il slides iff n == 0 or il % n < n - 1
+    c["layer_types"] = [
+        "sliding_attention" if period == 0 or i % period < period - 1 else "full_attention"
+        for i in range(n)
+    ]
+    c["sliding_window"] = k.get("attention.sliding_window", 4096)
+    c["attn_logit_softcapping"] = float(k.get("attn_logit_softcapping", 50.0))
+    c["final_logit_softcapping"] = float(k.get("final_logit_softcapping", 30.0))
+    c["query_pre_attn_scalar"] = (
+        c["hidden_size"] // c["num_attention_heads"] if n == 46 else c["head_dim"]
+    )
+    c["hidden_activation"] = "gelu_pytorch_tanh"  # build_ffn(..., LLM_FFN_GELU, LLM_FFN_PAR)
+    c["tie_word_embeddings"] = True  # load_arch_tensors: output = token_embd, always
+    return c
+
+
+def _gemma_norm(name: str, w, config: dict):
+    """The converter stores Gemma's RMSNorm weights as ``w + 1`` (conversion/gemma.py
+    ``Gemma2Model.modify_tensors``: every ``norm.weight``); HF's ``Gemma2RMSNorm`` holds ``w``
+    and computes ``1 + w``. ``s - 1`` is exact when ``s = float32(1 + w)`` lies in [0.5, 2]
+    (Sterbenz), and the block's ``float32(1 + (s - 1))`` is then ``s`` again: the model
+    computes with the file's values, bit for bit (an exhaustive check over every float32 ``w``
+    found one exception, ``w = -16777218``; test_models_gguf_archs checks the bits)."""
+    if name.endswith("norm.weight"):
+        s = np.asarray(w, dtype=np.float32)
+        return [(name, s - np.float32(1.0))]
+    return [(name, w)]
+
+
+GGUF = GGUFArch(
+    "gemma2",
+    "Gemma2ForCausalLM",
+    "gemma2",
+    _gemma2_config,
+    {
+        **_ATTN,
+        **_GLU,
+        "attn_norm.weight": "input_layernorm.weight",
+        "post_attention_norm.weight": "post_attention_layernorm.weight",
+        "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+        "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+    },
+    {k: v for k, v in _TOP.items() if k != "output.weight"},
+    convert=_gemma_norm,
+)

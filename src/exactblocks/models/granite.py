@@ -5,20 +5,28 @@ attention scores times ``attention_multiplier`` (instead of ``head_dim ** -0.5``
 residual branches times ``residual_multiplier`` and the logits divided by ``logits_scaling``
 (HF ``GraniteForCausalLM.forward``: ``logits / logits_scaling`` in float32). HF fields read
 (transformers 5.23 ``GraniteConfig``): as Llama, plus those four.
-GGUF: ``general.architecture == "granite"`` (``exactblocks.loaders.gguf_archs``).
+GGUF: ``general.architecture == "granite"`` (its ``GGUF`` record below).
 """
 
 from __future__ import annotations
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec
-from .llama import heads_and_dims, rope_fields
+from ._decoder import DecoderSpec, heads_and_dims, rope_fields
+from ._gguf import (
+    _LLAMA_LIKE,
+    _TOP,
+    GGUFArch,
+    _common,
+    _has,
+    _Keys,
+    _rope,
+    _unpermute_qk,
+)
 
-__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
 ARCHITECTURES = ("GraniteForCausalLM",)
 MODEL_TYPES = ("granite",)
-GGUF_ARCHS = ("granite",)
 
 #: ``GraniteConfig`` class defaults (transformers 5.23.0), used only for omitted fields.
 DEFAULTS = {
@@ -47,12 +55,12 @@ DEFAULTS = {
 def granite_scalars(c: ConfigReader) -> dict:
     """The four Granite multipliers as :class:`DecoderSpec` fields (shared with
     Granite-4.0-H)."""
-    emb = c.float("embedding_multiplier")
+    emb = c.number("embedding_multiplier")
     return {
         "embed_scale": None if emb == 1.0 else emb,
-        "attn_scale": c.float("attention_multiplier"),
-        "residual_multiplier": c.float("residual_multiplier"),
-        "logits_scaling": c.float("logits_scaling"),
+        "attn_scale": c.number("attention_multiplier"),
+        "residual_multiplier": c.number("residual_multiplier"),
+        "logits_scaling": c.number("logits_scaling"),
     }
 
 
@@ -77,16 +85,51 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     """
     c = ConfigReader(config, DEFAULTS, "granite")
     sizes = heads_and_dims(c)
-    bias = c.bool("attention_bias")
+    bias = c.flag("attention_bias")
     spec = DecoderSpec(
         family="granite",
         **sizes,
         **rope_fields(c),
         qkv_bias=bias,
         o_bias=bias,
-        mlp_bias=c.bool("mlp_bias"),
+        mlp_bias=c.flag("mlp_bias"),
         qk_norm=False,
         windows=(0,) * sizes["n_layers"],
         **granite_scalars(c),
     )
     return spec, c.resolved
+
+
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
+
+
+def _granite_config(k: _Keys, names) -> dict:
+    """src/models/granite.cpp: logit_scale required; residual/embedding scale 0 (absent) = none;
+    attention.scale 0 (absent) = 1/sqrt(head_dim); rope.scaling.finetuned is its RoPE switch
+    (default true; false = no RoPE, which HF Granite does not have)."""
+    c = _common(k, names, eps_key="rms_norm_eps")
+    if k.get("rope.scaling.finetuned", True) is not True:
+        k.fail("rope.scaling.finetuned", False, "true: Granite without RoPE is not an HF model")
+    c.update(_rope(k, c["head_dim"]))
+    c["logits_scaling"] = float(k.need("logit_scale"))
+    c["residual_multiplier"] = float(k.get("residual_scale", 0.0)) or 1.0
+    c["embedding_multiplier"] = float(k.get("embedding_scale", 0.0)) or 1.0
+    c["attention_multiplier"] = float(k.get("attention.scale", 0.0)) or c["head_dim"] ** -0.5
+    if k.get("expert_shared_feed_forward_length"):
+        k.fail("expert_shared_feed_forward_length", k.get("expert_shared_feed_forward_length"),
+               "none: Granite MoE is not read")  # fmt: skip
+    c["attention_bias"] = _has(names, "attn_q.bias")
+    c["mlp_bias"] = _has(names, "ffn_up.bias")
+    c["hidden_act"] = "silu"
+    return c
+
+
+GGUF = GGUFArch(
+    "granite",
+    "GraniteForCausalLM",
+    "granite",
+    _granite_config,
+    _LLAMA_LIKE,
+    _TOP,
+    convert=_unpermute_qk,
+)

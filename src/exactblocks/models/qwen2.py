@@ -11,14 +11,18 @@ GGUF: ``general.architecture == "qwen2"``.
 from __future__ import annotations
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec
-from .llama import heads_and_dims, layer_windows, rope_fields
+from ._decoder import DecoderSpec, heads_and_dims, layer_windows, rope_fields
+from ._gguf import (
+    _QWEN_BLOCK,
+    _TOP,
+    GGUFArch,
+    _qwen_config,
+)
 
-__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
 ARCHITECTURES = ("Qwen2ForCausalLM",)
 MODEL_TYPES = ("qwen2",)
-GGUF_ARCHS = ("qwen2",)
 
 #: ``Qwen2Config`` class defaults (transformers 5.23.0), used only for omitted fields, as HF.
 DEFAULTS = {
@@ -44,11 +48,11 @@ DEFAULTS = {
 def sliding_layer_types(c: ConfigReader, n_layers: int) -> None:
     """HF ``Qwen2Config.__post_init__`` (Qwen3 alike): sliding_window is None unless
     use_sliding_window; absent layer_types become sliding for layers >= max_window_layers."""
-    if not c.bool("use_sliding_window"):
+    if not c.flag("use_sliding_window"):
         c.resolved["sliding_window"] = None
     if c.resolved.get("layer_types") is None:
         window = c.resolved["sliding_window"]
-        first = c.int("max_window_layers", minimum=0)
+        first = c.integer("max_window_layers", minimum=0)
         c.resolved["layer_types"] = [
             "sliding_attention" if window is not None and i >= first else "full_attention"
             for i in range(n_layers)
@@ -90,3 +94,9 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
         windows=layer_windows(c, sizes["n_layers"]),
     )
     return spec, c.resolved
+
+
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
+
+
+GGUF = GGUFArch("qwen2", "Qwen2ForCausalLM", "qwen2", _qwen_config, _QWEN_BLOCK, _TOP)

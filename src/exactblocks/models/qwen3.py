@@ -9,15 +9,19 @@ o (``attention_bias``), a free head_dim (default 128, HF's) and per-layer window
 from __future__ import annotations
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec
-from .llama import heads_and_dims, layer_windows, rope_fields
+from ._decoder import DecoderSpec, heads_and_dims, layer_windows, rope_fields
+from ._gguf import (
+    _QWEN_BLOCK,
+    _TOP,
+    GGUFArch,
+    _qwen_config,
+)
 from .qwen2 import sliding_layer_types
 
-__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
 ARCHITECTURES = ("Qwen3ForCausalLM",)
 MODEL_TYPES = ("qwen3",)
-GGUF_ARCHS = ("qwen3",)
 
 #: ``Qwen3Config`` class defaults (transformers 5.23.0), used only for omitted fields, as HF.
 DEFAULTS = {
@@ -63,7 +67,7 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     c = ConfigReader(config, DEFAULTS, "qwen3")
     sizes = heads_and_dims(c)
     sliding_layer_types(c, sizes["n_layers"])
-    bias = c.bool("attention_bias")
+    bias = c.flag("attention_bias")
     spec = DecoderSpec(
         family="qwen3",
         **sizes,
@@ -75,3 +79,9 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
         windows=layer_windows(c, sizes["n_layers"]),
     )
     return spec, c.resolved
+
+
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
+
+
+GGUF = GGUFArch("qwen3", "Qwen3ForCausalLM", "qwen3", _qwen_config, _QWEN_BLOCK, _TOP)

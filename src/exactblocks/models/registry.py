@@ -2,53 +2,50 @@
 ``general.architecture`` -> one family module (one file per family, listed in
 :data:`FAMILIES`). Anything else is refused with the name that was not recognised.
 
-A family module provides ``ARCHITECTURES``, ``MODEL_TYPES``, ``GGUF_ARCHS``, ``DEFAULTS`` and
-``spec_from_config(config) -> (spec, resolved_config)``; the spec names its tensors and builds
-its layers (``_decoder.DecoderSpec``, ``mamba2.Mamba2Spec``).
+A family module provides ``ARCHITECTURES``, ``MODEL_TYPES``, ``DEFAULTS``,
+``spec_from_config(config) -> (spec, resolved_config)`` and ``GGUF`` (its
+:class:`~exactblocks.models._gguf.GGUFArch` record, or None); the spec names its tensors and
+builds its layers (``_decoder.DecoderSpec``, ``mamba2.Mamba2Spec``). docs/adding-a-family.md
+says how to add one.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from types import ModuleType
 
-from . import (
-    gemma2,
-    gemma3,
-    granite,
-    granitemoehybrid,
-    llama,
-    mamba2,
-    mistral,
-    nemotron_h,
-    olmo2,
-    phi3,
-    qwen2,
-    qwen3,
-    smollm3,
-    stablelm,
-    starcoder2,
-)
+from ._gguf import GGUFArch
 
-__all__ = ["FAMILIES", "family_for_config", "family_for_gguf"]
+__all__ = ["FAMILIES", "GGUF_ARCHITECTURES", "family_for_config", "gguf_arch"]
 
-#: family name -> module, in the order they are tried.
+#: family name -> module, in the order they are tried (the one list of families).
 FAMILIES: dict[str, ModuleType] = {
-    "llama": llama,
-    "mistral": mistral,
-    "qwen2": qwen2,
-    "qwen3": qwen3,
-    "gemma2": gemma2,
-    "gemma3": gemma3,
-    "olmo2": olmo2,
-    "smollm3": smollm3,
-    "granite": granite,
-    "phi3": phi3,
-    "stablelm": stablelm,
-    "starcoder2": starcoder2,
-    "mamba2": mamba2,
-    "nemotron_h": nemotron_h,
-    "granitemoehybrid": granitemoehybrid,
+    name: importlib.import_module(f"{__package__}.{name}")
+    for name in (
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "gemma2",
+        "gemma3",
+        "olmo2",
+        "smollm3",
+        "granite",
+        "phi3",
+        "stablelm",
+        "starcoder2",
+        "mamba2",
+        "nemotron_h",
+        "granitemoehybrid",
+    )
+}
+
+#: GGUF ``general.architecture`` -> the :class:`~exactblocks.models._gguf.GGUFArch` record of
+#: the family that reads it (each family's ``GGUF``; None where llama.cpp writes the family
+#: under another architecture, as Mistral under ``llama``).
+GGUF_ARCHITECTURES: dict[str, GGUFArch] = {
+    fam.GGUF.arch: fam.GGUF for fam in FAMILIES.values() if fam.GGUF is not None
 }
 
 
@@ -113,26 +110,27 @@ def family_for_config(config: Mapping) -> ModuleType:
     return by_type
 
 
-def family_for_gguf(arch: str) -> ModuleType:
-    """The family module of a GGUF ``general.architecture`` value.
+def gguf_arch(arch) -> GGUFArch:
+    """The record that reads a GGUF of ``general.architecture == arch``.
 
     Parameters
     ----------
-    arch : str
+    arch : str or None
+        The file's ``general.architecture`` (None when it states none).
 
     Returns
     -------
-    module
+    GGUFArch
 
     Raises
     ------
     ValueError
-        An architecture no family reads from GGUF.
+        An architecture no family reads (the message lists those supported).
     """
-    for fam in FAMILIES.values():
-        if arch in fam.GGUF_ARCHS:
-            return fam
-    raise ValueError(
-        f"load_model: GGUF general.architecture={arch!r} is not supported; supported: "
-        f"{_supported('GGUF_ARCHS')}"
-    )
+    entry = GGUF_ARCHITECTURES.get(arch) if isinstance(arch, str) else None
+    if entry is None:
+        raise ValueError(
+            f"load_gguf_model: general.architecture={arch!r} is not supported; supported: "
+            f"{sorted(GGUF_ARCHITECTURES)}"
+        )
+    return entry

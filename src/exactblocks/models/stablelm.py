@@ -11,20 +11,32 @@ read (transformers 5.23 ``StableLmConfig``): vocab_size, hidden_size, intermedia
 num_hidden_layers, num_attention_heads, num_key_value_heads, hidden_act (silu: SwiGLU),
 max_position_embeddings, layer_norm_eps, rope_parameters (with partial_rotary_factor),
 use_qkv_bias, qk_layernorm, use_parallel_residual, tie_word_embeddings.
-GGUF: ``general.architecture == "stablelm"`` (``exactblocks.loaders.gguf_archs``).
+GGUF: ``general.architecture == "stablelm"`` (its ``GGUF`` record below).
 """
 
 from __future__ import annotations
 
-from ._config import ConfigReader
-from ._decoder import DecoderSpec, freeze
-from .llama import heads_and_dims
+import numpy as np
 
-__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+from ._config import ConfigReader
+from ._decoder import DecoderSpec, freeze, heads_and_dims
+from ._gguf import (
+    _ATTN,
+    _ATTN_BIAS,
+    _GLU,
+    _PRE_NORMS,
+    _TOP_LN,
+    GGUFArch,
+    _common,
+    _has,
+    _Keys,
+    _rope,
+)
+
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
 ARCHITECTURES = ("StableLmForCausalLM",)
 MODEL_TYPES = ("stablelm",)
-GGUF_ARCHS = ("stablelm",)
 
 #: ``StableLmConfig`` class defaults (transformers 5.23.0), used only for omitted fields.
 DEFAULTS = {
@@ -77,8 +89,8 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     rope_dim = int(hd * prf)  # HF StableLmAttention.rotary_ndims
     if rope_dim % 2 or rope_dim < 2:
         c._fail("partial_rotary_factor", prf, f"a factor giving an even width >= 2 of {hd}")
-    bias = c.bool("use_qkv_bias")
-    qk_norm = c.bool("qk_layernorm")
+    bias = c.flag("use_qkv_bias")
+    qk_norm = c.flag("qk_layernorm")
     spec = DecoderSpec(
         family="stablelm",
         **sizes,
@@ -91,9 +103,67 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
         windows=(0,) * sizes["n_layers"],
         norm="layernorm",
         norm_bias=True,
-        norm_placement="parallel" if c.bool("use_parallel_residual") else "pre",
+        norm_placement="parallel" if c.flag("use_parallel_residual") else "pre",
         qk_norm_scope="per_head_weights",
         rope_dim=None if rope_dim == hd else rope_dim,
         renames=RENAMES,
     )
     return spec, c.resolved
+
+
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
+
+
+def _stablelm_config(k: _Keys, names) -> dict:
+    """src/models/stablelm.cpp: LayerNorm with biases, the parallel residual exactly when a
+    layer has no ``ffn_norm`` (the graph's test), q/k/v biases optional; conversion/stablelm.py
+    writes rope.dimension_count = int(partial_rotary_factor * head_dim)."""
+    c = _common(k, names, eps_key="layer_norm_eps")
+    c.update(_rope(k, c["head_dim"], partial=True))
+    c.setdefault("partial_rotary_factor", 1.0)
+    parallel = not _has(names, "ffn_norm.weight")
+    stated = k.get("use_parallel_residual", parallel)
+    if stated != parallel:
+        k.fail("use_parallel_residual", stated, f"{parallel}, as the file's ffn_norm tensors say")
+    c["use_parallel_residual"] = parallel
+    c["use_qkv_bias"] = _has(names, "attn_q.bias")
+    c["qk_layernorm"] = _has(names, "attn_q_norm.weight")  # stablelm.cpp: optional (12B)
+    c["hidden_act"] = "silu"
+    return c
+
+
+def _stablelm_split_norms(name: str, w, config: dict):
+    """conversion/stablelm.py ``_stack_qk_norm`` stacks HF's per-head LayerNorm weights
+    (``self_attn.q_layernorm.norms.H.weight``, H < heads) into one (heads, head_dim) tensor
+    (ne = [head_dim, heads], stablelm.cpp): split it back, one row per head."""
+    if name.endswith(("q_layernorm.weight", "k_layernorm.weight")):
+        a = np.asarray(w, dtype=np.float32)
+        heads = config["num_attention_heads" if "q_layernorm" in name else "num_key_value_heads"]
+        if a.ndim != 2 or a.shape[0] != heads:
+            raise ValueError(
+                f"load_gguf_model: the stablelm q/k norm {name!r} has shape {a.shape}; expected "
+                f"({heads}, head_dim)"
+            )
+        stem = name[: -len(".weight")]
+        return [(f"{stem}.norms.{h}.weight", a[h]) for h in range(heads)]
+    return [(name, w)]
+
+
+GGUF = GGUFArch(
+    "stablelm",
+    "StableLmForCausalLM",
+    "stablelm",
+    _stablelm_config,
+    {
+        **_ATTN,
+        **{k: v for k, v in _ATTN_BIAS.items() if k != "attn_output.bias"},
+        **_GLU,
+        **_PRE_NORMS,
+        "attn_norm.bias": "input_layernorm.bias",
+        "ffn_norm.bias": "post_attention_layernorm.bias",
+        "attn_q_norm.weight": "self_attn.q_layernorm.weight",
+        "attn_k_norm.weight": "self_attn.k_layernorm.weight",
+    },
+    _TOP_LN,
+    convert=_stablelm_split_norms,
+)

@@ -8,20 +8,28 @@ layer (``sliding_window``, null = causal). HF fields read (transformers 5.23
 num_attention_heads, num_key_value_heads, hidden_act, max_position_embeddings, norm_epsilon,
 rope_parameters (or rope_theta/rope_scaling), sliding_window, use_bias, tie_word_embeddings.
 The dropout fields do not change inference. GGUF: ``general.architecture ==
-"starcoder2"`` (``exactblocks.loaders.gguf_archs``).
+"starcoder2"`` (its ``GGUF`` record below).
 """
 
 from __future__ import annotations
 
 from ._config import ConfigReader
-from ._decoder import DecoderSpec
-from .llama import heads_and_dims, rope_fields
+from ._decoder import DecoderSpec, heads_and_dims, rope_fields
+from ._gguf import (
+    _ATTN,
+    _ATTN_BIAS,
+    _PRE_NORMS,
+    _TOP_LN,
+    GGUFArch,
+    _common,
+    _Keys,
+    _rope,
+)
 
-__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF_ARCHS", "MODEL_TYPES", "spec_from_config"]
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
 
 ARCHITECTURES = ("Starcoder2ForCausalLM",)
 MODEL_TYPES = ("starcoder2",)
-GGUF_ARCHS = ("starcoder2",)
 
 #: ``Starcoder2Config`` class defaults (transformers 5.23.0), used only for omitted fields.
 DEFAULTS = {
@@ -70,8 +78,8 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
     """
     c = ConfigReader(config, DEFAULTS, "starcoder2")
     sizes = heads_and_dims(c, eps_key="norm_epsilon", acts=UNGATED_MLP)
-    window = c.int("sliding_window", allow_none=True)
-    bias = c.bool("use_bias")
+    window = c.integer("sliding_window", allow_none=True)
+    bias = c.flag("use_bias")
     spec = DecoderSpec(
         family="starcoder2",
         **sizes,
@@ -86,3 +94,38 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
         renames=RENAMES,
     )
     return spec, c.resolved
+
+
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
+
+
+def _starcoder2_config(k: _Keys, names) -> dict:
+    """src/models/starcoder2.cpp: LayerNorm with biases, every bias present (load_arch_tensors
+    requires them), GELU (tanh) MLP without gate, no sliding window (the converter writes none
+    and the graph has none)."""
+    c = _common(k, names, eps_key="norm_epsilon")
+    c.update(_rope(k, c["head_dim"]))
+    c["use_bias"] = True
+    c["hidden_act"] = "gelu_pytorch_tanh"
+    c["sliding_window"] = None
+    return c
+
+
+GGUF = GGUFArch(
+    "starcoder2",
+    "Starcoder2ForCausalLM",
+    "starcoder2",
+    _starcoder2_config,
+    {
+        **_ATTN,
+        **_ATTN_BIAS,
+        **_PRE_NORMS,
+        "attn_norm.bias": "input_layernorm.bias",
+        "ffn_norm.bias": "post_attention_layernorm.bias",
+        "ffn_up.weight": "mlp.c_fc.weight",
+        "ffn_up.bias": "mlp.c_fc.bias",
+        "ffn_down.weight": "mlp.c_proj.weight",
+        "ffn_down.bias": "mlp.c_proj.bias",
+    },
+    _TOP_LN,
+)

@@ -1,5 +1,5 @@
 """``exactblocks serve``: an OpenAI-compatible server with continuous batching, exact prefix
-caching and batch-invariant answers (issue #14).
+caching and batch-invariant answers.
 
 Layout: ``engine`` (the loop thread, scheduling, sampling; knows nothing of HTTP),
 ``prefix_cache`` (saved row states keyed by token ids), ``protocol`` (typed request bodies,
