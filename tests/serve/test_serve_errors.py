@@ -27,7 +27,7 @@ CASES = [
      "max_tokens"),
     ("float max_tokens", COMP, {"model": "smollm2", "prompt": "Hi", "max_tokens": 2.5}, 400,
      "max_tokens"),
-    ("zero max_tokens", COMP, {"model": "smollm2", "prompt": "Hi", "max_tokens": 0}, 400,
+    ("negative max_tokens", COMP, {"model": "smollm2", "prompt": "Hi", "max_tokens": -1}, 400,
      "max_tokens"),
     ("max_tokens beyond the sequence", COMP,
      {"model": "smollm2", "prompt": "Hi", "max_tokens": 100000}, 400, "max_tokens"),
@@ -35,7 +35,7 @@ CASES = [
      400, "temperature"),
     ("negative seed", CHAT, {"model": "smollm2", "messages": MSG, "seed": -1}, 400, "seed"),
     ("top_p zero", CHAT, {"model": "smollm2", "messages": MSG, "top_p": 0}, 400, "top_p"),
-    ("n=2", CHAT, {"model": "smollm2", "messages": MSG, "n": 2}, 400, "n"),
+    ("n beyond the cap", CHAT, {"model": "smollm2", "messages": MSG, "n": 17}, 400, "n"),
     ("top_logprobs without logprobs", CHAT,
      {"model": "smollm2", "messages": MSG, "top_logprobs": 2}, 400, "top_logprobs"),
     ("too many top_logprobs", CHAT,
@@ -58,7 +58,7 @@ CASES = [
      413, None),
     ("penalty", CHAT, {"model": "smollm2", "messages": MSG, "presence_penalty": 1.0}, 400,
      "presence_penalty"),
-    ("echo", COMP, {"model": "smollm2", "prompt": "Hi", "echo": True}, 400, "echo"),
+    ("suffix", COMP, {"model": "smollm2", "prompt": "Hi", "suffix": "!"}, 400, "suffix"),
 ]  # fmt: skip
 
 
@@ -92,7 +92,7 @@ def test_official_client_raises_typed_errors(srv):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=MSG)
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="smollm2", messages=MSG, n=3)
+        client.chat.completions.create(model="smollm2", messages=MSG, n=17)
     assert info.value.body["param"] == "n"
 
 

@@ -1,7 +1,9 @@
 """The ASGI app: OpenAI-compatible routes over an :class:`~exactblocks.serve.engine.Engine`.
 
 What lives here: :func:`create_app` (FastAPI) with ``/v1/chat/completions``,
-``/v1/completions``, ``/v1/models``, ``/health`` and ``/metrics``; the translation of typed
+``/v1/completions`` (with echo and prompt logprobs, batched prompts, ``n`` choices),
+``/v1/embeddings``, ``/v1/models``, ``/health`` and ``/metrics`` (also under vLLM's gauge
+names); the translation of typed
 requests (``exactblocks.serve.protocol``) into prompt ids and
 :class:`~exactblocks.serve.engine.SamplingParams`, and of engine events into OpenAI JSON and
 server-sent events; OpenAI error bodies for every failure; the ``--api-key`` check. What does
@@ -17,7 +19,9 @@ non-streaming request polls for the disconnect while it waits.
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
+import dataclasses
 import hmac
 import json
 import threading
@@ -26,17 +30,19 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..text import bytes_to_unicode
+from ..text import Detokenizer, bytes_to_unicode
 from .engine import (
     SHUTTING_DOWN,
     Engine,
     EngineClosed,
     FinishEvent,
+    PromptEvent,
     PromptTooLong,
     QueueFull,
     SamplingParams,
@@ -46,13 +52,22 @@ from .protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
+    EmbeddingRequest,
     error_body,
 )
 
-__all__ = ["create_app", "token_bytes", "token_text"]
+__all__ = ["create_app", "pooled_embeddings", "token_bytes", "token_text"]
 
 MAX_BODY_BYTES = 4 * 2**20
 MAX_STOP_STRINGS = 4
+#: Most choices (``n``) per request.
+MAX_N = 16
+#: Most choices (prompts x ``n``) of one ``/v1/completions`` request.
+MAX_CHOICES = 64
+#: Most inputs of one ``/v1/embeddings`` request.
+MAX_EMBEDDING_INPUTS = 256
+#: Inputs run together in one ``Model.hidden_states`` call (the bits do not depend on it).
+EMBEDDING_BATCH = 8
 #: ``max_tokens`` of a ``/v1/completions`` request that gives none (OpenAI's default).
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 #: Threads that tokenize prompts and render chat templates, off the event loop.
@@ -97,12 +112,12 @@ class _Delivery:
         self.pending: list = []
         self.scheduled = False
 
-    def sink(self, events: asyncio.Queue):
-        """The engine sink of one request whose events go to ``events``."""
+    def sink(self, events: asyncio.Queue, index: int = 0):
+        """The engine sink of one request whose events go to ``events`` as ``(index, ev)``."""
 
         def put(ev):
             with self.lock:
-                self.pending.append((events, ev))
+                self.pending.append((events, (index, ev)))
 
         return put
 
@@ -180,7 +195,7 @@ class _AuthAndCount:
             self.counts[(route, status[0])] += 1
 
 
-_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models")
 
 
 def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -> FastAPI:
@@ -268,7 +283,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
     @app.get("/metrics")
     async def metrics():
         return PlainTextResponse(
-            _prometheus(engine.stats(), http_counts), media_type="text/plain; version=0.0.4"
+            _prometheus(engine.stats(), http_counts, model_name),
+            media_type="text/plain; version=0.0.4",
         )
 
     # -- generation -------------------------------------------------------------------------
@@ -331,10 +347,11 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
                 param="model",
                 code="model_not_found",
             )
-        if body.n not in (None, 1):
-            raise APIError(400, "only n=1 is supported", param="n", code="unsupported")
+        n = getattr(body, "n", None)
+        if n is not None and not 1 <= n <= MAX_N:
+            raise APIError(400, f"n={n} must be in [1, {MAX_N}]", param="n", code="invalid_value")
         for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(body, name) not in (None, 0, 0.0):
+            if getattr(body, name, None) not in (None, 0, 0.0):
                 raise APIError(400, f"{name} is not supported", param=name, code="unsupported")
         return body
 
@@ -354,7 +371,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
             raise APIError(400, str(exc), param="max_tokens", code="invalid_value") from None
         try:
             return SamplingParams(
-                max_tokens=n_new,
+                max_tokens=max(n_new, 1),  # 0 (prefill only) is the engine's prefill_only
                 temperature=1.0 if body.temperature is None else float(body.temperature),
                 top_k=body.top_k,
                 top_p=None if body.top_p is None else float(body.top_p),
@@ -369,16 +386,26 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
 
     deliveries: dict = {}  # event loop -> its _Delivery (one loop under uvicorn)
 
-    async def submit(ids, params):
+    async def submit(jobs):
+        """Submit one engine request per choice; return (handles, queue of (index, event)).
+
+        ``jobs``: one ``(ids, params, prompt_logprobs, prefill_only)`` per choice, in index
+        order. When one cannot be queued, those already queued are cancelled.
+        """
         loop = asyncio.get_running_loop()
         delivery = deliveries.get(loop)
         if delivery is None:
             delivery = deliveries[loop] = _Delivery(loop)
             engine.add_burst_hook(delivery.kick)
         events: asyncio.Queue = asyncio.Queue()
+        handles: list = []
         try:
-            handle = engine.submit(ids, params, delivery.sink(events))
+            for index, (ids, params, plp, only) in enumerate(jobs):
+                handles.append(engine.submit(ids, params, delivery.sink(events, index),
+                                             prompt_logprobs=plp, prefill_only=only))  # fmt: skip
         except QueueFull as exc:
+            for h in handles:
+                h.cancel()
             raise APIError(
                 429,
                 str(exc),
@@ -387,44 +414,59 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
                 headers={"Retry-After": str(exc.retry_after)},
             ) from None
         except EngineClosed:
+            for h in handles:
+                h.cancel()
             raise _shutting_down() from None
         except ValueError as exc:
+            for h in handles:
+                h.cancel()
             raise APIError(400, str(exc), code="invalid_value") from None
-        return handle, events
+        return handles, events
 
-    async def collect(request: Request, handle, events):
-        toks: list[TokenEvent] = []
+    async def collect(request: Request, handles, events) -> list[dict]:
+        """Wait for every choice; return per index ``{"prompt", "toks", "fin"}``."""
+        out = [{"prompt": None, "toks": [], "fin": None} for _ in handles]
+        left = len(handles)
         checked = time.monotonic()
         try:
-            while True:
+            while left:
                 try:
-                    ev = await asyncio.wait_for(events.get(), timeout=0.5)
+                    item = await asyncio.wait_for(events.get(), timeout=0.5)
                 except asyncio.TimeoutError:
-                    ev = None
+                    item = None
                 if time.monotonic() - checked >= 0.5:  # the client may have gone away
                     checked = time.monotonic()
                     if await request.is_disconnected():
-                        handle.cancel()
                         raise APIError(499, "client disconnected")
-                if ev is None:
+                if item is None:
                     continue
+                index, ev = item
                 if isinstance(ev, FinishEvent):
                     if ev.finish_reason == "abort":  # only a shutdown ends a live request so
                         raise _shutting_down(ev.error or SHUTTING_DOWN)
                     if ev.finish_reason == "error":
                         raise APIError(500, ev.error or ev.finish_reason, type="server_error")
-                    return toks, ev
-                toks.append(ev)
+                    out[index]["fin"] = ev
+                    left -= 1
+                elif isinstance(ev, PromptEvent):
+                    out[index]["prompt"] = ev
+                else:
+                    out[index]["toks"].append(ev)
+            return out
         finally:
-            if handle.finished is None:
-                handle.cancel()
+            for h in handles:
+                if h.finished is None:
+                    h.cancel()
 
-    def usage(fin: FinishEvent) -> dict:
+    def usage(fins: list, n: int) -> dict:
+        """Usage of a request's choices: each prompt counted once (``n`` choices each)."""
+        prompt = sum(f.prompt_tokens for f in fins[::n])
+        done = sum(f.completion_tokens for f in fins)
         return {
-            "prompt_tokens": fin.prompt_tokens,
-            "completion_tokens": fin.completion_tokens,
-            "total_tokens": fin.prompt_tokens + fin.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
+            "prompt_tokens": prompt,
+            "completion_tokens": done,
+            "total_tokens": prompt + done,
+            "prompt_tokens_details": {"cached_tokens": sum(f.cached_tokens for f in fins[::n])},
         }
 
     def token_str(i: int) -> str:
@@ -442,17 +484,25 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
     def sse(obj) -> str:
         return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
-    async def stream(request, handle, events, make_chunk, include_usage, head=None):
-        """Server-sent events of one request; the engine request is cancelled on exit."""
+    async def stream(request, handles, events, make_chunk, include_usage, n, heads=()):
+        """Server-sent events of a request's choices; unfinished ones are cancelled on exit.
+
+        ``make_chunk(index, text, events, finish_reason, prompt_event=None)`` builds a chunk.
+        """
 
         async def gen() -> AsyncIterator[str]:
+            fins: list = [None] * len(handles)
+            left = len(handles)
             try:
-                if head is not None:
+                for head in heads:
                     yield sse(head)
-                while True:
-                    ev = await events.get()
+                while left:
+                    index, ev = await events.get()
+                    if isinstance(ev, PromptEvent):
+                        yield sse(make_chunk(index, None, [], None, ev))
+                        continue
                     if isinstance(ev, TokenEvent):
-                        yield sse(make_chunk(ev.text, [ev], None))
+                        yield sse(make_chunk(index, ev.text, [ev], None))
                         continue
                     if ev.finish_reason in ("error", "abort"):
                         # the status line is sent: a last event carries the error instead
@@ -462,23 +512,33 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
                             err = APIError(500, ev.error or "error", type="server_error")
                         yield sse(error_body(err.message, err.type, err.param, err.code))
                         return
-                    yield sse(make_chunk(ev.tail, [], ev.finish_reason))
-                    if include_usage:
-                        last = make_chunk("", [], None)
-                        last["choices"] = []
-                        last["usage"] = usage(ev)
-                        yield sse(last)
-                    yield "data: [DONE]\n\n"
-                    return
+                    fins[index] = ev
+                    left -= 1
+                    last = [ev.stop_token] if ev.stop_token is not None else []
+                    yield sse(make_chunk(index, ev.tail, last, ev.finish_reason))
+                if include_usage:
+                    last = make_chunk(0, "", [], None)
+                    last["choices"] = []
+                    last["usage"] = usage(fins, n)
+                    yield sse(last)
+                yield "data: [DONE]\n\n"
             finally:
-                if handle.finished is None:
-                    handle.cancel()
+                for h in handles:
+                    if h.finished is None:
+                        h.cancel()
 
         return StreamingResponse(
             gen(),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
+
+    def choices_of(body, params: SamplingParams) -> list[SamplingParams]:
+        """The n choices' params: choice j samples with seed + j (no seed: fresh draws)."""
+        n = body.n or 1
+        if params.seed is None:
+            return [params] * n
+        return [dataclasses.replace(params, seed=params.seed + j) for j in range(n)]
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -505,7 +565,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
         params = params_of(
             body, len(ids), max_tokens, body.logprobs, body.top_logprobs or 0, "messages"
         )
-        handle, events = await submit(ids, params)
+        n = body.n or 1
+        handles, events = await submit([(ids, p, None, False) for p in choices_of(body, params)])
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         now = int(time.time())
         base = {"id": rid, "created": now, "model": model_name, "system_fingerprint": fingerprint}
@@ -513,65 +574,93 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-            def chunk(text, evs, finish):
+            def chunk(index, text, evs, finish, prompt=None):
                 delta = {"content": text} if text or finish is None else {}
+                evs = [e for e in evs if e is not None and finish is None]  # no stop token
                 lp = {"content": [chat_lp(e) for e in evs]} if body.logprobs and evs else None
                 out = {
                     **base,
                     "object": "chat.completion.chunk",
                     "choices": [
-                        {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+                        {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
                     ],
                 }
                 if include_usage:
                     out["usage"] = None
                 return out
 
-            head = chunk("", [], None)
-            head["choices"][0]["delta"] = {"role": "assistant", "content": ""}
-            return await stream(request, handle, events, chunk, include_usage, head)
+            heads = []
+            for index in range(n):
+                head = chunk(index, "", [], None)
+                head["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+                heads.append(head)
+            return await stream(request, handles, events, chunk, include_usage, n, heads)
 
-        toks, fin = await collect(request, handle, events)
-        lp = {"content": [chat_lp(e) for e in toks]} if body.logprobs else None
+        done = await collect(request, handles, events)
         return {
             **base,
             "object": "chat.completion",
             "choices": [
                 {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": fin.text},
-                    "logprobs": lp,
-                    "finish_reason": fin.finish_reason,
+                    "index": index,
+                    "message": {"role": "assistant", "content": c["fin"].text},
+                    "logprobs": (
+                        {"content": [chat_lp(e) for e in c["toks"]]} if body.logprobs else None
+                    ),
+                    "finish_reason": c["fin"].finish_reason,
                 }
+                for index, c in enumerate(done)
             ],
-            "usage": usage(fin),
+            "usage": usage([c["fin"] for c in done], n),
         }
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await parse(request, CompletionRequest)
-        if body.echo or body.suffix:
-            raise APIError(400, "echo and suffix are not supported", param="echo")
-        prompt = body.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise APIError(400, "one prompt per request", param="prompt")
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            if tok is None:
-                raise APIError(400, "this model has no tokenizer: send token ids", param="prompt")
-            await refuse_if_too_long(len(prompt.encode("utf-8")), "prompt")
-            ids = await off_loop(_encode, tok, prompt)
-        else:
-            ids = list(prompt)
-        if not ids:
+        if body.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix", code="unsupported")
+        prompts = body.prompt
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not prompts:
             raise APIError(400, "the prompt is empty", param="prompt")
-        if any(i < 0 or i >= model.vocab_size for i in ids):
-            raise APIError(400, f"a token id is outside [0, {model.vocab_size})", param="prompt")
+        n = body.n or 1
+        if len(prompts) * n > MAX_CHOICES:
+            raise APIError(
+                400,
+                f"{len(prompts)} prompts x n={n} make {len(prompts) * n} choices; at most "
+                f"{MAX_CHOICES} per request",
+                param="prompt",
+                code="invalid_value",
+            )
+        id_lists = []
+        for i, prompt in enumerate(prompts):
+            where = "prompt" if len(prompts) == 1 else f"prompt.{i}"
+            if isinstance(prompt, str):
+                if tok is None:
+                    raise APIError(400, "this model has no tokenizer: send token ids", param=where)
+                await refuse_if_too_long(len(prompt.encode("utf-8")), where)
+                ids = await off_loop(_encode, tok, prompt)
+            else:
+                ids = list(prompt)
+            if not ids:
+                raise APIError(400, f"the {where.replace('.', ' ')} is empty", param=where)
+            if any(i < 0 or i >= model.vocab_size for i in ids):
+                raise APIError(400, f"a token id is outside [0, {model.vocab_size})", param=where)
+            id_lists.append(ids)
         k = body.logprobs
         max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-        params = params_of(body, len(ids), max_tokens, k is not None, k or 0, "prompt")
-        handle, events = await submit(ids, params)
+        only = max_tokens == 0
+        plp = k if body.echo and k is not None else None
+        jobs = []
+        for i, ids in enumerate(id_lists):
+            where = "prompt" if len(prompts) == 1 else f"prompt.{i}"
+            params = params_of(body, len(ids), max_tokens, k is not None, k or 0, where)
+            jobs += [(ids, p, plp, only) for p in choices_of(body, params)]
+        echoes = []
+        if body.echo:
+            echoes = [await off_loop(_prompt_text, tok, ids) for ids in id_lists]
+        handles, events = await submit(jobs)
         rid = f"cmpl-{uuid.uuid4().hex[:24]}"
         base = {
             "id": rid,
@@ -581,44 +670,129 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
             "system_fingerprint": fingerprint,
         }
 
-        def legacy_lp(evs):
-            out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        def legacy_lp(evs, shift=0, out=None):
+            out = out or {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
             for e in evs:
                 out["tokens"].append(token_str(e.token))
                 out["token_logprobs"].append(e.logprob)
                 out["top_logprobs"].append({token_str(i): lp for i, lp in e.top_logprobs or []})
-                out["text_offset"].append(e.text_offset)
+                out["text_offset"].append(e.text_offset + shift)
             return out
+
+        def prompt_lp(index, pev: PromptEvent) -> dict:
+            ids = id_lists[index // n]
+            offsets = echoes[index // n][1]
+            out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+            for j, (t, (lp, top)) in enumerate(zip(ids, pev.logprobs)):
+                out["tokens"].append(token_str(t))
+                out["token_logprobs"].append(lp)
+                first = j == 0
+                out["top_logprobs"].append(
+                    None if first else {token_str(i): v for i, v in top or []}
+                )
+                out["text_offset"].append(offsets[j])
+            return out
+
+        def echo_text(index) -> str:
+            return echoes[index // n][0] if body.echo else ""
 
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-            def chunk(text, evs, finish):
-                lp = legacy_lp(evs) if k is not None and evs else None
+            def chunk(index, text, evs, finish, prompt=None):
+                if prompt is not None:  # the echo, with the prompt's logprobs
+                    text, lp = echo_text(index), prompt_lp(index, prompt)
+                else:
+                    shift = len(echo_text(index))
+                    lp = legacy_lp(evs, shift) if k is not None and evs else None
                 out = {
                     **base,
                     "choices": [
-                        {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
+                        {"index": index, "text": text, "logprobs": lp, "finish_reason": finish}
                     ],
                 }
                 if include_usage:
                     out["usage"] = None
                 return out
 
-            return await stream(request, handle, events, chunk, include_usage)
+            heads = []
+            if body.echo and plp is None:  # the echo first (with logprobs: once they are in)
+                heads = [chunk(index, echo_text(index), [], None) for index in range(len(jobs))]
+            return await stream(request, handles, events, chunk, include_usage, n, heads)
 
-        toks, fin = await collect(request, handle, events)
-        return {
-            **base,
-            "choices": [
+        done = await collect(request, handles, events)
+        choices = []
+        for index, c in enumerate(done):
+            fin, lp = c["fin"], None
+            toks = c["toks"] + ([fin.stop_token] if fin.stop_token is not None else [])
+            if k is not None:
+                head = prompt_lp(index, c["prompt"]) if body.echo else None
+                lp = legacy_lp(toks, len(echo_text(index)), head)
+            choices.append(
                 {
-                    "index": 0,
-                    "text": fin.text,
-                    "logprobs": legacy_lp(toks) if k is not None else None,
+                    "index": index,
+                    "text": echo_text(index) + fin.text,
+                    "logprobs": lp,
                     "finish_reason": fin.finish_reason,
                 }
-            ],
-            "usage": usage(fin),
+            )
+        return {**base, "choices": choices, "usage": usage([c["fin"] for c in done], n)}
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        body = await parse(request, EmbeddingRequest)
+        inputs = body.input
+        if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
+            inputs = [inputs]
+        if not inputs:
+            raise APIError(400, "the input is empty", param="input")
+        if len(inputs) > MAX_EMBEDDING_INPUTS:
+            raise APIError(
+                400,
+                f"{len(inputs)} inputs; at most {MAX_EMBEDDING_INPUTS} per request",
+                param="input",
+            )
+        cap = engine.max_tokens_per_sequence
+        id_lists = []
+        for i, item in enumerate(inputs):
+            where = "input" if len(inputs) == 1 else f"input.{i}"
+            if isinstance(item, str):
+                if tok is None:
+                    raise APIError(400, "this model has no tokenizer: send token ids", param=where)
+                await refuse_if_too_long(len(item.encode("utf-8")), where)
+                ids = await off_loop(_encode, tok, item)
+            else:
+                ids = list(item)
+            if not ids:
+                raise APIError(400, f"the {where.replace('.', ' ')} is empty", param=where)
+            if len(ids) > cap:
+                raise APIError(
+                    400,
+                    f"the {where.replace('.', ' ')} has {len(ids)} tokens; this server embeds "
+                    f"at most {cap}",
+                    param=where,
+                    code="context_length_exceeded",
+                )
+            if any(t < 0 or t >= model.vocab_size for t in ids):
+                raise APIError(400, f"a token id is outside [0, {model.vocab_size})", param=where)
+            id_lists.append(ids)
+        try:
+            vectors = await asyncio.to_thread(pooled_embeddings, model, id_lists, body.pooling)
+        except Exception as exc:  # non-finite activations, memory
+            raise APIError(500, f"{type(exc).__name__}: {exc}", type="server_error") from None
+        data = []
+        for i, vec in enumerate(vectors):
+            if body.encoding_format == "base64":
+                emb = base64.b64encode(vec.astype("<f4").tobytes()).decode("ascii")
+            else:
+                emb = vec.tolist()
+            data.append({"object": "embedding", "index": i, "embedding": emb})
+        n_tokens = sum(len(ids) for ids in id_lists)
+        return {
+            "object": "list",
+            "data": data,
+            "model": model_name,
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
         }
 
     return app
@@ -672,6 +846,62 @@ def token_text(tok, i: int) -> str:
     return text
 
 
+def pooled_embeddings(model, id_lists: list, pooling: str = "last") -> list:
+    """One embedding per token-id list: the final hidden states (after the final norm), pooled.
+
+    Parameters
+    ----------
+    model : exactblocks.Model
+    id_lists : list of list of int
+        Non-empty, within the model's positions.
+    pooling : {"last", "mean"}, default="last"
+        ``"last"``: the state of the last token. ``"mean"``: the mean over the tokens, summed
+        position by position in float64 and rounded once to float32.
+
+    Returns
+    -------
+    list of ndarray of shape (d_model,), float32
+        Each the bits of its list run alone (``Model.hidden_states`` is batch-invariant and
+        the pooling reads only the list's own positions).
+    """
+    if pooling not in ("last", "mean"):
+        raise ValueError(f"pooling={pooling!r}; expected 'last' or 'mean'")
+    out = []
+    for start in range(0, len(id_lists), EMBEDDING_BATCH):
+        group = id_lists[start : start + EMBEDDING_BATCH]
+        lens = np.array([len(ids) for ids in group], np.int64)
+        ids = np.zeros((len(group), int(lens.max())), np.int64)
+        for r, row in enumerate(group):
+            ids[r, : len(row)] = row
+        hidden = model.hidden_states(ids, lengths=lens)
+        for r, n in enumerate(lens.tolist()):
+            if pooling == "last":
+                out.append(hidden[r, n - 1].copy())
+            else:
+                acc = np.zeros(hidden.shape[2], np.float64)
+                for t in range(n):  # one fixed order: position by position
+                    acc += hidden[r, t]
+                out.append((acc / n).astype(np.float32))
+    return out
+
+
+def _prompt_text(tok, ids: list) -> tuple[str, list[int]]:
+    """A prompt's text as its tokens decode, and each token's offset in it (characters).
+
+    The offsets follow the generation core's rule: a token starts where the text of the
+    tokens before it ends, counting only whole characters.
+    """
+    if tok is None:
+        return "", [0] * len(ids)
+    detok = Detokenizer(tok)
+    offsets = []
+    for t in ids:
+        offsets.append(detok.decoded_len)
+        detok.push(int(t))
+    detok.finish()
+    return detok.text, offsets
+
+
 def _encode(tok, text: str) -> list[int]:
     return list(tok.encode(text))
 
@@ -680,9 +910,23 @@ def _render_chat(tok, messages: list) -> list[int]:
     return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
 
 
-def _prometheus(stats: dict, http_counts: Counter) -> str:
-    """Prometheus text exposition of the engine's stats and the HTTP status counts."""
-    gauges = {"running", "waiting", "max_batch", "prefix_cache_bytes", "prefix_cache_entries"}
+#: vLLM's gauge names (what inference gateways route on) -> the engine's stats key and help.
+VLLM_GAUGES = {
+    "vllm:num_requests_running": ("running", "Requests in a row of the batch (generating)."),
+    "vllm:num_requests_waiting": ("waiting", "Requests waiting for a row."),
+    "vllm:gpu_cache_usage_perc": (
+        "kv_cache_usage",
+        "KV-cache use as a fraction 0..1: positions held by running requests over all rows' "
+        "positions (a CPU server: the name is vLLM's).",
+    ),
+}
+
+
+def _prometheus(stats: dict, http_counts: Counter, model_name: str = "") -> str:
+    """Prometheus text exposition of the engine's stats, the HTTP status counts, and the
+    gauges under vLLM's names (labelled ``model_name`` as vLLM labels them)."""
+    gauges = {"running", "waiting", "max_batch", "prefix_cache_bytes", "prefix_cache_entries",
+              "kv_cache_usage"}  # fmt: skip
     lines = []
     for key in sorted(stats):
         name = f"exactblocks_{key}"
@@ -693,4 +937,8 @@ def _prometheus(stats: dict, http_counts: Counter) -> str:
     lines.append("# TYPE exactblocks_http_responses_total counter")
     for (route, status), n in sorted(http_counts.items()):
         lines.append(f'exactblocks_http_responses_total{{route="{route}",code="{status}"}} {n}')
+    label = model_name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    for name, (key, help_text) in VLLM_GAUGES.items():
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge",
+                  f'{name}{{model_name="{label}"}} {float(stats[key])!r}']  # fmt: skip
     return "\n".join(lines) + "\n"

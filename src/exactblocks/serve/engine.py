@@ -36,13 +36,17 @@ from exactblocks.models.generate import (
     plan_step,
 )
 from exactblocks.runtime import get_num_threads
+from exactblocks.sampling import logprobs
 
-from .prefix_cache import PrefixCache, clear_row, restore_row, snapshot_row
+# PROMPT_TOP: alternatives kept per prompt position (the most a request asks for), what the
+# prefix cache stores, so any request's top k is their first k
+from .prefix_cache import PROMPT_TOP, PrefixCache, clear_row, restore_row, snapshot_row
 
 __all__ = [
     "Engine",
     "EngineClosed",
     "FinishEvent",
+    "PromptEvent",
     "PromptTooLong",
     "QueueFull",
     "RequestHandle",
@@ -53,6 +57,8 @@ __all__ = [
 DEFAULT_MAX_TOKENS_PER_SEQUENCE = 4096
 #: Prompt tokens a step may always carry beside decoding rows (prefill never starves).
 MIN_PREFILL_TOKENS = 16
+#: Logits of every position the prompt-logprob rows of one step may carry, in bytes.
+SCORED_LOGITS_BYTES = 64 * 2**20
 #: The error of the FinishEvent("abort") every unfinished request gets at shutdown.
 SHUTTING_DOWN = "the server is shutting down"
 
@@ -89,6 +95,9 @@ class FinishEvent:
     prompt_tokens, completion_tokens, cached_tokens : int
         Usage; ``cached_tokens`` were restored from the prefix cache.
     error : str or None
+    stop_token : TokenEvent or None
+        With logprobs, the stop token that ended the generation (never emitted, not in
+        ``text``): its id and logprobs, ``text_offset`` the length of the text.
     """
 
     finish_reason: str
@@ -98,6 +107,24 @@ class FinishEvent:
     completion_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    stop_token: TokenEvent | None = None
+
+
+@dataclass
+class PromptEvent:
+    """The logprobs of a request's prompt, sent once its prefill is done (when asked for).
+
+    Attributes
+    ----------
+    logprobs : list of tuple
+        One ``(logprob, top)`` per prompt token: ``logprob`` the float32 value of
+        ``log softmax(logits)[token]`` at the position before it (None for the first token,
+        which nothing predicts), ``top`` None (the first token, or ``top_logprobs=0``) or a
+        list of ``(id, logprob)`` by logprob descending then id ascending
+        (:func:`exactblocks.sampling.logprobs`).
+    """
+
+    logprobs: list
 
 
 class RequestHandle:
@@ -166,6 +193,10 @@ class _Seq:
     chain_ok: bool = True
     logits: np.ndarray | None = None  # ready to sample
     next_token: int | None = None  # to feed at the next step
+    prompt_top: int | None = None  # top_logprobs of the prompt's logprobs; None = not asked
+    prompt_lps: list | None = None  # (logprob, top) per prompt token so far
+    prefill_only: bool = False  # max_tokens=0: finish once the prompt is in
+    stop_token: TokenEvent | None = None
 
 
 class Engine:
@@ -317,17 +348,20 @@ class Engine:
     def check(self, n_prompt: int, max_tokens: int | None) -> int:
         """Validate sizes; return the max_tokens to use (None = all the room left).
 
+        ``max_tokens=0`` (a prompt scored, nothing generated) needs only room for the prompt.
+
         Raises
         ------
         PromptTooLong
-            The prompt leaves no room for one new token.
+            The prompt leaves no room for one new token (for ``max_tokens=0``: it exceeds
+            the sequence).
         ValueError
             An empty prompt, or prompt + max_tokens beyond ``max_tokens_per_sequence``.
         """
         cap = self.max_tokens_per_sequence
         if n_prompt < 1:
             raise ValueError("the prompt is empty")
-        if n_prompt >= cap:
+        if n_prompt >= cap + (max_tokens == 0):
             raise PromptTooLong(
                 f"the prompt has {n_prompt} tokens; this server holds at most {cap} tokens per "
                 "sequence (prompt + completion)"
@@ -342,7 +376,13 @@ class Engine:
         return max_tokens
 
     def submit(
-        self, prompt_ids, params: SamplingParams, sink: Callable | None = None
+        self,
+        prompt_ids,
+        params: SamplingParams,
+        sink: Callable | None = None,
+        *,
+        prompt_logprobs: int | None = None,
+        prefill_only: bool = False,
     ) -> RequestHandle:
         """Queue a request; return its handle.
 
@@ -351,8 +391,19 @@ class Engine:
         prompt_ids : sequence of int
         params : SamplingParams
         sink : callable or None
-            Called from the loop thread with each TokenEvent and the FinishEvent; None =
-            collect them in the handle (:meth:`RequestHandle.events`).
+            Called from the loop thread with each event (a :class:`PromptEvent` first when
+            asked for, the TokenEvents, then the FinishEvent); None = collect them in the
+            handle (:meth:`RequestHandle.events`).
+        prompt_logprobs : int or None, default=None
+            None: no prompt logprobs. An int in [0, 20]: send a :class:`PromptEvent` with
+            every prompt token's logprob and that many alternatives once the prompt is in.
+            Its bits do not depend on the batch, the chunk split or the prefix cache: the
+            prompt's chunks run with the logits of every position, and only a cached prefix
+            whose entries hold the scores of a request that asked for them is restored
+            (each entry's next token is scored from its stored last logits).
+        prefill_only : bool, default=False
+            True: run the prompt and finish (reason ``"length"``) without generating
+            (``max_tokens=0``; ``params.max_tokens`` is then not used).
 
         Raises
         ------
@@ -364,7 +415,13 @@ class Engine:
         EngineClosed
         """
         ids = np.asarray(list(prompt_ids), dtype=np.int64)
-        self.check(len(ids), params.max_tokens)
+        self.check(len(ids), 0 if prefill_only else params.max_tokens)
+        if prompt_logprobs is not None and not (
+            isinstance(prompt_logprobs, int) and 0 <= prompt_logprobs <= 20
+        ):
+            raise ValueError(
+                f"prompt_logprobs={prompt_logprobs!r} must be None or an int in [0, 20]"
+            )
         vocab = self.model.vocab_size
         if ids.ndim != 1 or ((ids < 0) | (ids >= vocab)).any():
             raise ValueError(f"a prompt token id is outside the vocabulary [0, {vocab})")
@@ -373,7 +430,10 @@ class Engine:
         except TypeError as exc:  # stop strings without a tokenizer: a bad request
             raise ValueError(str(exc)) from None
         handle = RequestHandle(self, next(self._ids), ids.tolist(), params, sink)
-        seq = _Seq(handle=handle, ids=ids, gen=gen)
+        seq = _Seq(handle=handle, ids=ids, gen=gen, prompt_top=prompt_logprobs,
+                   prefill_only=bool(prefill_only))  # fmt: skip
+        if prompt_logprobs is not None:
+            seq.prompt_lps = [(None, None)]
         with self._cond:
             if self._stop:
                 raise EngineClosed("the engine is shut down")
@@ -413,12 +473,19 @@ class Engine:
         return self._thread is not None and self._thread.is_alive()
 
     def stats(self) -> dict:
-        """A snapshot of gauges and counters (for /metrics)."""
+        """A snapshot of gauges and counters (for /metrics).
+
+        ``kv_cache_usage`` is the fraction (0..1) of the state's positions that running
+        requests hold: their tokens (prompt in + generated) over ``max_batch *
+        max_tokens_per_sequence``.
+        """
         with self._cond:
             waiting = len(self._waiting) + len(self._incoming)
+        held = sum(s.pos + len(s.gen.ids) for s in list(self._rows) if s is not None)
         return {
             "running": self.max_batch - self._free_rows(),
             "waiting": waiting,
+            "kv_cache_usage": held / (self.max_batch * self.max_tokens_per_sequence),
             "max_batch": self.max_batch,
             "prefix_cache_bytes": self.cache.nbytes,
             "prefix_cache_entries": len(self.cache),
@@ -489,15 +556,43 @@ class Engine:
             seq.row = row
             self._rows[row] = seq
             clear_row(self.state, row)
-            entry = self.cache.lookup(seq.ids)
+            # prompt logprobs: only a prefix whose entries hold its scores is restored
+            entry = self.cache.lookup(seq.ids, scored=seq.prompt_top is not None)
             if entry is not None:
                 restore_row(self.state, row, entry)
                 seq.pos = seq.cached = entry.end
                 seq.parent = entry
+                if seq.prompt_lps is not None:
+                    self._restore_scores(seq, entry)
                 if entry.end == len(seq.ids):
-                    seq.logits = entry.logits
+                    self._prompt_done(seq, entry.logits)
             self.sums["prompt_tokens_total"] += len(seq.ids)
             self.sums["cached_tokens_total"] += seq.cached
+
+    def _prompt_done(self, seq: _Seq, last_logits: np.ndarray) -> None:
+        """The whole prompt is in the row: send its logprobs, then finish or sample next."""
+        if seq.prompt_lps is not None:
+            self._emit(seq, PromptEvent(self._prompt_view(seq)))
+        if seq.prefill_only:
+            self._finish(seq, "length")
+        else:
+            seq.logits = last_logits
+
+    @staticmethod
+    def _prompt_view(seq: _Seq) -> list:
+        """The prompt's (logprob, top) with the request's own number of alternatives (the
+        engine keeps the top 20: the first k of them are the top k, same bits)."""
+        k = seq.prompt_top
+        return [(lp, None if top is None or k == 0 else top[:k]) for lp, top in seq.prompt_lps]
+
+    def _restore_scores(self, seq: _Seq, entry) -> None:
+        """The logprobs of the prompt tokens a restored prefix predicts: each entry's stored
+        ones, and the token after each entry from the entry's last logits."""
+        for e in entry.chain():
+            seq.prompt_lps += e.scores
+            if e.end < len(seq.ids):
+                lp, top = logprobs(e.logits, int(seq.ids[e.end]), PROMPT_TOP)
+                seq.prompt_lps.append((float(lp), [(i, float(v)) for i, v in top]))
 
     def _step(self) -> None:
         B = self.max_batch
@@ -521,10 +616,18 @@ class Engine:
                     ids[row, 0] = seq.next_token
                 else:
                     ids[row, :n] = seq.ids[seq.pos : seq.pos + n]
+            scored = [
+                r
+                for r in np.flatnonzero(lens)
+                if self._rows[r].prompt_top is not None and self._rows[r].next_token is None
+            ]
+            every = None
             t0 = time.perf_counter()
             try:
                 # (B, vocab_size): each row's last position is all that is sampled or cached
-                if (lens == 1).all():  # every row decodes: step (same bits, less overhead)
+                if scored:  # a prompt's logprobs: every position (the same bits per row)
+                    lens, every, logits = self._forward_scored(ids, lens, scored)
+                elif (lens == 1).all():  # every row decodes: step (same bits, less overhead)
                     logits = self.model.step(ids[:, 0], self.state)[:, 0]
                 else:
                     logits = self.model.forward(ids, self.state, lengths=lens, logits="last")
@@ -542,14 +645,51 @@ class Engine:
                     seq.next_token = None
                     seq.logits = logits[row]
                     continue
+                if every is not None and seq.prompt_top is not None:
+                    self._score_prompt(seq, every[row, :n])
                 seq.pos += n
                 if seq.pos % chunk == 0 or seq.pos == len(seq.ids):
                     self._save(seq, logits[row])
                 if seq.pos == len(seq.ids):
-                    seq.logits = logits[row]
+                    self._prompt_done(seq, logits[row])
         ready = [seq for seq in self._rows if seq is not None and seq.logits is not None]
         for seq, pick in zip(ready, self._pick_all(ready)):
             self._sample(seq, pick)
+
+    def _forward_scored(self, ids: np.ndarray, lens: np.ndarray, scored: list):
+        """A step with prompt chunks whose logprobs are asked for: the other rows run with
+        ``logits="last"``, the scored rows then with ``logits="all"`` (a row of length 0 is
+        untouched by a call, so each row still advances once). The scored rows carry at most
+        ``SCORED_LOGITS_BYTES`` of logits in all (a row cut short continues next step).
+
+        Returns (the lengths run, the all-position logits, each row's last logits)."""
+        B, vocab = len(lens), self.model.vocab_size
+        room = max(1, SCORED_LOGITS_BYTES // (4 * vocab))
+        mine = np.zeros_like(lens)
+        for r in scored:
+            mine[r] = min(int(lens[r]), room)
+            room -= int(mine[r])
+        others = lens.copy()
+        others[scored] = 0
+        last = np.zeros((B, vocab), np.float32)
+        if others.any():
+            last = self.model.forward(ids, self.state, lengths=others, logits="last")
+        width = int(mine.max())
+        every = self.model.forward(ids[:, :width], self.state, lengths=mine, logits="all")
+        rows = np.flatnonzero(mine)
+        last[rows] = every[rows, mine[rows] - 1]
+        return others + mine, every, last
+
+    @staticmethod
+    def _score_prompt(seq: _Seq, chunk_logits: np.ndarray) -> None:
+        """Append the logprobs of the prompt tokens the chunk's positions predict."""
+        ids = seq.ids
+        for t in range(len(chunk_logits)):
+            nxt = seq.pos + t + 1
+            if nxt >= len(ids):
+                break  # the last position predicts the first new token
+            lp, top = logprobs(chunk_logits[t], int(ids[nxt]), PROMPT_TOP)
+            seq.prompt_lps.append((float(lp), [(i, float(v)) for i, v in top]))
 
     def prefill_allowance(self, decoding: int) -> int:
         """Prompt tokens the next step may carry when ``decoding`` rows decode in it.
@@ -581,6 +721,9 @@ class Engine:
             entry = self.cache.insert(prefix, seq.parent, layers, last_logits)
         if entry is None:
             seq.chain_ok = False
+        elif entry.scores is None and seq.prompt_lps is not None:
+            # tokens start+1 .. end-1 (the one at end is predicted from entry.logits)
+            self.cache.add_scores(entry, seq.prompt_lps[entry.start + 1 : entry.end])
         seq.parent = entry
 
     @staticmethod
@@ -619,6 +762,10 @@ class Engine:
                 seq.handle.first_token - seq.handle.submitted
             )
         gen = seq.gen
+        if token in gen.stop_ids and gen.params.logprobs:
+            lp, top = logprobs(logits, token, gen.params.top_logprobs)
+            top = None if top is None else [(i, float(v)) for i, v in top]
+            seq.stop_token = TokenEvent(int(token), "", float(lp), top, 0)
         events, _ = gen.accept(token, logits)
         if token not in gen.stop_ids:
             self.sums["generation_tokens_total"] += 1
@@ -662,6 +809,8 @@ class Engine:
             for ev in held:
                 self._emit(seq, ev)
         text = seq.gen.text or ""
+        if seq.stop_token is not None:
+            seq.stop_token.text_offset = len(text)
         if seq.row >= 0 and self._rows[seq.row] is seq:
             self._rows[seq.row] = None
             clear_row(self.state, seq.row)
@@ -679,5 +828,6 @@ class Engine:
                 completion_tokens=len(seq.gen.ids),
                 cached_tokens=seq.cached,
                 error=error,
+                stop_token=seq.stop_token,
             ),
         )

@@ -12,7 +12,8 @@ parent entry (the previous boundary of the same prefix): a chain of entries rebu
 cache, as a radix tree of KV blocks does. A layer whose state is not a plain prefix of slots
 (a Mamba-2 layer: conv window and SSM state; a sliding-window layer: a ring) stores its whole
 row state at every boundary, so only the chain's last entry is read for it. Each entry also
-keeps the float32 logits of its last token, so a prompt cached whole needs no forward at all.
+keeps the float32 logits of its last token, so a prompt cached whole needs no forward at all,
+and, once a request asking for prompt logprobs passed it, those of its tokens (``scores``).
 
 Eviction never breaks a chain: a hit or an insert touches the entry and then its ancestors,
 so an ancestor is always more recent than any descendant and the LRU end is always a leaf.
@@ -26,6 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["PrefixCache", "PrefixEntry", "clear_row", "restore_row", "snapshot_row"]
+
+#: Alternatives per prompt position in :attr:`PrefixEntry.scores`.
+PROMPT_TOP = 20
 
 
 def _incremental(layer) -> bool:
@@ -53,6 +57,10 @@ class PrefixEntry:
     nbytes : int
     evicted : bool
         Set when the cache drops it; a chain through it may no longer be extended.
+    scores : list or None
+        Prompt logprobs of the tokens ``start + 1 .. end - 1`` (each ``(logprob, top 20)``),
+        when a request that asked for them saved or passed this entry; the token at ``end``
+        is scored from ``logits``.
     """
 
     key: bytes
@@ -63,6 +71,7 @@ class PrefixEntry:
     logits: np.ndarray
     nbytes: int = 0
     evicted: bool = False
+    scores: list | None = None
     children: int = field(default=0, repr=False)
 
     def chain(self) -> list[PrefixEntry]:
@@ -177,13 +186,15 @@ class PrefixCache:
             if not e.evicted:
                 self._entries.move_to_end(e.key)
 
-    def lookup(self, ids: np.ndarray) -> PrefixEntry | None:
+    def lookup(self, ids: np.ndarray, scored: bool = False) -> PrefixEntry | None:
         """The entry of the longest saved prefix of ``ids`` (it may be all of ``ids``).
 
         Parameters
         ----------
         ids : ndarray of int64
             The prompt.
+        scored : bool, default=False
+            Only a prefix whose every entry holds ``scores`` (for prompt logprobs).
 
         Returns
         -------
@@ -195,6 +206,8 @@ class PrefixCache:
             if n > len(ids):
                 continue
             entry = self._entries.get(ids[:n].tobytes())
+            if entry is not None and scored and any(e.scores is None for e in entry.chain()):
+                entry = None
             if entry is not None:
                 self._touch(entry)
                 self.hits += 1
@@ -252,6 +265,16 @@ class PrefixCache:
         while self.nbytes > self.max_bytes:
             self._evict_one()
         return None if entry.evicted else entry
+
+    def add_scores(self, entry: PrefixEntry, scores: list) -> None:
+        """Attach prompt logprobs to ``entry`` (see :attr:`PrefixEntry.scores`), counting
+        about their size against the budget (evicted by the next inserts if over)."""
+        if entry.evicted or entry.scores is not None:
+            return
+        entry.scores = list(scores)
+        extra = 64 + 48 * PROMPT_TOP * len(entry.scores)  # tuples of Python floats, roughly
+        entry.nbytes += extra
+        self.nbytes += extra
 
     def _evict_one(self) -> None:
         key, entry = self._entries.popitem(last=False)

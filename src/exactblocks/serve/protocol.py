@@ -7,7 +7,7 @@ the ``openai`` client parses. What does not: the engine, HTTP routing.
 
 Strictness: a JSON string is not a number, ``true`` is not an int and ``3.0`` is not an int;
 every field the server does not know is an error (the ``openai`` client only sends the fields
-its caller set), and accepted-but-unsupported features (``n > 1``, penalties, ``echo``,
+its caller set), and accepted-but-unsupported features (penalties, ``suffix``,
 tools) are refused with a message instead of being ignored.
 """
 
@@ -22,6 +22,7 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
+    "EmbeddingRequest",
     "StreamOptions",
     "error_body",
 ]
@@ -110,9 +111,13 @@ class _Common(_Strict):
 
 
 class CompletionRequest(_Common):
-    """Body of ``POST /v1/completions``: a prompt as text or token ids."""
+    """Body of ``POST /v1/completions``: a prompt as text or token ids, or a batch of either.
+
+    ``max_tokens=0`` runs the prompt only (with ``echo`` and ``logprobs``: scores it).
+    """
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(default=None, ge=0)
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
@@ -125,3 +130,18 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+
+class EmbeddingRequest(_Strict):
+    """Body of ``POST /v1/embeddings``: texts or token ids, one embedding each.
+
+    ``pooling`` (an exactblocks option): ``"last"`` (the default, the last token's final
+    hidden state: what a decoder LM's next-token prediction reads) or ``"mean"`` (the mean
+    over the input's tokens).
+    """
+
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    pooling: Literal["last", "mean"] = "last"
+    user: str | None = None
