@@ -6,11 +6,16 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include <optional>
+
+#include "base/cancel.hpp"
 #include "base/check.hpp"
 #include "base/runtime.hpp"
 #include "bindings/common.hpp"
+#include "bindings/interrupts.hpp"
 #include "blocks/mamba2/backward_call.hpp"
 #include "blocks/mamba2/model.hpp"
+#include "blocks/stack.hpp"
 #include "dispatch/kernel_table.hpp"
 
 namespace eb::bindings {
@@ -61,10 +66,24 @@ void bind_mamba2_backward(nb::module_& m) {
         call.d_out_b = c.proj_bias ? add("out_proj.bias", {d}) : nullptr;
         call.n_threads = runtime::num_threads();
         call.naive = naive;
+        // Ctrl-C stops a long backward as it stops a forward (SPEC 2.5): the call writes only
+        // into the arrays made above, so a stop has nothing to roll back. Its cost is about three
+        // forwards (the recompute, then the adjoint's products and scan).
+        int64_t tokens = 0;
+        for (int64_t b = 0; b < B; ++b) tokens += lengths.data()[b];
+        SignalPoll poll(3.0 * blocks::mamba2_flops(mdl, static_cast<double>(tokens)));
+        bool stopped = false;
         {
           nb::gil_scoped_release release;
-          kernels().mamba2_backward(mdl, call);
+          try {
+            std::optional<cancel::Watch> watch;
+            if (poll.watched()) watch.emplace(poll.poller(), cancel::estimate_ns(poll.flops()));
+            kernels().mamba2_backward(mdl, call);
+          } catch (const cancel::Stopped&) {
+            stopped = true;
+          }
         }
+        if (stopped) poll.raise();
         return nb::make_tuple(dx, grads);
       },
       nb::arg("core"), nb::arg("x"), nb::arg("grad_output"), nb::arg("lengths"),

@@ -444,6 +444,9 @@ class Mamba2BlockInference(BlockCommon):
             a ``state`` (carried-state and decode gradients are not available).
         MemoryError
             The scratch cannot be allocated.
+        KeyboardInterrupt
+            Ctrl-C (or any exception a signal handler raises) during a long call: it stops
+            within about 100 ms; the block is unchanged (SPEC.md 2.5).
 
         Notes
         -----
