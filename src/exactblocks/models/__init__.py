@@ -8,8 +8,11 @@ bit-exact like the blocks, ``hidden_states``/``logits`` for apps, and ``generate
 generation core (:mod:`~exactblocks.models.generate`: ``SamplingParams``, the stop rules and
 logprobs shared with the server and ``exactblocks.ray``).
 
-One small file per family maps its HF config to block options in one frozen spec:
-``llama`` (SmolLM2), ``mistral``, ``qwen2``, ``qwen3`` (sharing ``_decoder``), ``mamba2``.
+A family is one file (``models/<family>.py``): its HF config mapping and its GGUF record (keys
+and tensor renames), listed once in :mod:`~exactblocks.models.registry` (``FAMILIES``): llama,
+mistral, qwen2, qwen3, gemma2, gemma3, olmo2, smollm3, granite, phi3, stablelm, starcoder2
+(decoders sharing ``_decoder``), mamba2, and the hybrids nemotron_h and granitemoehybrid
+(sharing ``_hybrid``). docs/adding-a-family.md shows how to add one.
 """
 
 from .generate import GenerateOutput, Generation, GenerationStream, SamplingParams
