@@ -1,12 +1,17 @@
 """``exactblocks serve``: an OpenAI-compatible server with continuous batching, exact prefix
 caching and batch-invariant answers.
 
-Layout: ``engine`` (the loop thread, scheduling, sampling; knows nothing of HTTP),
+Layout: ``engine`` (the loop thread, scheduling, sampling; knows nothing of HTTP), ``request``
+(its events, request handles and errors), ``scoring`` (its prompt-logprobs step),
 ``prefix_cache`` (saved row states keyed by token ids), ``protocol`` (typed request bodies,
-OpenAI error body), ``api`` (the FastAPI app factory :func:`create_app`), ``cli``
+OpenAI error body), ``api`` (the FastAPI app factory :func:`create_app`, the plain routes, the
+API key check), ``handling`` (what the routes share: body checks, submission, collecting and
+streaming events), ``completions`` (``/v1/chat/completions``, ``/v1/completions``), ``echo``
+(logprobs and echo in the OpenAI shapes), ``embeddings`` (``/v1/embeddings``), ``cli``
 (``build_server``: the engine and the app in an uvicorn server; the ``exactblocks serve``
-command itself is ``exactblocks.cli.serve``). The engine needs only NumPy; ``api`` and ``cli``
-need the ``serve`` extra (fastapi, uvicorn).
+command itself is ``exactblocks.cli.serve``). ``engine``, ``request``, ``scoring``,
+``prefix_cache`` and ``echo`` need only NumPy; the others need the ``serve`` extra (fastapi,
+uvicorn).
 """
 
 from .engine import (

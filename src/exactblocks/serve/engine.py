@@ -2,7 +2,9 @@
 
 What lives here: :class:`Engine` (its loop thread, admission, the bounded queue, chunked
 prefill interleaved with decode steps in one ragged ``Model.forward`` call, prefix caching,
-cancellation, metrics), :class:`FinishEvent` and :class:`RequestHandle`. What does not: how a
+cancellation, metrics). What does not: the request bookkeeping (``exactblocks.serve.request``:
+:class:`FinishEvent`, :class:`PromptEvent`, :class:`RequestHandle` and the errors ``submit``
+raises, re-exported here), the prompt-logprobs step (``exactblocks.serve.scoring``), how a
 request samples, stops and emits its tokens (``exactblocks.models.generate``: the
 :class:`SamplingParams`, ``Generation`` and :class:`TokenEvent` re-exported here, the same as
 ``Model.generate`` and ``exactblocks.ray`` use), HTTP, JSON and the OpenAI formats
@@ -21,26 +23,28 @@ import collections
 import concurrent.futures
 import itertools
 import math
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import numpy as np
 
-from exactblocks.models.generate import (
-    Generation,
-    SamplingParams,
-    TokenEvent,
-    plan_step,
-)
+from exactblocks.models.generate import SamplingParams, TokenEvent, plan_step
 from exactblocks.runtime import get_num_threads
 from exactblocks.sampling import logprobs
 
-# PROMPT_TOP: alternatives kept per prompt position (the most a request asks for), what the
-# prefix cache stores, so any request's top k is their first k
-from .prefix_cache import PROMPT_TOP, PrefixCache, clear_row, restore_row, snapshot_row
+from .prefix_cache import PrefixCache, clear_row, restore_row, snapshot_row
+from .request import (
+    SHUTTING_DOWN,
+    EngineClosed,
+    FinishEvent,
+    PromptEvent,
+    PromptTooLong,
+    QueueFull,
+    RequestHandle,
+    _Seq,
+)
+from .scoring import forward_scored, prompt_view, restore_scores, score_prompt
 
 __all__ = [
     "Engine",
@@ -59,144 +63,6 @@ DEFAULT_MAX_TOKENS_PER_SEQUENCE = 4096
 MIN_PREFILL_TOKENS = 16
 #: Logits of every position the prompt-logprob rows of one step may carry, in bytes.
 SCORED_LOGITS_BYTES = 64 * 2**20
-#: The error of the FinishEvent("abort") every unfinished request gets at shutdown.
-SHUTTING_DOWN = "the server is shutting down"
-
-
-class QueueFull(RuntimeError):
-    """The waiting queue is full; retry after ``retry_after`` seconds."""
-
-    def __init__(self, message: str, retry_after: int = 1):
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class PromptTooLong(ValueError):
-    """The prompt does not fit a sequence (``max_tokens_per_sequence`` or the model's)."""
-
-
-class EngineClosed(RuntimeError):
-    """The engine is shut down."""
-
-
-@dataclass
-class FinishEvent:
-    """The last event of a request.
-
-    Attributes
-    ----------
-    finish_reason : str
-        ``"stop"`` (a stop token or string), ``"length"`` (max_tokens), ``"abort"``
-        (cancelled) or ``"error"``.
-    text : str
-        The whole completion text (cut before a stop string).
-    tail : str
-        Text not yet released by a TokenEvent (held for stop strings).
-    prompt_tokens, completion_tokens, cached_tokens : int
-        Usage; ``cached_tokens`` were restored from the prefix cache.
-    error : str or None
-    stop_token : TokenEvent or None
-        With logprobs, the stop token that ended the generation (never emitted, not in
-        ``text``): its id and logprobs, ``text_offset`` the length of the text.
-    """
-
-    finish_reason: str
-    text: str = ""
-    tail: str = ""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    error: str | None = None
-    stop_token: TokenEvent | None = None
-
-
-@dataclass
-class PromptEvent:
-    """The logprobs of a request's prompt, sent once its prefill is done (when asked for).
-
-    Attributes
-    ----------
-    logprobs : list of tuple
-        One ``(logprob, top)`` per prompt token: ``logprob`` the float32 value of
-        ``log softmax(logits)[token]`` at the position before it (None for the first token,
-        which nothing predicts), ``top`` None (the first token, or ``top_logprobs=0``) or a
-        list of ``(id, logprob)`` by logprob descending then id ascending
-        (:func:`exactblocks.sampling.logprobs`).
-    """
-
-    logprobs: list
-
-
-class RequestHandle:
-    """A submitted request: its events arrive through the ``sink`` given to ``submit``.
-
-    Without a sink, events queue here and :meth:`events` iterates them (blocking).
-
-    Attributes
-    ----------
-    id : int
-    prompt_ids : list of int
-    params : SamplingParams
-    submitted, first_token, finished : float or None
-        ``time.perf_counter()`` stamps.
-    """
-
-    def __init__(self, engine: Engine, rid: int, prompt_ids, params, sink):
-        self.id = rid
-        self.prompt_ids = list(prompt_ids)
-        self.params = params
-        self._engine = engine
-        self._queue: queue.Queue | None = None
-        if sink is None:
-            self._queue = queue.Queue()
-            sink = self._queue.put
-        self._sink = sink
-        self.submitted = time.perf_counter()
-        self.first_token: float | None = None
-        self.finished: float | None = None
-
-    def cancel(self) -> None:
-        """Stop the request (a client went away); its row is freed at the next step."""
-        self._engine._cancel(self)
-
-    def events(self, timeout: float | None = None) -> Iterator:
-        """Yield TokenEvents, then the FinishEvent (only for handles made without a sink)."""
-        if self._queue is None:
-            raise RuntimeError("RequestHandle.events: this request delivers to its own sink")
-        while True:
-            ev = self._queue.get(timeout=timeout)
-            yield ev
-            if isinstance(ev, FinishEvent):
-                return
-
-    def result(self, timeout: float | None = None) -> tuple[list[TokenEvent], FinishEvent]:
-        """Wait for the end; return (token events, finish event)."""
-        toks = []
-        for ev in self.events(timeout):
-            if isinstance(ev, FinishEvent):
-                return toks, ev
-            toks.append(ev)
-        raise AssertionError("unreachable")
-
-
-@dataclass(eq=False)
-class _Seq:
-    """Engine-side state of one request (touched by the loop thread only)."""
-
-    handle: RequestHandle
-    ids: np.ndarray  # prompt, int64
-    gen: Generation  # sampling, stop rules and the events it emits
-    row: int = -1
-    pos: int = 0  # prompt tokens in the row
-    cached: int = 0
-    parent: object = None  # prefix-cache entry of the last boundary
-    chain_ok: bool = True
-    logits: np.ndarray | None = None  # ready to sample
-    next_token: int | None = None  # to feed at the next step
-    prompt_top: int | None = None  # top_logprobs of the prompt's logprobs; None = not asked
-    prompt_lps: list | None = None  # (logprob, top) per prompt token so far
-    prefill_only: bool = False  # max_tokens=0: finish once the prompt is in
-    stop_token: TokenEvent | None = None
 
 
 class Engine:
@@ -563,7 +429,7 @@ class Engine:
                 seq.pos = seq.cached = entry.end
                 seq.parent = entry
                 if seq.prompt_lps is not None:
-                    self._restore_scores(seq, entry)
+                    restore_scores(seq, entry)
                 if entry.end == len(seq.ids):
                     self._prompt_done(seq, entry.logits)
             self.sums["prompt_tokens_total"] += len(seq.ids)
@@ -572,27 +438,11 @@ class Engine:
     def _prompt_done(self, seq: _Seq, last_logits: np.ndarray) -> None:
         """The whole prompt is in the row: send its logprobs, then finish or sample next."""
         if seq.prompt_lps is not None:
-            self._emit(seq, PromptEvent(self._prompt_view(seq)))
+            self._emit(seq, PromptEvent(prompt_view(seq)))
         if seq.prefill_only:
             self._finish(seq, "length")
         else:
             seq.logits = last_logits
-
-    @staticmethod
-    def _prompt_view(seq: _Seq) -> list:
-        """The prompt's (logprob, top) with the request's own number of alternatives (the
-        engine keeps the top 20: the first k of them are the top k, same bits)."""
-        k = seq.prompt_top
-        return [(lp, None if top is None or k == 0 else top[:k]) for lp, top in seq.prompt_lps]
-
-    def _restore_scores(self, seq: _Seq, entry) -> None:
-        """The logprobs of the prompt tokens a restored prefix predicts: each entry's stored
-        ones, and the token after each entry from the entry's last logits."""
-        for e in entry.chain():
-            seq.prompt_lps += e.scores
-            if e.end < len(seq.ids):
-                lp, top = logprobs(e.logits, int(seq.ids[e.end]), PROMPT_TOP)
-                seq.prompt_lps.append((float(lp), [(i, float(v)) for i, v in top]))
 
     def _step(self) -> None:
         B = self.max_batch
@@ -626,7 +476,9 @@ class Engine:
             try:
                 # (B, vocab_size): each row's last position is all that is sampled or cached
                 if scored:  # a prompt's logprobs: every position (the same bits per row)
-                    lens, every, logits = self._forward_scored(ids, lens, scored)
+                    lens, every, logits = forward_scored(
+                        self.model, self.state, ids, lens, scored, SCORED_LOGITS_BYTES
+                    )
                 elif (lens == 1).all():  # every row decodes: step (same bits, less overhead)
                     logits = self.model.step(ids[:, 0], self.state)[:, 0]
                 else:
@@ -646,7 +498,7 @@ class Engine:
                     seq.logits = logits[row]
                     continue
                 if every is not None and seq.prompt_top is not None:
-                    self._score_prompt(seq, every[row, :n])
+                    score_prompt(seq, every[row, :n])
                 seq.pos += n
                 if seq.pos % chunk == 0 or seq.pos == len(seq.ids):
                     self._save(seq, logits[row])
@@ -655,41 +507,6 @@ class Engine:
         ready = [seq for seq in self._rows if seq is not None and seq.logits is not None]
         for seq, pick in zip(ready, self._pick_all(ready)):
             self._sample(seq, pick)
-
-    def _forward_scored(self, ids: np.ndarray, lens: np.ndarray, scored: list):
-        """A step with prompt chunks whose logprobs are asked for: the other rows run with
-        ``logits="last"``, the scored rows then with ``logits="all"`` (a row of length 0 is
-        untouched by a call, so each row still advances once). The scored rows carry at most
-        ``SCORED_LOGITS_BYTES`` of logits in all (a row cut short continues next step).
-
-        Returns (the lengths run, the all-position logits, each row's last logits)."""
-        B, vocab = len(lens), self.model.vocab_size
-        room = max(1, SCORED_LOGITS_BYTES // (4 * vocab))
-        mine = np.zeros_like(lens)
-        for r in scored:
-            mine[r] = min(int(lens[r]), room)
-            room -= int(mine[r])
-        others = lens.copy()
-        others[scored] = 0
-        last = np.zeros((B, vocab), np.float32)
-        if others.any():
-            last = self.model.forward(ids, self.state, lengths=others, logits="last")
-        width = int(mine.max())
-        every = self.model.forward(ids[:, :width], self.state, lengths=mine, logits="all")
-        rows = np.flatnonzero(mine)
-        last[rows] = every[rows, mine[rows] - 1]
-        return others + mine, every, last
-
-    @staticmethod
-    def _score_prompt(seq: _Seq, chunk_logits: np.ndarray) -> None:
-        """Append the logprobs of the prompt tokens the chunk's positions predict."""
-        ids = seq.ids
-        for t in range(len(chunk_logits)):
-            nxt = seq.pos + t + 1
-            if nxt >= len(ids):
-                break  # the last position predicts the first new token
-            lp, top = logprobs(chunk_logits[t], int(ids[nxt]), PROMPT_TOP)
-            seq.prompt_lps.append((float(lp), [(i, float(v)) for i, v in top]))
 
     def prefill_allowance(self, decoding: int) -> int:
         """Prompt tokens the next step may carry when ``decoding`` rows decode in it.

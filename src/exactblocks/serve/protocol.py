@@ -2,8 +2,9 @@
 
 What lives here: the typed (pydantic, strict, unknown fields refused) bodies of
 ``/v1/completions`` and ``/v1/chat/completions``, :class:`APIError` and
-:func:`error_body`. Responses are plain dicts built by ``exactblocks.serve.api`` in the shapes
-the ``openai`` client parses. What does not: the engine, HTTP routing.
+:func:`error_body`. Responses are plain dicts built by the routes (``exactblocks.serve.api``,
+``completions``, ``embeddings``) in the shapes the ``openai`` client parses. What does not:
+the engine, HTTP routing.
 
 Strictness: a JSON string is not a number, ``true`` is not an int and ``3.0`` is not an int;
 every field the server does not know is an error (the ``openai`` client only sends the fields

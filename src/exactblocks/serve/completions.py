@@ -1,0 +1,235 @@
+"""The OpenAI completions routes: ``/v1/chat/completions`` and ``/v1/completions``.
+
+What lives here: :func:`add_routes` (the two routes: a body to prompt ids, its choices
+submitted, the events shaped as OpenAI JSON or server-sent chunks; ``/v1/completions`` with
+echo and prompt logprobs, batched prompts and ``n`` choices). What does not: what the routes
+share (``exactblocks.serve.handling``: body checks, submission, collection, streaming), the
+logprobs' and echo's shapes (``exactblocks.serve.echo``), the app (``exactblocks.serve.api``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from types import SimpleNamespace
+
+from fastapi import FastAPI, Request
+
+from .echo import (
+    _prompt_text,
+    chat_logprobs,
+    legacy_logprobs,
+    prompt_logprobs,
+    token_text,
+)
+from .engine import PromptEvent, TokenEvent
+from .handling import _encode
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest
+
+__all__ = ["add_routes"]
+
+#: Most choices (prompts x ``n``) of one ``/v1/completions`` request.
+MAX_CHOICES = 64
+#: ``max_tokens`` of a ``/v1/completions`` request that gives none (OpenAI's default).
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+
+
+def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: str) -> None:
+    """Add the completions routes to ``app``, with the helpers ``h`` of
+    :func:`exactblocks.serve.handling.shared`; ``fingerprint`` is the responses'
+    ``system_fingerprint``."""
+    model, tok = h.model, h.tok
+    parse, params_of, choices_of, usage = h.parse, h.params_of, h.choices_of, h.usage
+    submit, collect, stream = h.submit, h.collect, h.stream
+    off_loop, refuse_if_too_long = h.off_loop, h.refuse_if_too_long
+
+    def token_str(i: int) -> str:
+        return str(i) if tok is None else token_text(tok, i)
+
+    def chat_lp(ev: TokenEvent) -> dict:
+        return chat_logprobs(tok, token_str, ev)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await parse(request, ChatCompletionRequest)
+        if tok is None or not getattr(tok, "chat_template", None):
+            raise APIError(400, "this model has no chat template; use /v1/completions")
+        if body.top_logprobs and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+        if body.max_tokens is not None and body.max_completion_tokens is not None:
+            raise APIError(400, "give max_tokens or max_completion_tokens, not both")
+        messages = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in body.messages
+        ]
+        await refuse_if_too_long(sum(len(m["content"].encode("utf-8")) for m in messages),
+                                 "messages")  # fmt: skip
+        try:
+            ids = await off_loop(_render_chat, tok, messages)
+        except Exception as exc:
+            raise APIError(
+                400, f"the chat template refused the messages: {exc}", param="messages"
+            ) from None
+        max_tokens = body.max_tokens or body.max_completion_tokens
+        params = params_of(
+            body, len(ids), max_tokens, body.logprobs, body.top_logprobs or 0, "messages"
+        )
+        n = body.n or 1
+        handles, events = await submit([(ids, p, None, False) for p in choices_of(body, params)])
+        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        now = int(time.time())
+        base = {"id": rid, "created": now, "model": model_name, "system_fingerprint": fingerprint}
+
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+            def chunk(index, text, evs, finish, prompt=None):
+                delta = {"content": text} if text or finish is None else {}
+                evs = [e for e in evs if e is not None and finish is None]  # no stop token
+                lp = {"content": [chat_lp(e) for e in evs]} if body.logprobs and evs else None
+                out = {
+                    **base,
+                    "object": "chat.completion.chunk",
+                    "choices": [
+                        {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+                    ],
+                }
+                if include_usage:
+                    out["usage"] = None
+                return out
+
+            heads = []
+            for index in range(n):
+                head = chunk(index, "", [], None)
+                head["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+                heads.append(head)
+            return await stream(request, handles, events, chunk, include_usage, n, heads)
+
+        done = await collect(request, handles, events)
+        return {
+            **base,
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": index,
+                    "message": {"role": "assistant", "content": c["fin"].text},
+                    "logprobs": (
+                        {"content": [chat_lp(e) for e in c["toks"]]} if body.logprobs else None
+                    ),
+                    "finish_reason": c["fin"].finish_reason,
+                }
+                for index, c in enumerate(done)
+            ],
+            "usage": usage([c["fin"] for c in done], n),
+        }
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await parse(request, CompletionRequest)
+        if body.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix", code="unsupported")
+        prompts = body.prompt
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not prompts:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        n = body.n or 1
+        if len(prompts) * n > MAX_CHOICES:
+            raise APIError(
+                400,
+                f"{len(prompts)} prompts x n={n} make {len(prompts) * n} choices; at most "
+                f"{MAX_CHOICES} per request",
+                param="prompt",
+                code="invalid_value",
+            )
+        id_lists = []
+        for i, prompt in enumerate(prompts):
+            where = "prompt" if len(prompts) == 1 else f"prompt.{i}"
+            if isinstance(prompt, str):
+                if tok is None:
+                    raise APIError(400, "this model has no tokenizer: send token ids", param=where)
+                await refuse_if_too_long(len(prompt.encode("utf-8")), where)
+                ids = await off_loop(_encode, tok, prompt)
+            else:
+                ids = list(prompt)
+            if not ids:
+                raise APIError(400, f"the {where.replace('.', ' ')} is empty", param=where)
+            if any(i < 0 or i >= model.vocab_size for i in ids):
+                raise APIError(400, f"a token id is outside [0, {model.vocab_size})", param=where)
+            id_lists.append(ids)
+        k = body.logprobs
+        max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+        only = max_tokens == 0
+        plp = k if body.echo and k is not None else None
+        jobs = []
+        for i, ids in enumerate(id_lists):
+            where = "prompt" if len(prompts) == 1 else f"prompt.{i}"
+            params = params_of(body, len(ids), max_tokens, k is not None, k or 0, where)
+            jobs += [(ids, p, plp, only) for p in choices_of(body, params)]
+        echoes = []
+        if body.echo:
+            echoes = [await off_loop(_prompt_text, tok, ids) for ids in id_lists]
+        handles, events = await submit(jobs)
+        rid = f"cmpl-{uuid.uuid4().hex[:24]}"
+        base = {
+            "id": rid,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model_name,
+            "system_fingerprint": fingerprint,
+        }
+
+        def legacy_lp(evs, shift=0, out=None):
+            return legacy_logprobs(token_str, evs, shift, out)
+
+        def prompt_lp(index, pev: PromptEvent) -> dict:
+            return prompt_logprobs(token_str, id_lists[index // n], echoes[index // n][1], pev)
+
+        def echo_text(index) -> str:
+            return echoes[index // n][0] if body.echo else ""
+
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+            def chunk(index, text, evs, finish, prompt=None):
+                if prompt is not None:  # the echo, with the prompt's logprobs
+                    text, lp = echo_text(index), prompt_lp(index, prompt)
+                else:
+                    shift = len(echo_text(index))
+                    lp = legacy_lp(evs, shift) if k is not None and evs else None
+                out = {
+                    **base,
+                    "choices": [
+                        {"index": index, "text": text, "logprobs": lp, "finish_reason": finish}
+                    ],
+                }
+                if include_usage:
+                    out["usage"] = None
+                return out
+
+            heads = []
+            if body.echo and plp is None:  # the echo first (with logprobs: once they are in)
+                heads = [chunk(index, echo_text(index), [], None) for index in range(len(jobs))]
+            return await stream(request, handles, events, chunk, include_usage, n, heads)
+
+        done = await collect(request, handles, events)
+        choices = []
+        for index, c in enumerate(done):
+            fin, lp = c["fin"], None
+            toks = c["toks"] + ([fin.stop_token] if fin.stop_token is not None else [])
+            if k is not None:
+                head = prompt_lp(index, c["prompt"]) if body.echo else None
+                lp = legacy_lp(toks, len(echo_text(index)), head)
+            choices.append(
+                {
+                    "index": index,
+                    "text": echo_text(index) + fin.text,
+                    "logprobs": lp,
+                    "finish_reason": fin.finish_reason,
+                }
+            )
+        return {**base, "choices": choices, "usage": usage([c["fin"] for c in done], n)}
+
+
+def _render_chat(tok, messages: list) -> list[int]:
+    return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))

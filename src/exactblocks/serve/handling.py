@@ -1,0 +1,392 @@
+"""What the OpenAI routes share: request bodies in, engine requests out, events back.
+
+What lives here: :func:`shared` (per app: reading and checking a body, the tokenizer threads,
+the refusal of a text too long to fit, the :class:`~exactblocks.serve.engine.SamplingParams`
+of a body and of its ``n`` choices, one engine request per choice, collecting or streaming
+their events as server-sent events, usage), :class:`_Delivery`, and the OpenAI errors these
+raise. What does not: the routes and their response shapes (``exactblocks.serve.completions``,
+``echo``, ``embeddings``), the app and its middleware (``exactblocks.serve.api``).
+
+The engine delivers a step's events in one burst from its loop thread; :class:`_Delivery`
+puts them into each request's ``asyncio.Queue`` with one ``loop.call_soon_threadsafe`` per
+burst (one event-loop wakeup per step, not one per token). A streaming client that goes away
+closes the response generator, whose ``finally`` cancels the request and frees its row; a
+non-streaming request polls for the disconnect while it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
+
+from .engine import (
+    SHUTTING_DOWN,
+    Engine,
+    EngineClosed,
+    FinishEvent,
+    PromptEvent,
+    PromptTooLong,
+    QueueFull,
+    SamplingParams,
+    TokenEvent,
+)
+from .protocol import APIError, error_body
+
+MAX_BODY_BYTES = 4 * 2**20
+MAX_STOP_STRINGS = 4
+#: Most choices (``n``) per request.
+MAX_N = 16
+#: Threads that tokenize prompts and render chat templates, off the event loop.
+TOKENIZE_THREADS = 2
+
+
+def _validation_error(exc: ValidationError) -> APIError:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err.get("loc", ()))
+    if err["type"] == "json_invalid":
+        return APIError(400, f"the body is not valid JSON: {err['msg']}", code="invalid_json")
+    if err["type"] == "extra_forbidden":
+        return APIError(400, f"unknown field {loc!r}", param=loc, code="unknown_field")
+    where = f"{loc}: " if loc else "the body: "
+    return APIError(400, where + err["msg"], param=loc or None, code="invalid_value")
+
+
+def _shutting_down(message: str = SHUTTING_DOWN) -> APIError:
+    """503 for a request the server could not finish because it is shutting down."""
+    return APIError(
+        503,
+        message,
+        type="server_error",
+        code="server_shutting_down",
+        headers={"Retry-After": "1"},
+    )
+
+
+class _Delivery:
+    """Engine events to the requests' asyncio queues: one event-loop wakeup per step.
+
+    A request's sink (called by the engine's loop thread) only buffers its events; after each
+    burst (one step's events) the engine calls :meth:`kick`, which schedules one
+    :meth:`_drain` on the event loop, putting every buffered event into its queue in order.
+    One ``call_soon_threadsafe`` per step instead of one per token: fewer self-pipe writes and
+    fewer switches of the GIL between the engine thread and the event loop.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.pending: list = []
+        self.scheduled = False
+
+    def sink(self, events: asyncio.Queue, index: int = 0):
+        """The engine sink of one request whose events go to ``events`` as ``(index, ev)``."""
+
+        def put(ev):
+            with self.lock:
+                self.pending.append((events, (index, ev)))
+
+        return put
+
+    def kick(self) -> None:
+        """Engine burst hook: schedule a drain if events wait and none is scheduled.
+
+        Raises RuntimeError when the loop is closed (the engine then abandons the burst's
+        requests).
+        """
+        with self.lock:
+            if self.scheduled or not self.pending:
+                return
+            self.scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: nobody will read these events
+            with self.lock:
+                self.scheduled = False
+                self.pending.clear()
+            raise
+
+    def _drain(self) -> None:
+        with self.lock:
+            items, self.pending, self.scheduled = self.pending, [], False
+        for events, ev in items:
+            events.put_nowait(ev)
+
+
+def shared(engine: Engine, model_name: str) -> SimpleNamespace:
+    """The helpers the routes of one app share, over ``engine`` serving ``model_name``.
+
+    Returns a namespace of ``engine``, ``model``, ``tok``, ``text_pool`` (the app's lifespan
+    shuts it down), ``off_loop``, ``refuse_if_too_long``, ``parse``, ``params_of``,
+    ``choices_of``, ``submit``, ``collect``, ``usage`` and ``stream``.
+    """
+    model = engine.model
+    tok = model.tokenizer
+
+    # Tokenizing a long prompt takes seconds: it runs on a few threads of its own, never on
+    # the event loop (other streams keep flowing), and a text too long to fit is refused
+    # before any of it is tokenized.
+    text_pool = concurrent.futures.ThreadPoolExecutor(
+        TOKENIZE_THREADS, thread_name_prefix="exactblocks-tokenize"
+    )
+    max_token_bytes: list = []  # the longest token's UTF-8 bytes, computed on first need
+
+    def longest_token_bytes() -> int:
+        if not max_token_bytes:
+            n = 1
+            for i in range(model.vocab_size):
+                n = max(n, len(tok.decode([i]).encode("utf-8")))
+            max_token_bytes.append(n)
+        return max_token_bytes[0]
+
+    async def off_loop(fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(text_pool, fn, *args)
+
+    async def refuse_if_too_long(text_bytes: int, param: str) -> None:
+        """A text of ``text_bytes`` UTF-8 bytes needs at least text_bytes / (the longest
+        token's bytes) tokens: refuse it unread when that cannot fit a sequence."""
+        cap = engine.max_tokens_per_sequence
+        if text_bytes < cap:
+            return  # fewer bytes than positions: it may fit (tokenize to know)
+        least = text_bytes // await off_loop(longest_token_bytes)
+        if least >= cap:
+            raise APIError(
+                400,
+                f"the {param} has {text_bytes} bytes of text, at least {least} tokens; this "
+                f"server holds at most {cap} tokens per sequence (prompt + completion)",
+                param=param,
+                code="context_length_exceeded",
+            )
+
+    async def parse(request: Request, cls):
+        too_big = APIError(413, f"the body exceeds {MAX_BODY_BYTES} bytes", code="body_too_large")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            raise too_big  # refused before reading it
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > MAX_BODY_BYTES:
+                raise too_big
+            parts.append(part)
+        raw = b"".join(parts)
+        try:
+            body = cls.model_validate_json(raw)
+        except ValidationError as exc:
+            raise _validation_error(exc) from None
+        if body.model != model_name:
+            raise APIError(
+                404,
+                f"the model {body.model!r} does not exist; this server serves {model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+        n = getattr(body, "n", None)
+        if n is not None and not 1 <= n <= MAX_N:
+            raise APIError(400, f"n={n} must be in [1, {MAX_N}]", param="n", code="invalid_value")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(body, name, None) not in (None, 0, 0.0):
+                raise APIError(400, f"{name} is not supported", param=name, code="unsupported")
+        return body
+
+    def params_of(body, n_prompt, max_tokens, logprobs, top, prompt_param) -> SamplingParams:
+        """The request's SamplingParams: the body's fields, checked by the generation core."""
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
+            raise APIError(400, "stop: at most 4 non-empty strings", param="stop")
+        try:
+            n_new = engine.check(n_prompt, max_tokens)
+        except PromptTooLong as exc:
+            # 400, as OpenAI answers it (the official client raises BadRequestError)
+            raise APIError(
+                400, str(exc), param=prompt_param, code="context_length_exceeded"
+            ) from None
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="max_tokens", code="invalid_value") from None
+        try:
+            return SamplingParams(
+                max_tokens=max(n_new, 1),  # 0 (prefill only) is the engine's prefill_only
+                temperature=1.0 if body.temperature is None else float(body.temperature),
+                top_k=body.top_k,
+                top_p=None if body.top_p is None else float(body.top_p),
+                seed=body.seed,
+                stop=tuple(stop),
+                ignore_eos=body.ignore_eos,
+                logprobs=logprobs,
+                top_logprobs=top,
+            )
+        except (TypeError, ValueError) as exc:  # (the body's types already hold)
+            raise APIError(400, str(exc), code="invalid_value") from None
+
+    deliveries: dict = {}  # event loop -> its _Delivery (one loop under uvicorn)
+
+    async def submit(jobs):
+        """Submit one engine request per choice; return (handles, queue of (index, event)).
+
+        ``jobs``: one ``(ids, params, prompt_logprobs, prefill_only)`` per choice, in index
+        order. When one cannot be queued, those already queued are cancelled.
+        """
+        loop = asyncio.get_running_loop()
+        delivery = deliveries.get(loop)
+        if delivery is None:
+            delivery = deliveries[loop] = _Delivery(loop)
+            engine.add_burst_hook(delivery.kick)
+        events: asyncio.Queue = asyncio.Queue()
+        handles: list = []
+        try:
+            for index, (ids, params, plp, only) in enumerate(jobs):
+                handles.append(engine.submit(ids, params, delivery.sink(events, index),
+                                             prompt_logprobs=plp, prefill_only=only))  # fmt: skip
+        except QueueFull as exc:
+            for h in handles:
+                h.cancel()
+            raise APIError(
+                429,
+                str(exc),
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(exc.retry_after)},
+            ) from None
+        except EngineClosed:
+            for h in handles:
+                h.cancel()
+            raise _shutting_down() from None
+        except ValueError as exc:
+            for h in handles:
+                h.cancel()
+            raise APIError(400, str(exc), code="invalid_value") from None
+        return handles, events
+
+    async def collect(request: Request, handles, events) -> list[dict]:
+        """Wait for every choice; return per index ``{"prompt", "toks", "fin"}``."""
+        out = [{"prompt": None, "toks": [], "fin": None} for _ in handles]
+        left = len(handles)
+        checked = time.monotonic()
+        try:
+            while left:
+                try:
+                    item = await asyncio.wait_for(events.get(), timeout=0.5)
+                except asyncio.TimeoutError:
+                    item = None
+                if time.monotonic() - checked >= 0.5:  # the client may have gone away
+                    checked = time.monotonic()
+                    if await request.is_disconnected():
+                        raise APIError(499, "client disconnected")
+                if item is None:
+                    continue
+                index, ev = item
+                if isinstance(ev, FinishEvent):
+                    if ev.finish_reason == "abort":  # only a shutdown ends a live request so
+                        raise _shutting_down(ev.error or SHUTTING_DOWN)
+                    if ev.finish_reason == "error":
+                        raise APIError(500, ev.error or ev.finish_reason, type="server_error")
+                    out[index]["fin"] = ev
+                    left -= 1
+                elif isinstance(ev, PromptEvent):
+                    out[index]["prompt"] = ev
+                else:
+                    out[index]["toks"].append(ev)
+            return out
+        finally:
+            for h in handles:
+                if h.finished is None:
+                    h.cancel()
+
+    def usage(fins: list, n: int) -> dict:
+        """Usage of a request's choices: each prompt counted once (``n`` choices each)."""
+        prompt = sum(f.prompt_tokens for f in fins[::n])
+        done = sum(f.completion_tokens for f in fins)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": done,
+            "total_tokens": prompt + done,
+            "prompt_tokens_details": {"cached_tokens": sum(f.cached_tokens for f in fins[::n])},
+        }
+
+    def sse(obj) -> str:
+        return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+    async def stream(request, handles, events, make_chunk, include_usage, n, heads=()):
+        """Server-sent events of a request's choices; unfinished ones are cancelled on exit.
+
+        ``make_chunk(index, text, events, finish_reason, prompt_event=None)`` builds a chunk.
+        """
+
+        async def gen() -> AsyncIterator[str]:
+            fins: list = [None] * len(handles)
+            left = len(handles)
+            try:
+                for head in heads:
+                    yield sse(head)
+                while left:
+                    index, ev = await events.get()
+                    if isinstance(ev, PromptEvent):
+                        yield sse(make_chunk(index, None, [], None, ev))
+                        continue
+                    if isinstance(ev, TokenEvent):
+                        yield sse(make_chunk(index, ev.text, [ev], None))
+                        continue
+                    if ev.finish_reason in ("error", "abort"):
+                        # the status line is sent: a last event carries the error instead
+                        if ev.finish_reason == "abort":
+                            err = _shutting_down(ev.error or SHUTTING_DOWN)
+                        else:
+                            err = APIError(500, ev.error or "error", type="server_error")
+                        yield sse(error_body(err.message, err.type, err.param, err.code))
+                        return
+                    fins[index] = ev
+                    left -= 1
+                    last = [ev.stop_token] if ev.stop_token is not None else []
+                    yield sse(make_chunk(index, ev.tail, last, ev.finish_reason))
+                if include_usage:
+                    last = make_chunk(0, "", [], None)
+                    last["choices"] = []
+                    last["usage"] = usage(fins, n)
+                    yield sse(last)
+                yield "data: [DONE]\n\n"
+            finally:
+                for h in handles:
+                    if h.finished is None:
+                        h.cancel()
+
+        return StreamingResponse(
+            gen(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    def choices_of(body, params: SamplingParams) -> list[SamplingParams]:
+        """The n choices' params: choice j samples with seed + j (no seed: fresh draws)."""
+        n = body.n or 1
+        if params.seed is None:
+            return [params] * n
+        return [dataclasses.replace(params, seed=params.seed + j) for j in range(n)]
+
+    return SimpleNamespace(
+        engine=engine,
+        model=model,
+        tok=tok,
+        text_pool=text_pool,
+        off_loop=off_loop,
+        refuse_if_too_long=refuse_if_too_long,
+        parse=parse,
+        params_of=params_of,
+        choices_of=choices_of,
+        submit=submit,
+        collect=collect,
+        usage=usage,
+        stream=stream,
+    )
+
+
+def _encode(tok, text: str) -> list[int]:
+    return list(tok.encode(text))
