@@ -214,6 +214,28 @@ def check_array(buffer: object, name: str, where: str) -> np.ndarray:
     return arr
 
 
+class FormatError(ValueError):
+    """A malformed file or field, found by a reader (raised by the loaders and the GGUF records).
+
+    ``str(err)`` is ``"<where>: <detail>"``; a public call that used the reader (``load_model``)
+    reports ``detail`` under its own name, read from the field, never parsed from the message.
+
+    Attributes
+    ----------
+    where : str
+        The reader or function that found it (``"GGUFFile"``, ``"load_gguf_model"``).
+    detail : str
+        What is wrong: the file, the field or tensor, what was expected and what came.
+    """
+
+    def __init__(self, where: str, detail: str):
+        super().__init__(f"{where}: {detail}")
+        self.where, self.detail = where, detail
+
+    def __reduce__(self):
+        return (type(self), (self.where, self.detail))
+
+
 class NonFiniteError(ValueError):
     """A non-finite value where finite ones are required (raised by :func:`check_finite`).
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from exactblocks._validation import FormatError
 from exactblocks.loaders.gguf import dequantize, gguf_field, unpermute_qk
 
 __all__ = ["GGUFArch", "blocks_held", "read_arch"]
@@ -119,7 +120,7 @@ class _Keys:
         self.read.add(full)
         value = self._field(full, None)
         if value is None:
-            raise ValueError(f"load_gguf_model: the {self.arch} GGUF file has no {full!r} field")
+            raise FormatError("load_gguf_model", f"the {self.arch} GGUF file has no {full!r} field")
         return self._checked(key, value, minimum)
 
     def get(self, key: str, default=None, *, minimum: int | None = None):
@@ -137,40 +138,42 @@ class _Keys:
             low = _COUNTS[key] if minimum is None else minimum
             for v in value if isinstance(value, list) else [value]:
                 if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= MAX_COUNT:
-                    raise ValueError(
-                        f"load_gguf_model: {full}={_shown(value)} is not a count (expected an "
+                    raise FormatError(
+                        "load_gguf_model",
+                        f"{full}={_shown(value)} is not a count (expected an "
                         f"integer in [{low}, {MAX_COUNT}]"
                         + (", one per layer or one for all" if isinstance(value, list) else "")
-                        + ")"
+                        + ")",
                     )
             if key == "block_count" and value > self.held:  # (fewer: a tensor names a layer past)
-                raise ValueError(
-                    f"load_gguf_model: {full}={value} but the file holds the tensors of "
+                raise FormatError(
+                    "load_gguf_model",
+                    f"{full}={value} but the file holds the tensors of "
                     f"{self.held} layer{'s' if self.held != 1 else ''} (blk.N for N < "
-                    f"{self.held})"
+                    f"{self.held})",
                 )
         elif key.endswith(_REALS) and not isinstance(value, list):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(
-                    f"load_gguf_model: {full}={_shown(value)} is not a number (expected a "
-                    "finite real)"
+                raise FormatError(
+                    "load_gguf_model",
+                    f"{full}={_shown(value)} is not a number (expected a finite real)",
                 )
             if not math.isfinite(value):
-                raise ValueError(f"load_gguf_model: {full}={value!r} is not finite")
+                raise FormatError("load_gguf_model", f"{full}={value!r} is not finite")
         elif key in _FLAGS and not isinstance(value, bool):
-            raise ValueError(
-                f"load_gguf_model: {full}={_shown(value)} is not true or false (expected a bool)"
+            raise FormatError(
+                "load_gguf_model", f"{full}={_shown(value)} is not true or false (expected a bool)"
             )
         elif key in _TEXTS and not isinstance(value, str):
-            raise ValueError(
-                f"load_gguf_model: {full}={_shown(value)} is not a string (expected a name)"
+            raise FormatError(
+                "load_gguf_model", f"{full}={_shown(value)} is not a string (expected a name)"
             )
         return value
 
     def fail(self, key: str, value, expected: str):
         """Refuse ``<arch>.<key>=value``, saying what was expected."""
-        raise ValueError(
-            f"load_gguf_model: {self.arch}.{key}={value!r} is not supported (expected {expected})"
+        raise FormatError(
+            "load_gguf_model", f"{self.arch}.{key}={value!r} is not supported (expected {expected})"
         )
 
     def unread(self) -> list[str]:
@@ -356,8 +359,8 @@ def _tokens(config: dict, reader) -> dict:
         full = f"tokenizer.ggml.{key}"
         value = gguf_field(reader, full, None)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ValueError(
-                f"load_gguf_model: {full}={_shown(value)} is not a token id (expected an integer)"
+            raise FormatError(
+                "load_gguf_model", f"{full}={_shown(value)} is not a token id (expected an integer)"
             )
         config[hf] = value
     return config
@@ -409,7 +412,7 @@ def _mamba2_convert(name: str, w, config: dict):
     a = np.asarray(w, dtype=np.float32)
     if name.endswith(".A_log"):
         if not (a < 0).all():
-            raise ValueError("load_gguf_model: a Mamba-2 ssm_a tensor holds values >= 0")
+            raise FormatError("load_gguf_model", "a Mamba-2 ssm_a tensor holds values >= 0")
         return [(name, np.log(-a.astype(np.float64)).astype(np.float32).reshape(-1))]
     if name.endswith("conv1d.weight"):
         return [(name, a.reshape(a.shape[0], 1, a.shape[-1]))]
@@ -478,9 +481,10 @@ def read_arch(reader, entry: GGUFArch, direct: bool = False) -> tuple[dict, dict
     stated_vocab = keys.get("vocab_size")
     unread = keys.unread()
     if unread:
-        raise ValueError(
-            f"load_gguf_model: the {arch} GGUF file states {unread}, which this reader does not "
-            "interpret; refusing rather than ignoring them"
+        raise FormatError(
+            "load_gguf_model",
+            f"the {arch} GGUF file states {unread}, which this reader does not "
+            "interpret; refusing rather than ignoring them",
         )
     config = _tokens(config, reader)
     config["architectures"] = [entry.hf_class]
@@ -492,15 +496,16 @@ def read_arch(reader, entry: GGUFArch, direct: bool = False) -> tuple[dict, dict
         if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in entry.block:
             n = int(parts[1])
             if not n < n_layers:
-                raise ValueError(
-                    f"load_gguf_model: tensor {name!r} names layer {n}, but the file has "
-                    f"{n_layers} ({arch}.block_count)"
+                raise FormatError(
+                    "load_gguf_model",
+                    f"tensor {name!r} names layer {n}, but the file has "
+                    f"{n_layers} ({arch}.block_count)",
                 )
             targets[name] = entry.layer_prefix.format(n) + entry.block[parts[2]]
         elif name in entry.top:
             targets[name] = entry.top[name]
         elif name not in entry.consumed:
-            raise ValueError(f"load_gguf_model: unexpected tensor {name!r} in a {arch} GGUF")
+            raise FormatError("load_gguf_model", f"unexpected tensor {name!r} in a {arch} GGUF")
     if entry.required:  # (n_layers is the file's own count here: block_count was checked)
         missing = [
             r.format(n)
@@ -510,7 +515,9 @@ def read_arch(reader, entry: GGUFArch, direct: bool = False) -> tuple[dict, dict
         ]
         if missing:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-            raise ValueError(f"load_gguf_model: the {arch} GGUF lacks tensors {missing[:5]}{more}")
+            raise FormatError(
+                "load_gguf_model", f"the {arch} GGUF lacks tensors {missing[:5]}{more}"
+            )
     tensors: dict[str, Any] = {}
     for tensor in reader.tensors:
         hf = targets.get(tensor.name)
@@ -523,7 +530,7 @@ def read_arch(reader, entry: GGUFArch, direct: bool = False) -> tuple[dict, dict
         tensors = entry.finish(tensors, config)
     embed = tensors.get(entry.top["token_embd.weight"])
     if embed is None:
-        raise ValueError(f"load_gguf_model: the {arch} GGUF file has no token_embd.weight")
+        raise FormatError("load_gguf_model", f"the {arch} GGUF file has no token_embd.weight")
     # the vocabulary is the embedding's rows (the token list may be padded past them)
     config["vocab_size"] = int(embed.shape[0])
     if stated_vocab is not None and stated_vocab != config["vocab_size"]:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .._validation import FormatError
 from .._weights import QuantizedMatrix
 from ._args import _eos_from
 from .head import _HeadRows
@@ -37,11 +38,6 @@ _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 # layer count above which it is compared with the tensors before the family reads the config.
 _LAYERS_READ_FIRST = 1024
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
-# The "Class.method: " prefixes of an inner reader's message (SPEC.md 2.7: a message names the
-# public call, here load_model, not the reader it used).
-_INNER_PREFIX = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*: )+")
 
 
 def _out_of_memory(exc: BaseException | None) -> bool:
@@ -335,7 +331,8 @@ def _load_gguf(path: str, max_positions) -> Model:
     except Exception as exc:
         if _out_of_memory(exc):  # ENOMEM mapping the file, a MemoryError reading it
             raise _memory_error(f"reading {path!r}", exc) from None
-        detail = _INNER_PREFIX.sub("", str(exc))  # "GGUFFile: ...": the reader's own name
+        # the reader's own name ("GGUFFile") gives way to load_model's: the detail is a field
+        detail = exc.detail if isinstance(exc, FormatError) else str(exc)
         raise ValueError(f"load_model: cannot read {path!r} as a GGUF model: {detail}") from exc
     try:
         # the tokenizers library aborts the process when an allocation fails in its Rust code

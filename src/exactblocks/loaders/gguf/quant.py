@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from exactblocks._validation import FormatError
+
 from .reader import _GGML_F32, _LeanTensor
 
 __all__ = ["DIRECT_TYPES", "dequantize", "unpermute_qk"]
@@ -61,9 +63,9 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
         return QuantizedMatrix(w.ggml_type, unpermute_qk(w.blocks, n_heads), w.shape)
     rows = w.shape[0]
     if n_heads < 1 or rows % n_heads or (rows // n_heads) % 2:
-        raise ValueError(
-            f"unpermute_qk: w has {rows} rows, which do not split into n_heads={n_heads} "
-            "heads of even size"
+        raise FormatError(
+            "unpermute_qk",
+            f"w has {rows} rows, which do not split into n_heads={n_heads} heads of even size",
         )
     hd = rows // n_heads
     grouped = w.reshape(n_heads, hd // 2, 2, *w.shape[1:])  # (head, j, i, ...): GGUF row 2*j + i

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from exactblocks._validation import FormatError
+
 __all__ = [
     "SMOLLM2_GGUF_NAME",
     "SMOLLM2_INSTALL_COMMAND",
@@ -205,12 +207,12 @@ class GGUFFile:
         raw = self.data._mmap  # slices of the mmap object are bytes: no NumPy per string
         size = len(self.data)
         pos = 0
-        truncated = f"GGUFFile: {self.path!r} is truncated (header past the end)"
+        truncated = f"{self.path!r} is truncated (header past the end)"
         u64 = struct.Struct("<Q").unpack_from
 
         def need(n):
             if pos + n > size:
-                raise ValueError(truncated)
+                raise FormatError("GGUFFile", truncated)
 
         def unpack(fmt):
             nonlocal pos
@@ -233,7 +235,7 @@ class GGUFFile:
             """``count`` strings: the vocabulary and merges (10^5 of them), a tight loop."""
             nonlocal pos
             if count * 8 > size - pos:  # each string has at least its 8-byte length
-                raise ValueError(truncated)
+                raise FormatError("GGUFFile", truncated)
             items = []
             append, p = items.append, pos
             try:
@@ -243,30 +245,33 @@ class GGUFFile:
                     p = s + n
                     append(raw[s:p].decode("utf-8", errors="replace"))
             except struct.error:  # a length past the end of the file
-                raise ValueError(truncated) from None
+                raise FormatError("GGUFFile", truncated) from None
             if p > size:  # a slice past the end comes back short: checked once, at the end
-                raise ValueError(truncated)
+                raise FormatError("GGUFFile", truncated)
             pos = p
             return items
 
         if raw[:4] != b"GGUF":
-            raise ValueError(f"GGUFFile: {self.path!r} is not a GGUF file (no GGUF magic)")
+            raise FormatError("GGUFFile", f"{self.path!r} is not a GGUF file (no GGUF magic)")
         pos = 4
         version, n_tensors, n_kv = unpack("<IQQ")
         if version not in (2, 3):
-            raise ValueError(f"GGUFFile: {self.path!r} is GGUF version {version}; 2 or 3 is read")
+            raise FormatError(
+                "GGUFFile", f"{self.path!r} is GGUF version {version}; 2 or 3 is read"
+            )
         # a field takes >= 13 bytes (key length, key, type, value), a tensor's entry >= 24
         for what, count, least in (("metadata fields", n_kv, 13), ("tensors", n_tensors, 24)):
             if count * least > size - pos:
-                raise ValueError(
-                    f"GGUFFile: {self.path!r}: the header states {count} {what}, more than the "
-                    f"file's {size} bytes can hold"
+                raise FormatError(
+                    "GGUFFile",
+                    f"{self.path!r}: the header states {count} {what}, more than the "
+                    f"file's {size} bytes can hold",
                 )
 
         def kind_of(key, code):
             if code not in _GGUF_SCALARS and code not in (_GGUF_STRING, _GGUF_ARRAY):
-                raise ValueError(
-                    f"GGUFFile: {self.path!r}: field {key!r} has unknown value type {code}"
+                raise FormatError(
+                    "GGUFFile", f"{self.path!r}: field {key!r} has unknown value type {code}"
                 )
             return code
 
@@ -293,9 +298,10 @@ class GGUFFile:
                 elif sub == _GGUF_STRING:
                     items = strings(count)
                 else:
-                    raise ValueError(
-                        f"GGUFFile: {self.path!r}: field {key!r} is an array of type {int(sub)}, "
-                        "which is not read"
+                    raise FormatError(
+                        "GGUFFile",
+                        f"{self.path!r}: field {key!r} is an array of type {int(sub)}, "
+                        "which is not read",
                     )
                 self.fields[key] = _LeanField(items, [kind, sub])
             elif kind == _GGUF_STRING:
@@ -308,9 +314,10 @@ class GGUFFile:
             name = string()
             (n_dims,) = unpack("<I")
             if n_dims > _GGML_MAX_DIMS:
-                raise ValueError(
-                    f"GGUFFile: {self.path!r}: tensor {name!r} has {n_dims} dimensions; at most "
-                    f"{_GGML_MAX_DIMS} (GGML_MAX_DIMS)"
+                raise FormatError(
+                    "GGUFFile",
+                    f"{self.path!r}: tensor {name!r} has {n_dims} dimensions; at most "
+                    f"{_GGML_MAX_DIMS} (GGML_MAX_DIMS)",
                 )
             dims = unpack(f"<{n_dims}Q")
             kind, offset = unpack("<IQ")
@@ -326,9 +333,10 @@ class GGUFFile:
                 or align < 1
                 or align & (align - 1)
             ):
-                raise ValueError(
-                    f"GGUFFile: {self.path!r}: general.alignment={align!r} is not a power of two "
-                    "(expected an integer such as 32)"
+                raise FormatError(
+                    "GGUFFile",
+                    f"{self.path!r}: general.alignment={align!r} is not a power of two "
+                    "(expected an integer such as 32)",
                 )
         start = (pos + align - 1) // align * align
         self.tensors: list = []
@@ -336,7 +344,7 @@ class GGUFFile:
         expected_offset = 0  # gguf.cpp: each tensor's data follows the one before, padded
         for name, dims, kind, offset in infos:
             if name in seen:
-                raise ValueError(f"GGUFFile: {self.path!r} holds tensor {name!r} twice")
+                raise FormatError("GGUFFile", f"{self.path!r} holds tensor {name!r} twice")
             seen.add(name)
             sizes = _GGML_SIZES.get(kind)
             if sizes is None:  # a rarer type: gguf's table (raises for an unknown code)
@@ -345,35 +353,39 @@ class GGUFFile:
                 try:
                     sizes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
                 except (ValueError, KeyError):
-                    raise ValueError(
-                        f"GGUFFile: {self.path!r}: tensor {name!r} has unknown type {kind}"
+                    raise FormatError(
+                        "GGUFFile", f"{self.path!r}: tensor {name!r} has unknown type {kind}"
                     ) from None
             block, type_size = sizes
             type_name = _GGML_NAMES.get(kind, f"type {kind}")
             n_elems = math.prod(dims)  # (Python integers: exact)
             if n_elems >= 2**63:
-                raise ValueError(
-                    f"GGUFFile: {self.path!r}: tensor {name!r} has dimensions {list(dims)}, whose "
-                    "product overflows a 64-bit count"
+                raise FormatError(
+                    "GGUFFile",
+                    f"{self.path!r}: tensor {name!r} has dimensions {list(dims)}, whose "
+                    "product overflows a 64-bit count",
                 )
             if (dims[0] if dims else 1) % block:
-                raise ValueError(
-                    f"GGUFFile: {self.path!r}: tensor {name!r} of type {type_name} has rows of "
-                    f"{dims[0] if dims else 1} values, not a multiple of its block of {block}"
+                raise FormatError(
+                    "GGUFFile",
+                    f"{self.path!r}: tensor {name!r} of type {type_name} has rows of "
+                    f"{dims[0] if dims else 1} values, not a multiple of its block of {block}",
                 )
             n_bytes = n_elems * type_size // block
             if offset != expected_offset:
-                raise ValueError(
-                    f"GGUFFile: {self.path!r}: tensor {name!r} has data offset {offset}; expected "
+                raise FormatError(
+                    "GGUFFile",
+                    f"{self.path!r}: tensor {name!r} has data offset {offset}; expected "
                     f"{expected_offset}, where the data of the tensors before it ends (each "
-                    f"padded to general.alignment={align})"
+                    f"padded to general.alignment={align})",
                 )
             expected_offset = offset + (n_bytes + align - 1) // align * align
             begin = start + offset
             if begin + n_bytes > size:
-                raise ValueError(
-                    f"GGUFFile: {self.path!r} is truncated: tensor {name!r} needs bytes "
-                    f"[{begin}, {begin + n_bytes}) but the file has {size}"
+                raise FormatError(
+                    "GGUFFile",
+                    f"{self.path!r} is truncated: tensor {name!r} needs bytes "
+                    f"[{begin}, {begin + n_bytes}) but the file has {size}",
                 )
             shape = tuple(reversed(dims))
             data = self.data[begin : begin + n_bytes]
@@ -446,7 +458,9 @@ def gguf_field(reader, key: str, default: Any = _MISSING) -> Any:
         return default
     if isinstance(field, _LeanField):  # (GGUFFile: without importing gguf)
         if len(field.types) > 1 and field.types[1] == _GGUF_ARRAY:
-            raise ValueError(f"gguf_field: field {key!r} is a nested array, which is not supported")
+            raise FormatError(
+                "gguf_field", f"field {key!r} is a nested array, which is not supported"
+            )
         return list(field.value) if isinstance(field.value, list) else field.value
     import gguf
 
@@ -465,6 +479,8 @@ def gguf_field(reader, key: str, default: Any = _MISSING) -> Any:
         if kinds[1] == vt.STRING:
             return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
         if kinds[1] == vt.ARRAY:
-            raise ValueError(f"gguf_field: field {key!r} is a nested array, which is not supported")
+            raise FormatError(
+                "gguf_field", f"field {key!r} is a nested array, which is not supported"
+            )
         return [scalar(kinds[1], field.parts[i]) for i in field.data]
     return scalar(kinds[0], field.parts[field.data[0]])
