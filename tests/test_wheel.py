@@ -35,7 +35,9 @@ def test_pip_wheel_builds_a_wheel_that_runs_the_command(tmp_path):
     (wheel,) = dist.glob("exactblocks-*.whl")
 
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=False).create(env_dir)
+    # with its own pip (ensurepip: bundled, offline), so the console script lands in its bin/
+    # (another environment's pip driven with --python placed it elsewhere in CI)
+    venv.EnvBuilder(with_pip=True).create(env_dir)
     py = env_dir / "bin" / "python"
     site = subprocess.run(
         [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -44,8 +46,7 @@ def test_pip_wheel_builds_a_wheel_that_runs_the_command(tmp_path):
     # numpy, xxhash, ... from this environment, after the venv's own site-packages
     Path(site, "zz_test_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     install = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q",
-         str(wheel)],
+        [str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert install.returncode == 0, install.stderr[-3000:]
