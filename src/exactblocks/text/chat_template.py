@@ -173,3 +173,35 @@ def check_chat_template(source: str, *, name: str, special_tokens: Mapping[str, 
             f"{type(exc).__name__}: {exc}"
         ) from None
     return template
+
+
+def apply_chat_template(tokenizer, where: str, messages, add_generation_prompt: bool,
+                        tokenize: bool, kwargs: Mapping[str, Any]):  # fmt: skip
+    """``tokenizer.apply_chat_template``'s body, shared by both tokenizers: compile the
+    template once (kept on ``tokenizer._template``), render it with the tokenizer's special
+    tokens, and encode the text without adding special tokens when ``tokenize``.
+
+    Parameters
+    ----------
+    tokenizer : GGUFTokenizer or HFTokenizer
+        Holds ``chat_template`` (already checked to be non-empty), ``_template``,
+        ``_special_tokens()`` and ``encode``.
+    where : str
+        The public call, named in a compile error.
+    messages, add_generation_prompt, tokenize, kwargs
+        As the tokenizers' ``apply_chat_template`` takes them.
+
+    Returns
+    -------
+    str or list of int
+    """
+    if tokenizer._template is None:
+        tokenizer._template = compile_chat_template(tokenizer.chat_template, where)
+    text = render_chat_template(
+        tokenizer._template,
+        messages,
+        add_generation_prompt=add_generation_prompt,
+        special_tokens=tokenizer._special_tokens(),
+        **kwargs,
+    )
+    return tokenizer.encode(text, add_special_tokens=False) if tokenize else text

@@ -230,7 +230,7 @@ class TokenizerFields:
         Parameters
         ----------
         key : str
-            The field, e.g. ``"tokenizer.ggml.eos_token_id"``.
+            The field, e.g. ``"tokenizer.ggml.scores"``.
         n : int
 
         Returns

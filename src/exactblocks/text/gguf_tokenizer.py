@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .byte_level import PRE_TOKENIZER_SPLITS, byte_level_pre_tokenizer, bytes_to_unicode
-from .chat_template import check_chat_template, compile_chat_template, render_chat_template
+from .chat_template import apply_chat_template, check_chat_template
 from .gguf_fields import TokenizerFields
 from .spm_merges import spm_merges
 
@@ -702,18 +702,14 @@ class GGUFTokenizer:
             raise ValueError(
                 "GGUFTokenizer.apply_chat_template: the GGUF file has no tokenizer.chat_template"
             )
-        if self._template is None:
-            self._template = compile_chat_template(
-                self.chat_template, "GGUFTokenizer.apply_chat_template"
-            )
-        text = render_chat_template(
-            self._template,
+        return apply_chat_template(
+            self,
+            "GGUFTokenizer.apply_chat_template",
             messages,
-            add_generation_prompt=add_generation_prompt,
-            special_tokens=self._special_tokens(),
-            **kwargs,
+            add_generation_prompt,
+            tokenize,
+            kwargs,
         )
-        return self.encode(text, add_special_tokens=False) if tokenize else text
 
     def _special_tokens(self) -> dict:
         """The template variables ``bos_token`` ... ``pad_token`` of the file's special ids."""

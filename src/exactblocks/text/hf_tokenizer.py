@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .chat_template import check_chat_template, compile_chat_template, render_chat_template
+from .chat_template import apply_chat_template, check_chat_template
 
 __all__ = ["HFTokenizer"]
 
@@ -210,18 +210,14 @@ class HFTokenizer:
         """
         if not self.chat_template:
             raise ValueError("HFTokenizer.apply_chat_template: the folder has no chat template")
-        if self._template is None:
-            self._template = compile_chat_template(
-                self.chat_template, "HFTokenizer.apply_chat_template"
-            )
-        text = render_chat_template(
-            self._template,
+        return apply_chat_template(
+            self,
+            "HFTokenizer.apply_chat_template",
             messages,
-            add_generation_prompt=add_generation_prompt,
-            special_tokens=self._special_tokens(),
-            **kwargs,
+            add_generation_prompt,
+            tokenize,
+            kwargs,
         )
-        return self.encode(text, add_special_tokens=False) if tokenize else text
 
     def _special_tokens(self) -> dict:
         """The template variables ``bos_token`` ... ``unk_token`` the config names."""
