@@ -181,7 +181,8 @@ def test_generate_stop_of_another_type_is_a_type_error_naming_stop(tiny):
             model.generate([1, 2], max_new_tokens=2, stop=stop)
         with pytest.raises(TypeError, match=rf"stop must be a str or a sequence .* got {kind}$"):
             SamplingParams(max_tokens=1, stop=stop)
-    assert model.generate([1, 2], max_new_tokens=2, stop=("zz", 5)).ids == model.generate(
-        [1, 2], max_new_tokens=2, stop=["zz", 5]
-    ).ids
+    assert (
+        model.generate([1, 2], max_new_tokens=2, stop=("zz", 5)).ids
+        == model.generate([1, 2], max_new_tokens=2, stop=["zz", 5]).ids
+    )
     assert SamplingParams(max_tokens=1, stop=["a", "b"]).stop == ("a", "b")
