@@ -1,8 +1,9 @@
 """What the ``exactblocks`` commands share: argparse types, loading a model with notes on stderr.
 
-What lives here: the argument types (:func:`positive_int`, :func:`non_negative_float`) whose
-messages argparse prints after the flag's name, and :func:`load` (``run``, ``chat`` and
-``serve``). What does not: the commands themselves (``demo``, ``run``, ``models``, ``serve``).
+What lives here: the argument types (:func:`positive_int`, :func:`non_negative_float`,
+:func:`probability`, :func:`non_empty`, ...) whose messages argparse prints after the flag's
+name, and :func:`load` (``run``, ``chat`` and ``serve``). What does not: the commands
+themselves (``demo``, ``run``, ``models``, ``serve``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,15 @@ from __future__ import annotations
 import argparse
 import time
 
-__all__ = ["FlagError", "load", "non_negative_float", "non_negative_int", "positive_int"]
+__all__ = [
+    "FlagError",
+    "load",
+    "non_empty",
+    "non_negative_float",
+    "non_negative_int",
+    "positive_int",
+    "probability",
+]
 
 
 class FlagError(ValueError):
@@ -110,6 +119,55 @@ def non_negative_float(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {_shown(text)!r}")
     return value
+
+
+def probability(text: str) -> float:
+    """argparse type of ``--top-p``: a number in (0, 1].
+
+    Parameters
+    ----------
+    text : str
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        ``expected a number in (0, 1], got '<text>'``.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {_shown(text)!r}")
+    return value
+
+
+def non_empty(text: str) -> str:
+    """argparse type of a name or key that must not be empty (``--api-key``, ``--model-name``).
+
+    An empty value is most often an unset shell variable (``--api-key "$KEY"``): refused, not
+    taken as "none".
+
+    Parameters
+    ----------
+    text : str
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        ``must not be empty``.
+    """
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
 
 
 def load(path: str, threads: int | None, err):
