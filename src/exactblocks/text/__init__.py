@@ -5,8 +5,9 @@ its original pre-tokenizer, or a SentencePiece-style vocabulary), :class:`HFToke
 Hugging Face folder's ``tokenizer.json``), the chat-template renderer both use
 (:mod:`exactblocks.text.chat_template`, checked once when a tokenizer is loaded) and
 :class:`Detokenizer` (the text of a growing list of generated ids, for streaming) and
-:func:`ll_tokenizer` (a tokenizer's byte vocabulary for llguidance's constrained decoding). What does
-not: reading files (``exactblocks.loaders``) and generation (``exactblocks.models``).
+:func:`ll_tokenizer` (a tokenizer's byte vocabulary for llguidance's constrained
+decoding). What does not: reading files (``exactblocks.loaders``) and generation
+(``exactblocks.models``).
 docs/text.md says which tokenizers and pre-tokenizers are supported and what each follows.
 """
 
