@@ -633,6 +633,9 @@ class Engine:
             clear_row(self.state, seq.row)
         seq.handle.finished = time.perf_counter()
         self.counters[reason] += 1
+        if seq.gen.matcher is not None:  # constrained decoding: what its masks cost
+            self.sums["grammar_mask_seconds_total"] += seq.gen.matcher.mask_seconds
+            self.sums["grammar_masks_total"] += seq.gen.matcher.masks
         with self._cond:
             self._cancelled.discard(seq.handle)
         self._emit(
