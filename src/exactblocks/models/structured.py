@@ -207,9 +207,18 @@ class GrammarMatcher:
     Attributes
     ----------
     mask_seconds : float
-        Wall time spent computing masks so far.
+        Wall time spent computing masks so far (on whichever thread computed them).
+    wait_seconds : float
+        Wall time :meth:`allowed` held its caller so far: the whole mask when computed there,
+        only what was left of a :meth:`prefetch` still running.
     masks : int
         Masks computed so far.
+
+    Notes
+    -----
+    Not thread-safe beyond :meth:`prefetch`: one thread drives a matcher (pick, consume), and
+    a prefetched mask is computed on the executor's thread while that thread does other
+    work (the server's engine runs the next forward pass meanwhile).
     """
 
     def __init__(self, grammar: Grammar, tokenizer, vocab_size: int, eos_token_ids, *,
@@ -224,7 +233,9 @@ class GrammarMatcher:
         if self._m.is_error():
             raise GrammarError(f"the grammar failed: {self._m.get_error()}", grammar.kind)
         self._bits = np.zeros((self.vocab_size + 31) // 32, np.int32)
+        self._future = None
         self.mask_seconds = 0.0
+        self.wait_seconds = 0.0
         self.masks = 0
 
     @property
@@ -237,6 +248,13 @@ class GrammarMatcher:
         """bool: the text so far is complete under the grammar (it may also continue)."""
         return bool(self._m.is_accepting())
 
+    def prefetch(self, executor) -> None:
+        """Start computing the next :meth:`allowed` on ``executor`` (a
+        ``concurrent.futures.Executor``); :meth:`allowed` then waits for it. The mask depends
+        only on the tokens consumed so far, so where it is computed changes nothing."""
+        if self._future is None and not self.done:
+            self._future = executor.submit(self._compute)
+
     def allowed(self) -> np.ndarray:
         """The ids that may come next, ascending (int64); empty when none may.
 
@@ -246,11 +264,27 @@ class GrammarMatcher:
             The matcher is in an error state (a token it refused was consumed).
         """
         t0 = time.perf_counter()
+        future, self._future = self._future, None
+        try:
+            return self._compute() if future is None else future.result()
+        finally:
+            self.wait_seconds += time.perf_counter() - t0
+
+    def _compute(self) -> np.ndarray:
+        t0 = time.perf_counter()
         self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         if self._m.is_error():
             raise ValueError(f"the grammar's matcher failed: {self._m.get_error()}")
-        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab_size]
-        ids = np.flatnonzero(bits)
+        words = np.flatnonzero(self._bits)
+        if words.size * 8 < self._bits.size:  # few allowed (most steps): expand those words only
+            rows, cols = np.nonzero(
+                np.unpackbits(self._bits[words].view(np.uint8), bitorder="little").reshape(-1, 32)
+            )
+            ids = words[rows] * 32 + cols
+            ids = ids[ids < self.vocab_size]
+        else:
+            bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
+            ids = np.flatnonzero(bits[: self.vocab_size])
         if not self._allow_eos and self._eos.size:
             ids = ids[~np.isin(ids, self._eos)]
         self.mask_seconds += time.perf_counter() - t0
@@ -265,6 +299,9 @@ class GrammarMatcher:
         ValueError
             The grammar does not allow ``token`` here.
         """
+        if self._future is not None:  # a prefetch nobody read: let it finish, drop it
+            future, self._future = self._future, None
+            future.exception()
         if not self._m.consume_token(int(token)):
             raise ValueError(
                 f"the grammar does not allow token {int(token)} here: {self._m.get_error()}"
