@@ -110,6 +110,22 @@ def test_batch_rows_equal_alone_bit_for_bit(smol):
     assert all(gen.finish_reason == "stop" for gen, k in zip(gens, kinds) if k is not None)
 
 
+def test_ray_generate_takes_the_grammar(smol):
+    """exactblocks.ray.Generate(grammar=) in-process: each row equals Model.generate."""
+    import exactblocks.ray as ebray
+
+    g = Grammar.json_schema(PERSON)
+    messages = np.empty(2, dtype=object)  # a column of conversations (lists of dicts)
+    messages[0] = messages[1] = [{"role": "user", "content": "Give a person as JSON."}]
+    batch = {"messages": messages, "seed": np.asarray([3, 4])}
+    out = ebray.Generate(smol, max_new_tokens=32, temperature=0.9, grammar=g)(batch)
+    for i, seed in enumerate((3, 4)):
+        want = smol.generate(chat(smol, "Give a person as JSON."), max_new_tokens=32,
+                             temperature=0.9, seed=seed, grammar=g)  # fmt: skip
+        assert out["generated_text"][i] == want.text and out["finish_reason"][i] == "stop"
+        check_person(out["generated_text"][i])
+
+
 def test_masked_pick_equals_minus_inf_masking(smol):
     """Picking among the allowed ids == pick_token with every other logit at the float32
     bottom (its exp is an exact 0, as -inf's), for greedy, top_k and top_p draws."""
