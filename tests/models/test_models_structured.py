@@ -72,6 +72,21 @@ def test_json_object_and_lark_and_regex_end_when_complete(smol):
     assert len(out.text) == 3 and out.text.isdigit() and out.finish_reason == "stop"
 
 
+def test_end_tokens_are_allowed_only_where_the_grammar_may_end(smol):
+    g = Grammar.lark('start: "ab"+')
+    eos = smol.eos_token_ids[0]
+    ab = smol.tokenizer.encode("ab", add_special_tokens=False)
+    for ignore_eos in (False, True):
+        gen = smol.generation([1], SamplingParams(max_tokens=8, grammar=g, ignore_eos=ignore_eos))
+        assert eos not in gen.matcher.allowed()  # nothing written yet: "ab" must come
+        for t in ab:
+            gen.matcher.consume(t)
+        assert gen.matcher.accepting and not gen.matcher.done
+        assert (eos in gen.matcher.allowed()) == (not ignore_eos)
+    out = smol.generate(chat(smol, "Say ab."), max_new_tokens=6, grammar=g, ignore_eos=True)
+    assert out.finish_reason == "length" and out.text == "ab" * (len(out.text) // 2)
+
+
 def test_max_tokens_truncates_with_length(smol):
     out = smol.generate(chat(smol, "A person as JSON."), max_new_tokens=3,
                         grammar=Grammar.json_schema(PERSON))  # fmt: skip

@@ -595,7 +595,11 @@ class Engine:
             lp, top = logprobs(logits, token, gen.params.top_logprobs)
             top = None if top is None else [(i, float(v)) for i, v in top]
             seq.stop_token = TokenEvent(int(token), "", float(lp), top, 0)
-        events, _ = gen.accept(token, logits)
+        try:
+            events, _ = gen.accept(token, logits)
+        except ValueError as exc:  # a grammar's matcher refused the token: fail this row only
+            self._finish(seq, "error", error=str(exc))
+            return
         if token not in gen.stop_ids:
             self.sums["generation_tokens_total"] += 1
         for ev in events:
