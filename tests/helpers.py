@@ -220,3 +220,15 @@ def smollm2_path() -> str:
         if os.environ.get("CI"):
             raise
         pytest.skip(str(exc))
+
+
+#: The JSON schema of the structured-output tests (library and server): a short person.
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}

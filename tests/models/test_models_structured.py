@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import smollm2_path
+from helpers import PERSON_SCHEMA, smollm2_path
 
 import exactblocks
 from exactblocks.models import Grammar, GrammarError, SamplingParams
@@ -19,15 +19,7 @@ from exactblocks.text import ll_tokenizer, token_byte_vocabulary
 
 pytest.importorskip("llguidance")
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
+PERSON = PERSON_SCHEMA
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import PERSON_SCHEMA
 from pydantic import BaseModel, Field
 
 pytest.importorskip("llguidance")
@@ -24,15 +25,7 @@ class Person(BaseModel):
     age: int = Field(ge=0, le=120)
 
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
+SCHEMA = PERSON_SCHEMA  # what Person's fields allow
 SHORT = {  # a short answer: the 32 requests of the concurrency test stay quick
     "type": "json_schema",
     "json_schema": {"name": "pet", "schema": {
