@@ -116,7 +116,9 @@ class Engine:
     step's prompt-token allowance (``prefill_budget``, or the ``prefill_ratio`` bound while
     rows decode); chunks end at multiples of ``prefill_chunk``, where the prefix cache saves
     its boundaries. Events are delivered by calling the request's sink from the loop thread:
-    it must be quick and must not block (e.g. ``loop.call_soon_threadsafe``).
+    it must be quick and must not block (e.g. ``loop.call_soon_threadsafe``). A constrained
+    request's (``params.grammar``) next token mask is computed on ``MASK_THREADS`` threads of
+    the engine's while the next forward pass runs; its pick waits only for what is left.
     """
 
     def __init__(
