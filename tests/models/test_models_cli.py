@@ -195,9 +195,10 @@ def test_run_an_empty_prompt_is_refused_before_the_model_loads(tmp_path, capsys)
     # it used to send an empty user turn through the chat template
     assert main(["run", str(tmp_path / "no-such-model"), "--prompt", ""]) == 2
     err = capsys.readouterr().err
-    assert err.strip().splitlines()[-1] == (
-        "exactblocks run: error: --prompt: the user message is empty (--raw sends an empty text)"
-    ), err
+    assert (
+        err.strip().splitlines()[-1]
+        == "exactblocks run: error: --prompt: the user message is empty"
+    )
     assert "loading" not in err
 
 
@@ -231,3 +232,13 @@ def test_run_max_new_tokens_beyond_the_context_is_refused_as_the_server_does(tin
         .splitlines()[-1]
         .startswith("exactblocks chat: error: --max-new-tokens: 128 new tokens do not fit")
     )
+
+
+def test_run_raw_text_of_no_tokens_names_the_prompt(tiny, capsys):
+    import exactblocks
+
+    folder, _ = tiny("llama")
+    assert list(exactblocks.load_model(folder).tokenizer.encode("")) == []  # no start token
+    assert main(["run", folder, "--raw", "--prompt", ""]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "exactblocks run: error: --prompt: '' encodes to no tokens", last

@@ -9,6 +9,7 @@ themselves (``demo``, ``run``, ``models``, ``serve``).
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 __all__ = [
@@ -96,6 +97,17 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def _number(text: str, ok, what: str) -> float:
+    """``float(text)`` when ``ok`` of it holds, else ``expected <what>, got '<text>'``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan  # fails every test below
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {_shown(text)!r}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     """argparse type of ``--temperature``: a number >= 0.
 
@@ -112,13 +124,7 @@ def non_negative_float(text: str) -> float:
     argparse.ArgumentTypeError
         ``expected a number >= 0, got '<text>'``.
     """
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {_shown(text)!r}")
-    return value
+    return _number(text, lambda v: v >= 0, "a number >= 0")
 
 
 def probability(text: str) -> float:
@@ -137,13 +143,7 @@ def probability(text: str) -> float:
     argparse.ArgumentTypeError
         ``expected a number in (0, 1], got '<text>'``.
     """
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {_shown(text)!r}")
-    return value
+    return _number(text, lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
 
 
 def non_empty(text: str) -> str:

@@ -134,10 +134,12 @@ def run_text(args, out=None, err=None) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
     if not args.prompt and not args.raw:
-        raise FlagError("--prompt", "the user message is empty (--raw sends an empty text)")
+        raise FlagError("--prompt", "the user message is empty")
     model = load(resolve(args.model), args.threads, err)
     _check_max_new_tokens(model, args)
     ids = _prompt_ids(model, [{"role": "user", "content": args.prompt}], args.raw)
+    if not ids:  # --raw "": nothing to continue from (a tokenizer without a BOS token)
+        raise FlagError("--prompt", f"{args.prompt!r} encodes to no tokens")
     res = _answer(model, ids, args, out)
     out.write(_summary(res, model) + "\n")
     return 0
