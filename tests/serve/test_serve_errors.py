@@ -71,7 +71,7 @@ MESSAGE_CASES = [
      "top_p", "top_p: must be finite; got Infinity"),
     ("stream_options without stream", CHAT,
      {"model": "smollm2", "messages": MSG, "stream_options": {"include_usage": True}}, 400,
-     "stream_options", "only allowed when stream is true"),
+     "stream_options", "stream_options: only allowed when stream is true"),
     ("text part without text", CHAT,
      {"model": "smollm2", "messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400,
      "messages.0.content.0.text", "messages.0.content.0.text: Field required"),

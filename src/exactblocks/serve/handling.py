@@ -82,7 +82,9 @@ def _validation_error(exc: ValidationError) -> APIError:
     if err["type"] == "extra_forbidden":
         return APIError(400, f"unknown field {loc!r}", param=loc, code="unknown_field")
     msg = err["msg"]
-    if err["type"] == "finite_number":
+    if err["type"] == "value_error":  # a validator's own message, without pydantic's lead
+        msg = msg.removeprefix("Value error, ")
+    elif err["type"] == "finite_number":
         msg = f"must be finite; got {json.dumps(err.get('input'))}"  # NaN or Infinity
     elif len(at) > 1 and all(e["type"].endswith("_type") for e in at):
         kinds = dict.fromkeys(e["msg"].removeprefix("Input should be ") for e in at)

@@ -168,7 +168,7 @@ class _Common(_Strict):
     def _stream_options_need_stream(cls, value, info: ValidationInfo):
         # as OpenAI: stream_options without stream is an error, not ignored
         if value is not None and not info.data.get("stream", False):
-            raise ValueError("stream_options is only allowed when stream is true")
+            raise ValueError("only allowed when stream is true")
         return value
 
 
