@@ -318,7 +318,9 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
     async def stream(request, handles, events, make_chunk, include_usage, n, heads=()):
         """Server-sent events of a request's choices; unfinished ones are cancelled on exit.
 
-        ``make_chunk(index, text, events, finish_reason, prompt_event=None)`` builds a chunk.
+        ``make_chunk(index, text, events, finish_reason, prompt_event=None)`` builds a chunk,
+        or a list of chunks (none: nothing to send yet) for a token or a finish; called with
+        ``("", [], None)`` it returns one chunk (the usage chunk's base).
         """
 
         async def gen() -> AsyncIterator[str]:
@@ -333,7 +335,8 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
                         yield sse(make_chunk(index, None, [], None, ev))
                         continue
                     if isinstance(ev, TokenEvent):
-                        yield sse(make_chunk(index, ev.text, [ev], None))
+                        for c in _chunks(make_chunk(index, ev.text, [ev], None)):
+                            yield sse(c)
                         continue
                     if ev.finish_reason in ("error", "abort"):
                         # the status line is sent: a last event carries the error instead
@@ -346,7 +349,8 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
                     fins[index] = ev
                     left -= 1
                     last = [ev.stop_token] if ev.stop_token is not None else []
-                    yield sse(make_chunk(index, ev.tail, last, ev.finish_reason))
+                    for c in _chunks(make_chunk(index, ev.tail, last, ev.finish_reason)):
+                        yield sse(c)
                 if include_usage:
                     last = make_chunk(0, "", [], None)
                     last["choices"] = []
@@ -386,6 +390,11 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
         usage=usage,
         stream=stream,
     )
+
+
+def _chunks(made) -> list:
+    """``make_chunk``'s answer as a list of chunks."""
+    return made if isinstance(made, list) else [made]
 
 
 def _encode(tok, text: str) -> list[int]:
