@@ -35,6 +35,8 @@ import numpy as np
 from exactblocks.sampling import logprobs, pick_token
 from exactblocks.text import Detokenizer
 
+from .constraint import GrammarConstraint
+
 __all__ = [
     "MAX_TOP_LOGPROBS",
     "GenerateOutput",
@@ -132,6 +134,11 @@ class SamplingParams:
         Report each emitted token's log-probability (:func:`exactblocks.sampling.logprobs`).
     top_logprobs : int, default=0
         With ``logprobs``: also the most likely alternatives at each position, in [0, 20].
+    grammar : str or None, default=None
+        A Lark grammar (llguidance's dialect, :class:`~exactblocks.models.constraint.
+        GrammarConstraint`) the new text must follow: each token is picked from the logits
+        with the tokens the grammar refuses lowered out of reach, and the generation stops
+        when the grammar is complete. Logprobs stay the model's own (unmasked) values.
 
     Raises
     ------
@@ -156,6 +163,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    grammar: str | None = None
 
     def __post_init__(self):
         self._check("SamplingParams", {})
@@ -274,6 +282,12 @@ class SamplingParams:
                 f"{where}: {name('top_logprobs')}={top} must be in [0, {MAX_TOP_LOGPROBS}]"
             )
         put("top_logprobs", top)
+        g = self.grammar
+        if g is not None and not isinstance(g, str):
+            raise TypeError(f"{where}: {name('grammar')} must be a str or None; got "
+                            f"{type(g).__name__}")  # fmt: skip
+        if g is not None and not g.strip():
+            raise ValueError(f"{where}: {name('grammar')} is empty")
 
 
 @dataclass
@@ -355,6 +369,15 @@ class Generation:
             np.random.Generator(np.random.PCG64(params.seed)) if params.temperature > 0 else None
         )
         self.detok = None if tokenizer is None else Detokenizer(tokenizer, params.stop)
+        self.constraint = None
+        if params.grammar is not None:
+            self.constraint = GrammarConstraint(
+                params.grammar,
+                tokenizer=tokenizer,
+                vocab_size=vocab_size,
+                eos_token_ids=eos_token_ids,
+                where=where,
+            )
         self.ids: list[int] = []
         self.logprobs: list = []  # per accepted token, when params.logprobs
         self.events: list[TokenEvent] = []
@@ -381,6 +404,8 @@ class Generation:
             Non-finite logits, or a temperature too small for them (:func:`pick_token`).
         """
         p = self.params
+        if self.constraint is not None:
+            logits = self.constraint.mask(logits, p.temperature)
         return pick_token(logits, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
                           rng=self.rng)  # fmt: skip
 
@@ -406,6 +431,8 @@ class Generation:
             self.finish_reason = "stop"
             return self._release(len(self._pending)), ""
         p = self.params
+        if self.constraint is not None:
+            self.constraint.accept(token)
         lp = top = None
         if p.logprobs:
             lp, top = logprobs(logits, token, p.top_logprobs)
@@ -432,6 +459,8 @@ class Generation:
             else:
                 sent = self.detok.released
                 out = self._release(sum(1 for _, end in self._pending if end <= sent))
+        if not self.finished and self.constraint is not None and self.constraint.stopped:
+            self.finish_reason = "stop"  # the grammar is complete: nothing more may follow
         if not self.finished and len(self.ids) >= p.max_tokens:
             self.finish_reason = "length"
         return out, piece

@@ -9,6 +9,7 @@ logprobs' and echo's shapes (``exactblocks.serve.echo``), the app (``exactblocks
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -16,6 +17,7 @@ from types import SimpleNamespace
 
 from fastapi import FastAPI, Request
 
+from exactblocks.models.constraint import GrammarConstraint
 from exactblocks.text import ToolCallStream, parse_tool_calls
 
 from .echo import (
@@ -81,6 +83,9 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
         params = params_of(
             body, len(ids), max_tokens, body.logprobs, body.top_logprobs or 0, "messages"
         )
+        if treq is not None and treq.constrained:  # the answer is calls, by construction
+            params = dataclasses.replace(params, grammar=treq.grammar())
+            await off_loop(check_grammar, model, params.grammar)
         n = body.n or 1
         handles, events = await submit([(ids, p, None, False) for p in choices_of(body, params)])
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
@@ -272,6 +277,18 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
                 }
             )
         return {**base, "choices": choices, "usage": usage([c["fin"] for c in done], n)}
+
+
+def check_grammar(model, grammar: str) -> None:
+    """Compile a request's grammar once before it is queued (and the model's llguidance
+    tokenizer on the first such request, off the event loop); 400 naming ``tools`` if it
+    does not compile."""
+    try:
+        GrammarConstraint(grammar, tokenizer=model.tokenizer, vocab_size=model.vocab_size,
+                          eos_token_ids=model.eos_token_ids, where="tools")  # fmt: skip
+    except (ImportError, TypeError, ValueError) as exc:
+        raise APIError(400, f"the tools cannot constrain the answer: {exc}", param="tools",
+                       code="invalid_value") from None  # fmt: skip
 
 
 def _render_chat(tok, messages: list, chat_template: str | None, variables: dict) -> list[int]:

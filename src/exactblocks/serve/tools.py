@@ -8,7 +8,8 @@ once per app), :class:`ToolRequest` and :func:`check_tools` (a body's ``tools``,
 ``tool`` results), :func:`call_id`, :func:`tool_calls_json` and :func:`stream_deltas` (the
 calls as a message's ``tool_calls`` and as streamed deltas). What does not: reading the
 model's syntax (``exactblocks.text.tool_calls``), constraining a generation to it
-(``exactblocks.models.tool_grammar``), the route (``exactblocks.serve.completions``).
+(``exactblocks.models.constraint`` with
+``exactblocks.text.tool_call_grammar``), the route (``exactblocks.serve.completions``).
 
 Call ids are ``call_`` and 24 hex digits of a SHA-256 of the prompt's token ids, the choice's
 index, the call's index and the call itself: the same request and answer give the same ids,
@@ -26,6 +27,7 @@ from exactblocks.text import (
     ToolCall,
     detect_tool_call_parser,
     template_renders_tools,
+    tool_call_grammar,
     tool_template_variables,
 )
 
@@ -121,6 +123,12 @@ class ToolRequest:
     def constrained(self) -> bool:
         """bool: the answer must be calls (``"required"`` or a named function)."""
         return self.choice in ("required", "function")
+
+    def grammar(self) -> str:
+        """The Lark grammar of an answer that is only calls (:func:`tool_call_grammar`): of
+        the named function, one call unless ``parallel``."""
+        return tool_call_grammar(self.parser, self.tools, function=self.function,
+                                 parallel=self.parallel)  # fmt: skip
 
     def template_variables(self) -> dict:
         """The template variables carrying the tools (:func:`tool_template_variables`)."""

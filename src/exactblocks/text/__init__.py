@@ -15,6 +15,7 @@ from .byte_level import (
     PRE_TOKENIZER_SPLITS,
     byte_level_pre_tokenizer,
     bytes_to_unicode,
+    token_bytes,
 )
 from .chat_template import (
     check_chat_template,
@@ -31,6 +32,7 @@ from .tool_calls import (
     ToolCallStream,
     detect_tool_call_parser,
     parse_tool_calls,
+    tool_call_grammar,
     tool_template_variables,
 )
 
@@ -50,6 +52,8 @@ __all__ = [
     "detect_tool_call_parser",
     "parse_tool_calls",
     "render_chat_template",
+    "token_bytes",
+    "tool_call_grammar",
     "template_renders_tools",
     "tool_template_variables",
     "UnsupportedTokenizerError",

@@ -4,7 +4,8 @@ completion's text.
 What lives here: :data:`TOOL_CALL_PARSERS`, :func:`detect_tool_call_parser` (a syntax from the
 template's text), :class:`ToolCall`, :func:`parse_tool_calls` (a whole completion into content
 and calls), :class:`ToolCallStream` (how much of a completion being generated is surely plain
-content) and :func:`tool_template_variables`. What does not: rendering (``chat_template``),
+content), :func:`tool_call_grammar` (a grammar of the calls, to constrain a generation to them)
+and :func:`tool_template_variables`. What does not: rendering (``chat_template``),
 constraining a generation to a call (``exactblocks.models``), OpenAI's shapes (the server).
 
 The syntaxes (the names are vLLM's ``--tool-call-parser`` names where vLLM has one):
@@ -38,6 +39,7 @@ __all__ = [
     "ToolCallStream",
     "detect_tool_call_parser",
     "parse_tool_calls",
+    "tool_call_grammar",
     "tool_template_variables",
 ]
 
@@ -48,7 +50,6 @@ TOOL_CALL_PARSERS = ("hermes", "smollm3", "llama3_json", "granite")
 _MARKER = {"hermes": "<tool_call>", "smollm3": "<tool_call>", "granite": "<|tool_call|>"}
 _PYTHON_TAG = "<|python_tag|>"
 _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-_OPEN_BLOCK = re.compile(r"<tool_call>(.*)\Z", re.S)  # a last block the model did not close
 
 
 @dataclass(frozen=True)
@@ -161,11 +162,10 @@ def _parse_blocks(text: str, names) -> tuple[str | None, list[ToolCall]] | None:
         outside.append(text[end : m.start()])
         end = m.end()
         calls.append(m.group(1))
-    last = _OPEN_BLOCK.match(text, end) if "<tool_call>" in text[end:] else None
-    if last is not None:
-        start = text.index("<tool_call>", end)
+    start = text.find("<tool_call>", end)
+    if start >= 0:  # a last block the model did not close: a call only if its JSON is whole
         outside.append(text[end:start])
-        calls.append(last.group(1))
+        calls.append(text[start + len("<tool_call>") :])
         end = len(text)
     outside.append(text[end:])
     if not calls:
@@ -340,3 +340,68 @@ class ToolCallStream:
         content, calls = parse_tool_calls(self.parser, self.text, self.names)
         content = content or ""
         return content[self.sent :], calls
+
+
+def tool_call_grammar(
+    parser: str, tools: list, *, function: str | None = None, parallel: bool = True
+) -> str:
+    """A Lark grammar (llguidance's dialect) of an answer that is only tool calls.
+
+    Each call is written as the syntax writes it, its arguments constrained to the function's
+    ``parameters`` schema (``%json``; no schema: any JSON object). With ``parallel`` one or
+    more calls, else exactly one. :func:`parse_tool_calls` reads every answer of it.
+
+    Parameters
+    ----------
+    parser : str
+        A name of :data:`TOOL_CALL_PARSERS`.
+    tools : list of dict
+        OpenAI's ``tools`` (``{"type": "function", "function": {"name", "parameters"}}``).
+    function : str or None, default=None
+        Only calls of this function (a named ``tool_choice``).
+    parallel : bool, default=True
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    ValueError
+        An unknown ``parser``; ``function`` not among ``tools``.
+
+    Notes
+    -----
+    ``hermes`` / ``smollm3``: ``<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>``
+    calls joined by ``\\n``; ``llama3_json``: ``{"name": "f", "parameters": {...}}`` joined by
+    ``; ``; ``granite``: ``<|tool_call|>[{"name": "f", "arguments": {...}}, ...]``. Markers are
+    matched as text (a tokenizer that holds one as a special token writes it from its bytes).
+    """
+    _check_parser(parser)
+    fns = [t["function"] for t in tools]
+    if function is not None:
+        fns = [f for f in fns if f["name"] == function]
+        if not fns:
+            raise ValueError(f"function={function!r} is not among the tools")
+    key = "parameters" if parser == "llama3_json" else "arguments"
+    lines = []
+    for i, fn in enumerate(fns):
+        schema = dict(fn.get("parameters") or {"type": "object"})
+        # compact JSON as json.dumps writes it: no whitespace for a model to ramble in
+        schema["x-guidance"] = {"whitespace_flexible": False, "item_separator": ", ",
+                                "key_separator": ": "}  # fmt: skip
+        head = json.dumps(f'{{"name": {json.dumps(fn["name"])}, "{key}": ')
+        lines.append(f'fn{i}: {head} args{i} "}}"')
+        lines.append(f"args{i}: %json {json.dumps(schema)}")
+    lines.append("call: " + " | ".join(f"fn{i}" for i in range(len(fns))))
+    if parser == "llama3_json":
+        wrap, sep = "call", '"; "'
+    elif parser == "granite":
+        wrap, sep = "call", '", "'
+    else:
+        wrap, sep = '"<tool_call>\\n" call "\\n</tool_call>"', '"\\n"'
+    lines.append(f"one: {wrap}")
+    calls = f"one ({sep} one)*" if parallel else "one"
+    if parser == "granite":
+        calls = f'"<|tool_call|>[" {calls} "]"'
+    return "\n".join([f"start: {calls}"] + lines) + "\n"
