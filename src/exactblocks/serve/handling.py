@@ -52,13 +52,22 @@ TOKENIZE_THREADS = 2
 
 def _validation_error(exc: ValidationError) -> APIError:
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err.get("loc", ()))
+    # a union's member tags ("str", "literal['none','auto']", "NamedToolChoice") are not fields
+    loc = ".".join(str(p) for p in err.get("loc", ()) if not _union_tag(p))
     if err["type"] == "json_invalid":
         return APIError(400, f"the body is not valid JSON: {err['msg']}", code="invalid_json")
     if err["type"] == "extra_forbidden":
         return APIError(400, f"unknown field {loc!r}", param=loc, code="unknown_field")
     where = f"{loc}: " if loc else "the body: "
     return APIError(400, where + err["msg"], param=loc or None, code="invalid_value")
+
+
+def _union_tag(part) -> bool:
+    """Whether a pydantic error location part names a union member, not a field."""
+    if isinstance(part, int):
+        return False
+    return part in ("str", "int", "float", "bool", "dict", "list") or not part.isidentifier() \
+        or part[:1].isupper()  # fmt: skip
 
 
 def _shutting_down(message: str = SHUTTING_DOWN) -> APIError:

@@ -125,10 +125,12 @@ class ToolRequest:
         return self.choice in ("required", "function")
 
     def grammar(self) -> str:
-        """The Lark grammar of an answer that is only calls (:func:`tool_call_grammar`): of
-        the named function, one call unless ``parallel``."""
+        """The Lark grammar of an answer that is only calls (:func:`tool_call_grammar`): one
+        call of the named function (as vLLM constrains it), or one or more calls of any of
+        the tools (exactly one unless ``parallel``)."""
+        parallel = self.parallel and self.function is None
         return tool_call_grammar(self.parser, self.tools, function=self.function,
-                                 parallel=self.parallel)  # fmt: skip
+                                 parallel=parallel)  # fmt: skip
 
     def template_variables(self) -> dict:
         """The template variables carrying the tools (:func:`tool_template_variables`)."""

@@ -348,7 +348,8 @@ def tool_call_grammar(
     """A Lark grammar (llguidance's dialect) of an answer that is only tool calls.
 
     Each call is written as the syntax writes it, its arguments constrained to the function's
-    ``parameters`` schema (``%json``; no schema: any JSON object). With ``parallel`` one or
+    ``parameters`` schema (``%json``; no schema: an empty object; ``additionalProperties``
+    false unless the schema sets it; compact ``json.dumps`` spacing). With ``parallel`` one or
     more calls, else exactly one. :func:`parse_tool_calls` reads every answer of it.
 
     Parameters
@@ -387,6 +388,8 @@ def tool_call_grammar(
     lines = []
     for i, fn in enumerate(fns):
         schema = dict(fn.get("parameters") or {"type": "object"})
+        # the declared parameters only (OpenAI's strict mode), unless the schema says otherwise
+        schema.setdefault("additionalProperties", False)
         # compact JSON as json.dumps writes it: no whitespace for a model to ramble in
         schema["x-guidance"] = {"whitespace_flexible": False, "item_separator": ", ",
                                 "key_separator": ": "}  # fmt: skip
