@@ -208,7 +208,7 @@ def create_app(
                 "create_app: the chat_template fails to render a one-message conversation: "
                 f"{type(exc).__name__}: {exc}"
             ) from None
-    tools = ToolSupport.of(tok, chat_template, tool_call_parser)
+    tools = ToolSupport(tok, chat_template, tool_call_parser)
     h = shared(engine, model_name)
     app.state.text_pool = h.text_pool
     app.state.tools = tools

@@ -66,7 +66,8 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             raise APIError(400, "give max_tokens or max_completion_tokens, not both")
-        treq = check_tools(body, tools)
+        renders = bool(body.tools) and await off_loop(tools.renders)
+        treq = check_tools(body, tools, renders)
         messages = chat_messages(body)
         text_bytes = sum(len(m["content"].encode("utf-8")) for m in messages)
         if treq is not None:

@@ -44,47 +44,51 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
 class ToolSupport:
     """What the server's chat template does with tools.
+
+    Parameters
+    ----------
+    tok : tokenizer or None
+        The model's tokenizer (renders with ``apply_chat_template``).
+    chat_template : str or None, default=None
+        The template source the server renders with (``--chat-template``), None for the
+        model's own.
+    parser : str or None, default=None
+        The tool-call syntax (``--tool-call-parser``); None reads it from the template's text.
 
     Attributes
     ----------
     chat_template : str or None
-        The template source the server renders with (``--chat-template``), None for the
-        model's own.
     parser : str or None
-        The tool-call syntax (``--tool-call-parser``, else detected from the template's text);
-        None when unknown.
-    renders : bool
-        Whether the template puts ``tools`` into the prompt.
+        The syntax given or detected; None when unknown.
+
+    Raises
+    ------
+    ValueError
+        ``parser`` is not a name of ``TOOL_CALL_PARSERS``.
     """
 
-    chat_template: str | None
-    parser: str | None
-    renders: bool
-
-    @classmethod
-    def of(cls, tok, chat_template: str | None = None, parser: str | None = None):
-        """Find it for ``tok`` (a tokenizer with ``apply_chat_template``, or None).
-
-        Raises
-        ------
-        ValueError
-            ``parser`` is not a name of ``TOOL_CALL_PARSERS``.
-        """
+    def __init__(self, tok, chat_template: str | None = None, parser: str | None = None):
         if parser is not None and parser not in TOOL_CALL_PARSERS:
             raise ValueError(
                 f"tool_call_parser={parser!r} must be one of {', '.join(TOOL_CALL_PARSERS)}"
             )
         source = chat_template if chat_template is not None else getattr(tok, "chat_template", None)
-        if tok is None or not source:
-            return cls(chat_template, parser, False)
-        parser = parser or detect_tool_call_parser(source)
-        extra = {"xml_tools": "$tools"} if parser == "smollm3" else {}
-        return cls(
-            chat_template, parser, template_renders_tools(tok, chat_template=chat_template, **extra)
-        )
+        self.tok = tok
+        self.chat_template = chat_template
+        self.parser = parser or detect_tool_call_parser(source)
+        self._renders: list = [] if tok is not None and source else [False]
+
+    def renders(self) -> bool:
+        """Whether the template puts ``tools`` into the prompt (rendered once, on the first
+        request with tools: call it off the event loop)."""
+        if not self._renders:
+            extra = {"xml_tools": "$tools"} if self.parser == "smollm3" else {}
+            self._renders.append(
+                template_renders_tools(self.tok, chat_template=self.chat_template, **extra)
+            )
+        return self._renders[0]
 
 
 @dataclass(frozen=True)
@@ -160,13 +164,15 @@ def _schema_problem(schema) -> str | None:
     return None
 
 
-def check_tools(body, support: ToolSupport) -> ToolRequest | None:
+def check_tools(body, support: ToolSupport, renders: bool) -> ToolRequest | None:
     """A body's ``tools``, ``tool_choice`` and ``parallel_tool_calls``, checked.
 
     Parameters
     ----------
     body : ChatCompletionRequest
     support : ToolSupport
+    renders : bool
+        ``support.renders()``.
 
     Returns
     -------
@@ -195,7 +201,7 @@ def check_tools(body, support: ToolSupport) -> ToolRequest | None:
         raise APIError(
             400, "tools: expected at least one tool; got []", param="tools", code="invalid_value"
         )
-    if not support.renders:
+    if not renders:
         raise APIError(
             400,
             "tools are not supported by this model's chat template: it does not render the "
