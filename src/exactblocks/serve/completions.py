@@ -92,16 +92,16 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         now = int(time.time())
         base = {"id": rid, "created": now, "model": model_name, "system_fingerprint": fingerprint}
-        reads_calls = treq is not None and treq.parses
+        reading = treq if treq is not None and treq.parses else None
 
         def calls_of(calls: list) -> list:
-            return calls if treq.parallel else calls[:1]
+            return calls if reading is None or reading.parallel else calls[:1]
 
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             streams = None
-            if reads_calls:
-                streams = [ToolCallStream(treq.parser, treq.names) for _ in range(n)]
+            if reading is not None:
+                streams = [ToolCallStream(reading.parser, reading.names) for _ in range(n)]
 
             def one(index, delta, lp, finish):
                 out = {
@@ -142,9 +142,9 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
 
         def answer(index, fin) -> tuple[dict, str]:
             message = {"role": "assistant", "content": fin.text}
-            if not reads_calls:
+            if reading is None:
                 return message, fin.finish_reason
-            content, calls = parse_tool_calls(treq.parser, fin.text, treq.names)
+            content, calls = parse_tool_calls(reading.parser, fin.text, reading.names)
             calls = calls_of(calls)
             if not calls:
                 return message, fin.finish_reason
