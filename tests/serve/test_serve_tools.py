@@ -315,3 +315,39 @@ def test_langchain_bind_tools_invoke_and_stream(tsrv):
         [HumanMessage("What is the weather in Paris?"), msg, result]
     )
     assert isinstance(answer.content, str) and answer.content and not answer.tool_calls
+
+
+# -- the other syntaxes, end to end ------------------------------------------------------------
+@pytest.mark.parametrize("parser", ["llama3_json", "granite"])
+def test_tool_call_parser_flag_constrains_and_reads_that_syntax(smol, parser):
+    # the Hermes-format template renders the tools; --tool-call-parser picks the syntax the
+    # answer is constrained to and read in
+    with live_server(smol, max_batch=2, max_tokens_per_sequence=512, chat_template=HERMES,
+                     tool_call_parser=parser) as s:  # fmt: skip
+        r = chat(s, tools=[WEATHER, TIME], temperature=0, tool_choice=NAMED, logprobs=True)
+        text = "".join(t.token for t in r.choices[0].logprobs.content)
+        if parser == "llama3_json":
+            assert text.startswith('{"name": "get_weather", "parameters": {"city": ')
+        else:
+            assert text.startswith('<|tool_call|>[{"name": "get_weather", "arguments": {')
+        got = whole(r)
+        (call,) = got["calls"]
+        assert call["name"] == "get_weather" and got["reason"] == "tool_calls"
+        assert set(json.loads(call["arguments"])) == {"city"}
+        assert streamed(s, tools=[WEATHER, TIME], temperature=0, tool_choice=NAMED) == got
+
+
+def test_a_template_reading_xml_tools_renders_them(smol):
+    from exactblocks.serve.tools import ToolSupport
+
+    # SmolLM3's template reads the tools from `xml_tools`; detected as "smollm3", the server
+    # passes them under that name too
+    xml = (
+        "{% for t in xml_tools or [] %}{{ t | tojson }}{% endfor %}"
+        "<tool_call>{{ messages[0].content }}"
+    )
+    support = ToolSupport(smol.tokenizer, xml)
+    assert support.parser == "smollm3" and support.renders()
+    assert not ToolSupport(smol.tokenizer, xml, "hermes").renders()  # `tools` alone: unseen
+    assert not ToolSupport(smol.tokenizer).renders()  # SmolLM2's own template
+    assert ToolSupport(smol.tokenizer).parser is None
