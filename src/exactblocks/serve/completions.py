@@ -86,7 +86,7 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
         )
         if treq is not None and treq.constrained:  # the answer is calls, by construction
             params = dataclasses.replace(params, grammar=treq.grammar())
-            await off_loop(check_grammar, model, params.grammar)
+            await off_loop(_check_grammar, model, params.grammar)
         n = body.n or 1
         handles, events = await submit([(ids, p, None, False) for p in choices_of(body, params)])
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
@@ -280,7 +280,7 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
         return {**base, "choices": choices, "usage": usage([c["fin"] for c in done], n)}
 
 
-def check_grammar(model, grammar: str) -> None:
+def _check_grammar(model, grammar: str) -> None:
     """Compile a request's grammar once before it is queued (and the model's llguidance
     tokenizer on the first such request, off the event loop); 400 naming ``tools`` if it
     does not compile."""
