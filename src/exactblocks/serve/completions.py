@@ -9,7 +9,6 @@ logprobs' and echo's shapes (``exactblocks.serve.echo``), the app (``exactblocks
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 import uuid
@@ -17,8 +16,8 @@ from types import SimpleNamespace
 
 from fastapi import FastAPI, Request
 
-from exactblocks.models.constraint import GrammarConstraint
-from exactblocks.text import ToolCallStream, parse_tool_calls
+from exactblocks.models import Grammar
+from exactblocks.text import ToolCallStream, ll_tokenizer, parse_tool_calls
 
 from .echo import (
     _prompt_text,
@@ -30,6 +29,7 @@ from .echo import (
 from .engine import PromptEvent, TokenEvent
 from .handling import _encode
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest
+from .structured import grammar_or_400
 from .tools import ToolSupport, chat_messages, check_tools, stream_deltas, tool_calls_json
 
 __all__ = ["add_routes"]
@@ -81,12 +81,15 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
                 400, f"the chat template refused the messages: {exc}", param="messages"
             ) from None
         max_tokens = body.max_tokens or body.max_completion_tokens
-        params = params_of(
-            body, len(ids), max_tokens, body.logprobs, body.top_logprobs or 0, "messages"
-        )
+        grammar = await h.grammar_of(body)
         if treq is not None and treq.constrained:  # the answer is calls, by construction
-            params = dataclasses.replace(params, grammar=treq.grammar())
-            await off_loop(_check_grammar, model, params.grammar)
+            if grammar is not None:
+                raise APIError(400, f"tool_choice {treq.choice!r} constrains the answer to tool "
+                               "calls; it cannot also follow response_format",
+                               param="response_format", code="invalid_value")  # fmt: skip
+            grammar = await off_loop(_tool_grammar, model, treq)
+        params = params_of(body, len(ids), max_tokens, body.logprobs, body.top_logprobs or 0,
+                           "messages", grammar)  # fmt: skip
         n = body.n or 1
         handles, events = await submit([(ids, p, None, False) for p in choices_of(body, params)])
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
@@ -210,10 +213,11 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
         max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         only = max_tokens == 0
         plp = k if body.echo and k is not None else None
+        grammar = await h.grammar_of(body)
         jobs = []
         for i, ids in enumerate(id_lists):
             where = "prompt" if len(prompts) == 1 else f"prompt.{i}"
-            params = params_of(body, len(ids), max_tokens, k is not None, k or 0, where)
+            params = params_of(body, len(ids), max_tokens, k is not None, k or 0, where, grammar)
             jobs += [(ids, p, plp, only) for p in choices_of(body, params)]
         echoes = []
         if body.echo:
@@ -280,16 +284,15 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
         return {**base, "choices": choices, "usage": usage([c["fin"] for c in done], n)}
 
 
-def _check_grammar(model, grammar: str) -> None:
-    """Compile a request's grammar once before it is queued (and the model's llguidance
-    tokenizer on the first such request, off the event loop); 400 naming ``tools`` if it
-    does not compile."""
-    try:
-        GrammarConstraint(grammar, tokenizer=model.tokenizer, vocab_size=model.vocab_size,
-                          eos_token_ids=model.eos_token_ids, where="tools")  # fmt: skip
-    except (ImportError, TypeError, ValueError) as exc:
-        raise APIError(400, f"the tools cannot constrain the answer: {exc}", param="tools",
-                       code="invalid_value") from None  # fmt: skip
+def _tool_grammar(model, treq) -> Grammar:
+    """The grammar of a constrained tool choice (:meth:`ToolRequest.grammar` compiled), and the
+    model's llguidance tokenizer built once; 400 naming ``tools`` when refused."""
+    grammar = grammar_or_400(lambda: Grammar.lark(treq.grammar()), "tools")
+    if model.tokenizer is None or not model.eos_token_ids:
+        raise APIError(400, "tool_choice needs a model with a tokenizer and an end token",
+                       param="tool_choice", code="unsupported")  # fmt: skip
+    ll_tokenizer(model.tokenizer, model.vocab_size, model.eos_token_ids)
+    return grammar
 
 
 def _render_chat(tok, messages: list, chat_template: str | None, variables: dict) -> list[int]:

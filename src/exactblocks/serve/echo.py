@@ -1,18 +1,41 @@
 """Logprobs and echo in the OpenAI shapes: token spellings, the chat and legacy logprobs, and
 the echoed prompt (its text, each token's offset, the prompt's logprobs: scoring).
 
-What lives here: :func:`token_text` (re-exported by ``exactblocks.serve.api`` with
-``exactblocks.text.token_bytes``), :func:`chat_logprobs`, :func:`legacy_logprobs`,
+What lives here: :func:`token_bytes`, :func:`token_text` (both re-exported by
+``exactblocks.serve.api``), :func:`chat_logprobs`, :func:`legacy_logprobs`,
 :func:`prompt_logprobs` and ``_prompt_text``. What does not: computing a logprob (the engine;
 a prompt's: ``exactblocks.serve.scoring``), the routes (``exactblocks.serve.completions``).
 """
 
 from __future__ import annotations
 
-from ..text import Detokenizer, token_bytes
+from ..text import Detokenizer, bytes_to_unicode
 from .engine import PromptEvent, TokenEvent
 
 __all__ = ["chat_logprobs", "legacy_logprobs", "prompt_logprobs", "token_bytes", "token_text"]
+
+_BYTE_OF = {c: b for b, c in bytes_to_unicode().items()}
+
+
+def token_bytes(tok, i: int) -> list[int]:
+    """The UTF-8 bytes of token ``i``: a byte-level BPE token's own bytes, else its text's.
+
+    Parameters
+    ----------
+    tok : tokenizer
+        ``decode``, and ``id_to_token`` for a byte-level BPE.
+    i : int
+
+    Returns
+    -------
+    list of int
+    """
+    spelled = getattr(tok, "id_to_token", None)
+    if spelled is not None:
+        s = spelled(i)
+        if all(c in _BYTE_OF for c in s):
+            return [_BYTE_OF[c] for c in s]
+    return list(tok.decode([i]).encode("utf-8"))
 
 
 def token_text(tok, i: int) -> str:

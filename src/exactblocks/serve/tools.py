@@ -8,7 +8,7 @@ once per app), :class:`ToolRequest` and :func:`check_tools` (a body's ``tools``,
 ``tool`` results), :func:`call_id`, :func:`tool_calls_json` and :func:`stream_deltas` (the
 calls as a message's ``tool_calls`` and as streamed deltas). What does not: reading the
 model's syntax (``exactblocks.text.tool_calls``), constraining a generation to it
-(``exactblocks.models.constraint`` with
+(``exactblocks.models.Grammar`` of
 ``exactblocks.text.tool_call_grammar``), the route (``exactblocks.serve.completions``).
 
 Call ids are ``call_`` and 24 hex digits of a SHA-256 of the prompt's token ids, the choice's

@@ -10,13 +10,7 @@ docs/text.md lists the supported pre-tokenizers and what each one follows.
 
 from __future__ import annotations
 
-__all__ = [
-    "DIGITS_FIRST",
-    "PRE_TOKENIZER_SPLITS",
-    "byte_level_pre_tokenizer",
-    "bytes_to_unicode",
-    "token_bytes",
-]
+__all__ = ["DIGITS_FIRST", "PRE_TOKENIZER_SPLITS", "byte_level_pre_tokenizer", "bytes_to_unicode"]
 
 # The split regexes of transformers 5.23 (integrations/gguf/gguf_tokenizer_mapping.py
 # _LLAMA3_SPLIT, _TEKKEN_SPLIT, _GPT4O_SPLIT; models/qwen2/tokenization_qwen2.py and
@@ -185,27 +179,3 @@ def bytes_to_unicode() -> dict[int, str]:
             cs.append(256 + n)
             n += 1
     return dict(zip(bs, (chr(c) for c in cs)))
-
-
-_BYTE_OF = {c: b for b, c in bytes_to_unicode().items()}
-
-
-def token_bytes(tok, i: int) -> list[int]:
-    """The UTF-8 bytes of token ``i``: a byte-level BPE token's own bytes, else its text's.
-
-    Parameters
-    ----------
-    tok : tokenizer
-        ``decode``, and ``id_to_token`` for a byte-level BPE.
-    i : int
-
-    Returns
-    -------
-    list of int
-    """
-    spelled = getattr(tok, "id_to_token", None)
-    if spelled is not None:
-        s = spelled(i)
-        if all(c in _BYTE_OF for c in s):
-            return [_BYTE_OF[c] for c in s]
-    return list(tok.decode([i]).encode("utf-8"))
