@@ -40,6 +40,28 @@ const ops::PackedMatrix& packed_by_name(const TransformerModel& t, const std::st
   throw nb::value_error(("no packed matrix " + name).c_str());
 }
 
+// weight_storage of an MoE block: the attention half's, the router's, then per expert e
+// experts.e.gate_up_proj and experts.e.down_proj, then the shared expert's (when present).
+nb::list moe_storage(const TransformerModel& t) {
+  nb::list out = blocks::has_attention(t.cfg)
+                     ? storage_list({{"qkv_proj", &t.w_qkv}, {"o_proj", &t.w_o}})
+                     : nb::list();
+  const auto add = [&](const std::string& name, const ops::PackedMatrix& pm) {
+    for (nb::handle h : storage_list({{"", &pm}})) out.append(nb::make_tuple(name, h[1], h[2]));
+  };
+  add("router", t.w_router);
+  for (size_t e = 0; e < t.w_exp_gu.size(); ++e) {
+    add("experts." + std::to_string(e) + ".gate_up_proj", t.w_exp_gu[e]);
+    add("experts." + std::to_string(e) + ".down_proj", t.w_exp_down[e]);
+  }
+  if (t.cfg.shared_intermediate > 0) {
+    add("shared_expert.gate_up_proj", t.w_sh_gu);
+    add("shared_expert.down_proj", t.w_sh_down);
+    add("shared_expert_gate", t.w_sh_gate);
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_transformer(nb::module_& m) {
@@ -49,6 +71,7 @@ void bind_transformer(nb::module_& m) {
       .def_prop_ro("weight_storage",
                    [](const TransformerModel& t) {
                      const char* gu = ops::mlp_is_gated(t.cfg.mlp) ? "gate_up_proj" : "up_proj";
+                     if (t.moe()) return moe_storage(t);
                      if (!blocks::has_mlp(t.cfg))
                        return storage_list({{"qkv_proj", &t.w_qkv}, {"o_proj", &t.w_o}});
                      if (!blocks::has_attention(t.cfg))

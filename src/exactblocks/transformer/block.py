@@ -22,6 +22,7 @@ from .._state import PRIVATE_TOKEN
 from .._validation import check_int, format_shape
 from .._weights import canonical_copy, check_weight, packed_layout, resolve_names
 from .config import (
+    DENSE_OPTIONS,
     MAX_POSITIONS_LIMIT,
     OPTIONS,
     check_options,
@@ -29,6 +30,7 @@ from .config import (
     resolve,
     rope_set_for,
 )
+from .moe import is_moe
 from .session import TransformerDecodeSession
 from .state import TransformerState, _check_counters, _check_readable, _state_type_error
 from .weights import HF_PREFIXES, SHORT_TO_HF, check_names, check_shapes, fold_spellings
@@ -74,7 +76,7 @@ def _build(raw: dict, where: str, weights=None, canonical=None):
         weights_c = arrs  # the canonical ones: private, read-only and checked finite
     return make_impl(
         _CLS,
-        OPTIONS,
+        OPTIONS if is_moe(opts) else DENSE_OPTIONS,  # a dense block's fingerprint is unchanged
         raw,
         opts,
         sizes,
