@@ -80,6 +80,24 @@ def family_configs():
             "Qwen3Config",
             _common(head_dim=32, use_sliding_window=True, sliding_window=5, max_window_layers=1),
         ),
+        "qwen3_moe": (  # 8 experts, top-2 renormalised; layer 1 dense (mlp_only_layers)
+            "Qwen3MoeConfig",
+            _common(
+                num_hidden_layers=3,
+                head_dim=16,
+                num_experts=8,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                norm_topk_prob=True,
+                mlp_only_layers=[1],
+            ),
+        ),
+        "qwen3_moe_top3": (  # top-3 of 6 experts, not renormalised, every layer sparse
+            "Qwen3MoeConfig",
+            _common(
+                num_experts=6, num_experts_per_tok=3, moe_intermediate_size=48, norm_topk_prob=False
+            ),
+        ),
         "mamba2": (
             "Mamba2Config",
             dict(
@@ -208,7 +226,11 @@ FAMILIES = list(family_configs())
 N_BLOCKS = {"granitemoehybrid": 6}
 
 #: test name -> the family ``load_model`` reports (default: the test name itself).
-FAMILY_OF = {"llama_variant": "llama", "stablelm_parallel": "stablelm"}
+FAMILY_OF = {
+    "llama_variant": "llama",
+    "stablelm_parallel": "stablelm",
+    "qwen3_moe_top3": "qwen3_moe",
+}
 
 #: Families whose HF init leaves norm weights and biases constant (ones/zeros): the test
 #: spreads them so that a swapped norm, a missing bias or a wrong (1 + w) shows.

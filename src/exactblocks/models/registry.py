@@ -27,6 +27,7 @@ FAMILIES: dict[str, ModuleType] = {
         "mistral",
         "qwen2",
         "qwen3",
+        "qwen3_moe",
         "gemma2",
         "gemma3",
         "olmo2",
