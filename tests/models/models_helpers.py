@@ -98,6 +98,28 @@ def family_configs():
                 num_experts=6, num_experts_per_tok=3, moe_intermediate_size=48, norm_topk_prob=False
             ),
         ),
+        "qwen2_moe": (  # shared expert; layer 1 dense; q/k/v biases
+            "Qwen2MoeConfig",
+            _common(
+                num_hidden_layers=3,
+                num_experts=6,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=48,
+                norm_topk_prob=False,
+                mlp_only_layers=[1],
+            ),
+        ),
+        "olmoe": (  # q/k norms over all heads, top-2 of 6, not renormalised
+            "OlmoeConfig",
+            _common(num_experts=6, num_experts_per_tok=2, intermediate_size=32),
+        ),
+        "mixtral": (  # top-2 of 4 renormalised, sliding window 6 on every layer
+            "MixtralConfig",
+            _common(
+                num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=6
+            ),  # fmt: skip
+        ),
         "mamba2": (
             "Mamba2Config",
             dict(

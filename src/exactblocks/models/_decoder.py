@@ -145,6 +145,12 @@ class DecoderSpec:
         Each expert's intermediate width (HF ``moe_intermediate_size``).
     moe_layers : tuple of int
         The layers whose MLP is the MoE MLP; the others are dense (``intermediate``).
+    shared_intermediate : int
+        The width of the shared expert of every MoE layer (Qwen2-MoE), 0 = none.
+    moe_files : tuple of str
+        How checkpoint files name an MoE layer's tensors: the module prefix (its router is
+        ``<prefix>gate.weight``, expert e's matrices ``<prefix>experts.e.<leaf>.weight``) and
+        the gate, up and down leaves (Mixtral: ``block_sparse_moe.``, ``w1``, ``w3``, ``w2``).
     stacked_experts : bool
         The source holds transformers 5's in-memory stacks (``mlp.experts.gate_up_proj``) rather
         than one tensor per expert (checkpoint files); set by :meth:`for_tensors`.
@@ -190,6 +196,8 @@ class DecoderSpec:
     norm_topk_prob: bool = False
     moe_intermediate: int = 0
     moe_layers: tuple = ()
+    moe_files: tuple = ("mlp.", "gate_proj", "up_proj", "down_proj")
+    shared_intermediate: int = 0
     stacked_experts: bool = False
 
     embed_name = "model.embed_tokens.weight"
@@ -244,6 +252,8 @@ class DecoderSpec:
         if layer in self.moe_layers:
             out.update(num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
                        norm_topk_prob=self.norm_topk_prob)  # fmt: skip
+            if self.shared_intermediate:
+                out["shared_expert"] = True
         if layer in self.nope_layers:
             out["rope_scaling"] = None
         return out
@@ -270,8 +280,9 @@ class DecoderSpec:
         sizes = {"d": self.d_model, "QW": qw, "KW": kw, "IT": self.intermediate}
         if layer in self.moe_layers:
             options["num_experts"] = self.num_experts
+            options["shared_expert"] = self.shared_intermediate > 0
             it = self.moe_intermediate
-            sizes.update(E=self.num_experts, IT=it, IT2=2 * it)
+            sizes.update(E=self.num_experts, IT=it, IT2=2 * it, SIT=self.shared_intermediate, ONE=1)
         return block_tensors(
             options, sizes, qk_norm, fused_qkv=self.fused_qkv, fused_gate_up=self.fused_gate_up
         )
@@ -287,21 +298,24 @@ class DecoderSpec:
         transformers object or its ``state_dict()`` holds the experts stacked."""
         if not self.moe_layers:
             return self
-        stacked = any(n.endswith("." + EXPERT_PREFIX + "gate_up_proj") for n in names)
+        stacked = any(n.endswith(".mlp.experts.gate_up_proj") for n in names)
         return dataclasses.replace(self, stacked_experts=stacked)
 
     def layer_tensors(self, layer: int) -> list[TensorSpec]:
         """The tensors of layer ``layer`` under their full HF names (an MoE layer's experts
-        one by one, as checkpoints store them: :data:`EXPERT_FILE_NAMES`)."""
+        one by one and the router under ``moe_files``' names, as checkpoints store them)."""
         p = self.layer_prefix.format(layer)
         out = []
         for name, shape in self._block_tensors(layer):
             fname = self._file_name(name)
-            if name in EXPERT_FILE_NAMES and not self.stacked_experts:
+            if name in _MOE_STACKS and not self.stacked_experts:
                 for e in range(shape[0]):
-                    for leaf, rows in _expert_leaves(name, shape):
-                        out.append(TensorSpec(f"{p}{EXPERT_PREFIX}{e}.{leaf}", rows))
+                    out += [
+                        TensorSpec(p + n, rows) for n, rows in self._expert_files(name, e, shape)
+                    ]
                 continue
+            if name == _ROUTER and not self.stacked_experts:
+                fname = self.moe_files[0] + "gate.weight"
             if self.qk_norm_scope == "per_head_weights" and len(shape) == 2 and "_norm" in name:
                 # StableLmLayerNormPerHead: one LayerNorm module per head, ``norms.H.weight``
                 stem = fname[: -len(".weight")]
@@ -351,8 +365,10 @@ class DecoderSpec:
         weights = {}
         for name, shape in self._block_tensors(layer):
             fname = p + self._file_name(name)
-            if name in EXPERT_FILE_NAMES and not self.stacked_experts:  # stacked once at load
-                weights[name] = _stack_experts(tensors, p, name, shape)
+            if name in _MOE_STACKS and not self.stacked_experts:  # stacked once at load
+                weights[name] = self._stack_experts(tensors, p, name, shape)
+            elif name == _ROUTER and not self.stacked_experts:
+                weights[name] = tensors[p + self.moe_files[0] + "gate.weight"]
             elif self.qk_norm_scope == "per_head_weights" and len(shape) == 2 and "_norm" in name:
                 stem = fname[: -len(".weight")]
                 rows = [tensors[f"{stem}.norms.{h}.weight"] for h in range(shape[0])]
@@ -360,6 +376,24 @@ class DecoderSpec:
             else:
                 weights[name] = tensors[fname]
         return TransformerBlockInference(weights, **self.block_options(layer, max_positions))
+
+    def _expert_files(self, name: str, e: int, shape: tuple) -> list[tuple[str, tuple]]:
+        """Expert e's file tensors (name inside the layer, shape) of a stack ``name``."""
+        prefix, gate, up, down = self.moe_files
+        leaves = (gate, up) if name == "mlp.experts.gate_up_proj" else (down,)
+        rows = shape[1] // len(leaves)
+        return [(f"{prefix}experts.{e}.{leaf}.weight", (rows, shape[2])) for leaf in leaves]
+
+    def _stack_experts(self, tensors: dict, p: str, name: str, shape: tuple):
+        """The (E, rows, cols) float32 stack of a layer's per-expert file tensors."""
+        import numpy as np
+
+        out = np.empty(shape, dtype=np.float32)
+        for e in range(shape[0]):
+            parts = [np.asarray(tensors[p + n], dtype=np.float32)
+                     for n, _ in self._expert_files(name, e, shape)]  # fmt: skip
+            out[e] = np.concatenate(parts, axis=0)
+        return out
 
     def final_norm(self) -> dict:
         """The final norm's kind, epsilon and bias flag (``HeadConfig`` fields)."""
@@ -375,34 +409,11 @@ class DecoderSpec:
 
 # -- MoE experts: one tensor per expert in checkpoints, one stack in the block ------------------
 
-#: HF checkpoints (and transformers 5's ``save_pretrained``) store expert e of an MoE layer as
-#: ``mlp.experts.e.{gate,up,down}_proj.weight``; the block takes the stacks of transformers 5's
-#: in-memory ``Qwen3MoeExperts`` (``gate_up_proj`` = [gate_e; up_e] per expert).
-EXPERT_PREFIX = "mlp.experts."
-EXPERT_FILE_NAMES = {
-    "mlp.experts.gate_up_proj": ("gate_proj.weight", "up_proj.weight"),
-    "mlp.experts.down_proj": ("down_proj.weight",),
-}
-
-
-def _expert_leaves(name: str, shape: tuple) -> list[tuple[str, tuple]]:
-    """The per-expert file tensors (leaf name, shape) of one expert's slice of a stack."""
-    leaves = EXPERT_FILE_NAMES[name]
-    rows = shape[1] // len(leaves)
-    return [(leaf, (rows, shape[2])) for leaf in leaves]
-
-
-def _stack_experts(tensors: dict, p: str, name: str, shape: tuple):
-    """The (E, rows, cols) float32 stack of a layer's per-expert tensors."""
-    import numpy as np
-
-    out = np.empty(shape, dtype=np.float32)
-    for e in range(shape[0]):
-        parts = [
-            tensors[f"{p}{EXPERT_PREFIX}{e}.{leaf}"] for leaf, _ in _expert_leaves(name, shape)
-        ]
-        out[e] = np.concatenate([np.asarray(a, dtype=np.float32) for a in parts], axis=0)
-    return out
+#: The block's MoE tensors in HF spelling: transformers 5's in-memory stacks (``gate_up_proj`` =
+#: [gate_e; up_e] per expert) and the router; checkpoint files (and transformers 5's
+#: ``save_pretrained``) store each expert's matrices apart (``DecoderSpec.moe_files``).
+_MOE_STACKS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+_ROUTER = "mlp.gate.weight"
 
 
 # -- config fields every decoder family reads the same way ---------------------------------------

@@ -26,7 +26,9 @@ def _refuse_unsupported(c: ConfigReader) -> None:
             )
 
 
-def moe_fields(c: ConfigReader, n_layers: int, *, norm_topk_key: str | None) -> dict:
+def moe_fields(
+    c: ConfigReader, n_layers: int, *, norm_topk_key: str | None, shared_key: str | None = None
+) -> dict:
     """The MoE fields of a DecoderSpec.
 
     Parameters
@@ -40,12 +42,15 @@ def moe_fields(c: ConfigReader, n_layers: int, *, norm_topk_key: str | None) -> 
     n_layers : int
     norm_topk_key : str or None
         The renormalisation flag's field; None = always renormalised (Mixtral).
+    shared_key : str or None
+        The shared expert's width field (Qwen2-MoE ``shared_expert_intermediate_size``; 0 =
+        none); None = the family has no shared expert.
 
     Returns
     -------
     dict
         ``num_experts``, ``num_experts_per_tok``, ``norm_topk_prob``, ``moe_intermediate``,
-        ``moe_layers``.
+        ``moe_layers``, ``shared_intermediate``.
 
     Raises
     ------
@@ -55,8 +60,10 @@ def moe_fields(c: ConfigReader, n_layers: int, *, norm_topk_key: str | None) -> 
         :data:`~exactblocks.transformer.moe.MOE_UNSUPPORTED` set.
     """
     _refuse_unsupported(c)
-    key = "num_experts" if c.raw.get("num_experts") is not None else "num_local_experts"
-    if key == "num_experts" and c.raw.get("num_local_experts") not in (None, c.raw["num_experts"]):
+    given = [k for k in ("num_experts", "num_local_experts") if c.raw.get(k) is not None]
+    key = given[0] if given else next(k for k in ("num_experts", "num_local_experts")
+                                      if k in c.resolved)  # fmt: skip
+    if len(given) == 2 and c.raw["num_local_experts"] != c.raw["num_experts"]:
         raise ValueError(
             f"load_model: config fields num_experts={c.raw['num_experts']!r} and "
             f"num_local_experts={c.raw['num_local_experts']!r} disagree (HF aliases of one field)"
@@ -87,4 +94,5 @@ def moe_fields(c: ConfigReader, n_layers: int, *, norm_topk_key: str | None) -> 
         "norm_topk_prob": True if norm_topk_key is None else c.flag(norm_topk_key),
         "moe_intermediate": c.integer(wide),
         "moe_layers": layers,
+        "shared_intermediate": 0 if shared_key is None else c.integer(shared_key, minimum=0),
     }
