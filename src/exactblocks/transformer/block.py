@@ -99,8 +99,9 @@ class TransformerBlockInference(BlockCommon):
     StableLM 2 12B parallel), Starcoder2, OLMo 2, SmolLM3 (RoPE and NoPE layers), Granite, Phi3
     (fused projections, longrope), Llama with yarn, the attention and MLP blocks of Nemotron-H
     and the dense layers of GraniteMoeHybrid (Granite-4.0-H; its Mamba layers' mixer is
-    :class:`Mamba2BlockInference`). Not covered: MoE layers, Falcon-H1's parallel hybrid,
-    Zamba2's shared block.
+    :class:`Mamba2BlockInference`), and the MoE layers of Qwen3-MoE, Qwen2-MoE (shared expert),
+    OLMoE and Mixtral (SPEC.md 4.8). Not covered: GraniteMoe and Nemotron-H expert layers,
+    Falcon-H1's parallel hybrid, Zamba2's shared block.
 
     Parameters
     ----------
@@ -239,13 +240,30 @@ class TransformerBlockInference(BlockCommon):
         MLP options on an attention half are refused.
     numeric_profile : {None, 'fp32'}, default=None
         float32 weights and arithmetic (the only profile in v1).
+    num_experts : int, default=0
+        0 = the dense MLP; E >= 1: the MLP half is a mixture of E experts (SPEC.md 4.8): a
+        router ``router.weight`` (E, d) (HF ``mlp.gate.weight``), softmax, the top
+        ``num_experts_per_tok`` (equal values: the lower expert index first), each a gated
+        ``mlp`` without biases whose [gate; up] rows are ``experts.gate_up_proj`` (E, 2*IT, d)
+        and down ``experts.down_proj`` (E, d, IT) (HF ``mlp.experts.*``, transformers 5's
+        stacking); the outputs summed weighted in increasing expert index. Only the chosen
+        experts run, each on the tokens that chose it. gate/up/down_proj are then absent.
+    num_experts_per_tok : int or None, default=None
+        Experts chosen per token, in [1, num_experts] (required with num_experts).
+    norm_topk_prob : bool, default=False
+        Divide the chosen experts' weights by their sum (Qwen2/3-MoE, OLMoE option; Mixtral
+        always).
+    shared_expert : bool, default=False
+        A gated MLP on every token (``shared_expert.{gate,up,down}_proj.weight``, (SIT, d) /
+        (d, SIT)), added as ``sigmoid(shared_expert_gate.weight @ h) * shared(h)`` (Qwen2-MoE).
 
     Attributes
     ----------
     d_model, n_heads, n_kv_heads, head_dim, intermediate, window, rope_theta, rope_scaling,
     rope_dim, max_positions, qkv_bias, o_bias, norm, norm_eps, norm_bias, mlp, mlp_bias, qk_norm,
     qk_norm_scope, attn_softcap, query_pre_attn_scalar, attn_scale, residual_multiplier,
-    norm_placement, block_parts, numeric_profile : read-only
+    norm_placement, block_parts, numeric_profile, num_experts, num_experts_per_tok,
+    norm_topk_prob, shared_expert : read-only
         The resolved configuration (assignment raises AttributeError; use ``set_params``).
     fingerprint : str
         32 lowercase hex digits (XXH3-128) over the class, ``arithmetic_version()``, the resolved

@@ -404,6 +404,13 @@ def _looks_like(by_short: dict, o: dict, spell, where: str) -> None:
                 "layers, the dense half of a Granite-4.0-H Mamba layer)",
                 "block_parts='mlp' (its norm is post_attention_layernorm.weight or norm.weight)",
             )
+    if "router.weight" in have and not is_moe(o):
+        e = getattr(by_short["router.weight"], "shape", (0,))[0]
+        refuse(
+            "an MoE layer (router.weight and stacked experts: Qwen3-MoE, Qwen2-MoE, OLMoE, "
+            "Mixtral)",
+            f"num_experts={e} and num_experts_per_tok (HF num_experts_per_tok)",
+        )
     if "q_norm.weight" in have and not o["qk_norm"]:
         q = getattr(by_short["q_norm.weight"], "shape", ())
         scope = {1: "'head' (Qwen3, Gemma 3) or 'all_heads' (OLMo 2)", 2: "'per_head_weights'"}
