@@ -37,6 +37,20 @@ const ops::PackedMatrix& packed_by_name(const TransformerModel& t, const std::st
   if (name == "o_proj") return t.w_o;
   if (name == "gate_up_proj" || name == "up_proj") return t.w_gu;
   if (name == "down_proj") return t.w_down;
+  if (name == "router") return t.w_router;  // MoE (moe_storage's names)
+  if (name == "shared_expert.gate_up_proj") return t.w_sh_gu;
+  if (name == "shared_expert.down_proj") return t.w_sh_down;
+  if (name == "shared_expert_gate") return t.w_sh_gate;
+  if (name.rfind("experts.", 0) == 0) {  // experts.<e>.gate_up_proj | experts.<e>.down_proj
+    const size_t dot = name.find('.', 8);
+    const std::string idx = name.substr(8, dot == std::string::npos ? 0 : dot - 8);
+    const std::string leaf = dot == std::string::npos ? "" : name.substr(dot + 1);
+    if (!idx.empty() && idx.find_first_not_of("0123456789") == std::string::npos) {
+      const size_t e = std::stoul(idx);
+      if (e < t.w_exp_gu.size() && leaf == "gate_up_proj") return t.w_exp_gu[e];
+      if (e < t.w_exp_down.size() && leaf == "down_proj") return t.w_exp_down[e];
+    }
+  }
   throw nb::value_error(("no packed matrix " + name).c_str());
 }
 

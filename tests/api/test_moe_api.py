@@ -27,6 +27,22 @@ def test_attributes_and_params(weights):
     assert other.fingerprint != blk.fingerprint
 
 
+def test_experts_live_only_in_the_core(weights):
+    blk = eb.TransformerBlockInference(
+        dict(weights, **make_moe_weights(np.random.default_rng(1), shared=24)),
+        **OPTS,
+        shared_expert=True,
+    )
+    kept = blk._impl.weights  # noqa: SLF001 - what the block holds besides the core
+    assert set(kept._small) == {  # noqa: SLF001
+        "input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight",
+        "k_norm.weight",
+    }  # fmt: skip
+    w = make_moe_weights(np.random.default_rng(1), shared=24)
+    for name, a in w.items():  # rebuilt from the packed experts: the weights given, bit for bit
+        assert np.array_equal(np.asarray(kept[name]).view(np.uint32), a.view(np.uint32)), name
+
+
 @pytest.mark.parametrize(
     "change, match",
     [

@@ -84,8 +84,30 @@ def _build(raw: dict, where: str, weights=None, canonical=None):
         core_mod,
         core_config(core_mod, opts, sizes),
         core_mod.TransformerCore,
-        packed_layout(_PACKED, arrs),
+        _moe_layout(arrs, sizes) if is_moe(opts) else packed_layout(_PACKED, arrs),
     )
+
+
+def _moe_layout(arrs: dict, sizes: dict) -> dict:
+    """Where an MoE block's matrices live in the core (ResidentWeights): the attention half's
+    as a dense block's, the router, each expert's gate|up and down, the shared expert's. No
+    float32 copy of an expert is kept; a lookup rebuilds the stack from the packed experts."""
+    out = packed_layout(_PACKED[:2], arrs)
+    e, it = arrs["router.weight"].shape[0], sizes["intermediate"]
+    out["router.weight"] = ("router", 0, e)
+    out["experts.gate_up_proj"] = (tuple(f"experts.{x}.gate_up_proj" for x in range(e)), 0, 2 * it)
+    out["experts.down_proj"] = (
+        tuple(f"experts.{x}.down_proj" for x in range(e)),
+        0,
+        sizes["d_model"],
+    )
+    sit = sizes.get("shared_intermediate", 0)
+    if sit:
+        out["shared_expert.gate_proj.weight"] = ("shared_expert.gate_up_proj", 0, sit)
+        out["shared_expert.up_proj.weight"] = ("shared_expert.gate_up_proj", sit, 2 * sit)
+        out["shared_expert.down_proj.weight"] = ("shared_expert.down_proj", 0, sizes["d_model"])
+        out["shared_expert_gate.weight"] = ("shared_expert_gate", 0, 1)
+    return out
 
 
 class TransformerBlockInference(BlockCommon):

@@ -85,7 +85,7 @@ _QF_W, _QF_B = _norm(
     lambda o: _mlp(o) and o["norm_placement"] in ("sandwich", "post"),
 )
 _ATTN = Presence("an attention half (block_parts 'full' or 'attention')", _attn)
-_MLP = Presence("a dense MLP half (block_parts 'full' or 'mlp', num_experts=0)", _dense)
+_MLP = Presence("an MLP half without experts (block_parts 'full' or 'mlp', num_experts=0)", _dense)
 _MOE = Presence("num_experts >= 1 (an MoE MLP half)", is_moe)
 _SHARED = Presence("shared_expert=True", lambda o: is_moe(o) and o.get("shared_expert", False))
 _QKV_BIAS = _flag("qkv_bias")
