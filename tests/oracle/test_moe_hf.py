@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from helpers import MOE_E as E
 from helpers import make_moe_weights, routed_moe_inputs
+from reference.moe_ref import moe_mlp_ref
 
 import exactblocks as eb
 
@@ -93,39 +94,13 @@ def test_block_matches_hf_layer(name):
 # ------------------------------------------------------------- float64 reference, MLP only
 
 
-def _silu(v):
-    return v / (1.0 + np.exp(-v))
-
-
-def _moe_ref(w, x, top_k, norm_topk, eps=1e-6):
-    """float64 SPEC.md 4.8 for an MLP-only block; returns (y, chosen experts per token)."""
-    x = x.astype(np.float64)
-    h = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w["post_attention_layernorm.weight"]
-    logits = h @ w["router.weight"].T.astype(np.float64)
-    p = np.exp(logits - logits.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    order = np.argsort(-p, axis=-1, kind="stable")[..., :top_k]  # ties: lower index first
-    y = np.zeros_like(x)
-    gu, dn = w["experts.gate_up_proj"].astype(np.float64), w["experts.down_proj"].astype(np.float64)
-    it = gu.shape[1] // 2
-    for idx in np.ndindex(*x.shape[:-1]):
-        chosen = order[idx]
-        wts = p[idx][chosen]
-        if norm_topk:
-            wts = wts / wts.sum()
-        for e, wt in zip(chosen, wts):
-            a = gu[e] @ h[idx]
-            y[idx] += wt * (dn[e] @ (_silu(a[:it]) * a[it:]))
-    return x + y, order
-
-
 @pytest.mark.parametrize("top_k", [1, 2, 6])
 def test_expert_chosen_by_none_and_by_all_match_reference(top_k):
     w = make_moe_weights(np.random.default_rng(0), block_parts="mlp", router_eye=True)
     x = routed_moe_inputs()
     blk = eb.TransformerBlockInference(w, block_parts="mlp", num_experts=E,
                                        num_experts_per_tok=top_k, norm_topk_prob=True)  # fmt: skip
-    want, order = _moe_ref(w, x, top_k, True)
+    want, order = moe_mlp_ref(w, x, top_k, True)
     chosen = set(order.reshape(-1).tolist())
     if top_k < E:
         assert E - 1 not in chosen  # expert 5: chosen by no token
@@ -148,7 +123,7 @@ def test_tied_router_logits_pick_the_lower_expert_index(top_k):
     x[..., 4] = 5.0
     opts = dict(block_parts="mlp", num_experts=E, num_experts_per_tok=top_k, norm_topk_prob=False)
     got = eb.TransformerBlockInference(w, **opts).forward(x)
-    want, order = _moe_ref(w, x, top_k, False)
+    want, order = moe_mlp_ref(w, x, top_k, False)
     assert (order[..., 0] == 1).all()
     if top_k > 1:
         assert (order[..., 1] == 4).all()
@@ -160,7 +135,7 @@ def test_tied_router_logits_pick_the_lower_expert_index(top_k):
         other = eb.TransformerBlockInference(swapped, **opts).forward(x)
         assert np.abs(other - got).max() > 1e-3
     zero = dict(w, **{"router.weight": np.zeros_like(w["router.weight"])})
-    want, order = _moe_ref(zero, x, top_k, False)
+    want, order = moe_mlp_ref(zero, x, top_k, False)
     assert (order == np.arange(top_k)).all()  # experts 0 .. top_k - 1
     got = eb.TransformerBlockInference(zero, **opts).forward(x)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
