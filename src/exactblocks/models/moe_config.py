@@ -26,6 +26,12 @@ def _refuse_unsupported(c: ConfigReader) -> None:
             )
 
 
+def _integer(c: ConfigReader, key: str, minimum: int = 1) -> int:
+    v = c.integer(key, minimum=minimum)  # never None without allow_none
+    assert v is not None
+    return v
+
+
 def moe_fields(
     c: ConfigReader, n_layers: int, *, norm_topk_key: str | None, shared_key: str | None = None
 ) -> dict:
@@ -68,8 +74,8 @@ def moe_fields(
             f"load_model: config fields num_experts={c.raw['num_experts']!r} and "
             f"num_local_experts={c.raw['num_local_experts']!r} disagree (HF aliases of one field)"
         )
-    n_e = c.integer(key)
-    k = c.integer("num_experts_per_tok")
+    n_e = _integer(c, key)
+    k = _integer(c, "num_experts_per_tok")
     if k > n_e:
         raise ValueError(
             f"load_model: config field num_experts_per_tok={k} exceeds the {n_e} experts ({key})"
@@ -77,7 +83,7 @@ def moe_fields(
     wide = "moe_intermediate_size" if "moe_intermediate_size" in c.resolved else "intermediate_size"
     layers = tuple(range(n_layers))
     if "decoder_sparse_step" in c.resolved:
-        step = c.integer("decoder_sparse_step")
+        step = _integer(c, "decoder_sparse_step")
         dense = c.get("mlp_only_layers") or []
         if not isinstance(dense, list) or any(
             isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers for i in dense
@@ -92,7 +98,7 @@ def moe_fields(
         "num_experts": n_e,
         "num_experts_per_tok": k,
         "norm_topk_prob": True if norm_topk_key is None else c.flag(norm_topk_key),
-        "moe_intermediate": c.integer(wide),
+        "moe_intermediate": _integer(c, wide),
         "moe_layers": layers,
-        "shared_intermediate": 0 if shared_key is None else c.integer(shared_key, minimum=0),
+        "shared_intermediate": 0 if shared_key is None else _integer(c, shared_key, minimum=0),
     }
