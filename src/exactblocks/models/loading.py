@@ -23,6 +23,7 @@ import numpy as np
 from .._validation import FormatError
 from .._weights import QuantizedMatrix
 from ._args import _eos_from
+from ._config import ConfigFieldError
 from .head import _HeadRows
 from .model import Model
 from .registry import family_for_config
@@ -196,6 +197,7 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
 
     tokenizer = None
     gen_config = None
+    config_file = None  # the config.json the config was read from (named in messages)
     if is_torch_module(source):
         if config is not None:
             raise TypeError("load_model: config= is not taken with a model object (it has .config)")
@@ -208,6 +210,10 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
         cfg = _config_dict(config)
         tensors = TorchSource(source)
         origin = "a state dict"
+        if isinstance(config, (str, os.PathLike)):
+            config_file = os.fspath(config)
+            if os.path.isdir(config_file):
+                config_file = os.path.join(config_file, "config.json")
     elif isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if os.path.isdir(path):
@@ -218,7 +224,8 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
                 raise TypeError(
                     "load_model: config= is not taken with a folder (it has config.json)"
                 )
-            cfg = _read_json(os.path.join(path, "config.json"), "config file")
+            config_file = os.path.join(path, "config.json")
+            cfg = _read_json(config_file, "config file")
             tensors = SafetensorsSource.from_folder(path)
             tokenizer = HFTokenizer.from_folder(path)
             gen_path = os.path.join(path, "generation_config.json")
@@ -237,9 +244,13 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"load_model: {path!r} is not a file")
             folder = os.path.dirname(path) or "."
-            cfg = _config_dict(
-                config if config is not None else os.path.join(folder, "config.json")
-            )
+            if config is None:
+                config = os.path.join(folder, "config.json")
+            cfg = _config_dict(config)
+            if isinstance(config, (str, os.PathLike)):
+                config_file = os.fspath(config)
+                if os.path.isdir(config_file):
+                    config_file = os.path.join(config_file, "config.json")
             tensors = SafetensorsSource([path])
             origin = path
         elif not os.path.exists(path):
@@ -253,9 +264,11 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
             "load_model: source must be a path (folder, .safetensors, .gguf), a transformers "
             f"model or a state dict; got {type(source).__name__}"
         )
+    named = None if config_file is None else (config_file, None)
     with _building(f"building the model of {origin}"):
         return build_model(cfg, tensors, tokenizer=tokenizer, max_positions=max_positions,
-                           generation_config=gen_config, origin=origin)  # fmt: skip
+                           generation_config=gen_config, origin=origin,
+                           config_origin=named)  # fmt: skip
 
 
 def load_gguf_model(path, *, direct: bool = False) -> tuple[dict, dict, object]:
@@ -319,6 +332,7 @@ def _load_gguf(path: str, max_positions) -> Model:
     from exactblocks.loaders.torch import ArraySource
     from exactblocks.text import GGUFTokenizer, UnsupportedTokenizerError
 
+    from ._gguf import config_key_label
     from .registry import gguf_arch
 
     # the extension first: a missing build or an unavailable EXACTBLOCKS_ISA is reported as
@@ -347,11 +361,14 @@ def _load_gguf(path: str, max_positions) -> Model:
     # metadata (vocabulary, merges: several MB of Python strings) is freed here, and each
     # layer's tensors (q/k blocks un-permuted into fresh arrays among them) once it is built.
     release = partial(release_map, reader.data) if isinstance(reader, GGUFFile) else None
-    changes = gguf_arch(gguf_field(reader, "general.architecture")).spec_changes
+    arch = gguf_field(reader, "general.architecture")
+    changes = gguf_arch(arch).spec_changes
+    label = config_key_label(reader, arch)
     source = ArraySource(arrays, path, release)
     del reader, arrays
     return build_model(cfg, source, tokenizer=tokenizer, max_positions=max_positions,
-                       origin=path, spec_changes=changes)  # fmt: skip
+                       origin=path, spec_changes=changes,
+                       config_origin=(path, label))  # fmt: skip
 
 
 #: Longest context a transformer block serves (``TransformerBlockInference``'s
@@ -419,7 +436,8 @@ class _Renamed(Mapping):
 
 
 def build_model(config, tensors, *, tokenizer=None, max_positions=None, generation_config=None,
-                origin: str = "the source", spec_changes=None) -> Model:  # fmt: skip
+                origin: str = "the source", spec_changes=None,
+                config_origin=None) -> Model:  # fmt: skip
     """The one build path of every source: config -> family spec -> checked tensors -> Model.
 
     Parameters
@@ -439,6 +457,11 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
         (a family's ``GGUF.spec_changes``: a GGUF's Gemma 3 norm weights are
         stored as ``1 + w``, so its norms are plain RMSNorms), applied with
         ``dataclasses.replace`` before any tensor is checked.
+    config_origin : tuple of (str, callable or None) or None, default=None
+        The file the config was read from and how its fields are named there
+        (``(key, shown) -> str``; None = the HF key, as in ``config.json``): a refused config
+        value is reported as ``load_model: '<file>': <field>=<value> ...``. A GGUF loader
+        passes :func:`~exactblocks.models._gguf.config_key_label`, naming the GGUF key.
 
     Returns
     -------
@@ -449,6 +472,26 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
     ValueError
         See :func:`load_model`.
     """
+    try:
+        return _build(config, tensors, tokenizer, max_positions, generation_config, origin,
+                      spec_changes)  # fmt: skip
+    except ConfigFieldError as exc:
+        if config_origin is None:
+            raise
+        file, label = config_origin
+        if label is None:
+            raise ValueError(f"load_model: {file!r}: {exc.render()}") from None
+        hf = ", ".join(k for k, _, _ in exc.fields)
+        raise ValueError(f"load_model: {file!r}: {exc.render(label)} (HF: {hf})") from None
+    except ValueError as exc:  # a family's other refusals of a config value: name the file
+        text = str(exc)
+        if config_origin is None or not text.startswith("load_model: config"):
+            raise
+        raise ValueError(f"load_model: {config_origin[0]!r}: {text[12:]}") from exc
+
+
+def _build(config, tensors, tokenizer, max_positions, generation_config, origin, spec_changes):
+    """:func:`build_model` after its arguments: the steps, in order."""
     from exactblocks import _ext
 
     family = family_for_config(config)
