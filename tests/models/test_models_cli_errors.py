@@ -59,6 +59,8 @@ CASES = [
      "--max-new-tokens"),
     (["run", f"{T}/good", "--prompt", "x", "--temperature", "-1"], 2, "run: error: ",
      "--temperature"),
+    (["run", f"{T}/good", "--prompt", "x", "--temperature", "inf"], 2, "run: error: ",
+     "--temperature"),
     (["run", f"{T}/good", "--prompt", "x", "--top-p", "5"], 2, "run: error: ", "--top-p"),
     (["run", f"{T}/good", "--prompt", "x", "--top-p", "nan"], 2, "run: error: ", "--top-p"),
     (["run", f"{T}/good", "--prompt", "x", "--top-p", "0"], 2, "run: error: ", "--top-p"),

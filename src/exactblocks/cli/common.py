@@ -112,7 +112,7 @@ def non_negative_int(text: str) -> int:
 
 
 def non_negative_float(text: str) -> float:
-    """argparse type of ``--temperature``: a number >= 0.
+    """argparse type of ``--temperature``: a finite number >= 0.
 
     Parameters
     ----------
@@ -125,14 +125,14 @@ def non_negative_float(text: str) -> float:
     Raises
     ------
     argparse.ArgumentTypeError
-        ``expected a number >= 0, got '<text>'``.
+        ``expected a finite number >= 0, got '<text>'``.
     """
     try:
         value = float(text)
     except ValueError:
         value = -1.0
     if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {_shown(text)!r}")
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {_shown(text)!r}")
     return value
 
 
