@@ -175,9 +175,11 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
     TypeError
         A source of another kind, or a config where none is taken.
     ValueError
-        An unsupported architecture or config value (named); a truncated or malformed file; a
-        tensor missing, unexpected or of the wrong shape (named, with the file); a tied head
-        that differs from the embedding; non-finite weights. Nothing is half-built: every
+        An unsupported architecture or config value (named with the file it came from, as that
+        file spells it: ``config.json``'s key, or a GGUF's metadata key); a truncated or
+        malformed file; a tensor missing, unexpected or of the wrong shape (named, with the file
+        and the config fields that size it); a tied head that differs from the embedding;
+        non-finite weights. Nothing is half-built: every
         check runs before the first block is made.
     ImportError
         A reader the source needs (``gguf``, ``tokenizers``) is not installed.
