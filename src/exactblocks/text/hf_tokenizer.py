@@ -141,6 +141,17 @@ class HFTokenizer:
         """Number of ids, added tokens included (int)."""
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary string of ``token_id`` as tokenizer.json spells it (``'Ġthe'``,
+        ``'▁the'``, ``'<0x0A>'``), or None for an id it does not hold."""
+        return self._tok.id_to_token(int(token_id))
+
+    @property
+    def special_token_ids(self) -> frozenset:
+        """frozenset of int: ids of the added tokens marked special (what
+        ``decode(skip_special_tokens=True)`` drops)."""
+        return frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``, as transformers' ``tokenizer(text)["input_ids"]``.
 
