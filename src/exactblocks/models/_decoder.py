@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ._config import ConfigReader
+from ._config import ConfigFieldError, ConfigReader
 
 __all__ = [
     "GATED_MLP",
@@ -443,10 +443,11 @@ def heads_and_dims(
     if n_kv is None:  # HF: num_attention_heads
         n_kv = n_heads
     if n_heads % n_kv:
-        raise ValueError(
-            f"load_model: config num_attention_heads={n_heads} is not divisible by "
-            f"num_key_value_heads={n_kv}"
-        )
+        raise ConfigFieldError(
+            "{0} is not divisible by {1}",
+            [("num_attention_heads", "'num_attention_heads'", n_heads),
+             ("num_key_value_heads", "'num_key_value_heads'", n_kv)],
+        )  # fmt: skip
     c.resolved.update(head_dim=head_dim, num_key_value_heads=n_kv)
     return {
         "vocab_size": c.integer("vocab_size"),

@@ -46,6 +46,10 @@ from .protocol import APIError, error_body
 from .structured import grammar_of_response_format
 
 MAX_BODY_BYTES = 4 * 2**20
+#: A body over MAX_BODY_BYTES is read and discarded up to this many bytes before the 413 is
+#: sent (a client still sending when the server closes sees a reset, not the answer); past it
+#: the connection is closed unread.
+DRAIN_BODY_BYTES = 64 * 2**20
 MAX_STOP_STRINGS = 4
 #: Most choices (``n``) per request.
 MAX_N = 16
@@ -55,6 +59,16 @@ TOKENIZE_THREADS = 2
 
 def _validation_error(exc: ValidationError) -> APIError:
     err = exc.errors()[0]
+    if err.get("loc", ())[:1] == ("stop",):  # one message for the str | list[str] union
+        got = next(e["input"] for e in exc.errors() if e.get("loc", ()) == ("stop", "str"))
+        shown = json.dumps(got)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        return APIError(
+            400,
+            f"stop must be a string or a list of at most {MAX_STOP_STRINGS} strings; got {shown}",
+            param="stop",
+            code="invalid_value",
+        )
     # a union's member tags ("str", "literal['none','auto']", "NamedToolChoice") are not fields
     loc = ".".join(str(p) for p in err.get("loc", ()) if not _union_tag(p))
     if err["type"] == "json_invalid":
@@ -180,16 +194,26 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
             )
 
     async def parse(request: Request, cls):
-        too_big = APIError(413, f"the body exceeds {MAX_BODY_BYTES} bytes", code="body_too_large")
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            raise too_big  # refused before reading it
+        over = declared.isdigit() and int(declared) > MAX_BODY_BYTES  # refused unparsed
         parts, size = [], 0
         async for part in request.stream():
             size += len(part)
-            if size > MAX_BODY_BYTES:
-                raise too_big
+            if over or size > MAX_BODY_BYTES:
+                # read and discarded, so the client gets to read the 413 (up to a bound:
+                # past it the connection is closed unread)
+                over, parts = True, []
+                if size > DRAIN_BODY_BYTES:
+                    break
+                continue
             parts.append(part)
+        if over:
+            raise APIError(
+                413,
+                f"the body exceeds {MAX_BODY_BYTES} bytes (4 MiB), the most this server reads",
+                code="body_too_large",
+                headers={"Connection": "close"},
+            )
         raw = b"".join(parts)
         try:
             body = cls.model_validate_json(raw)
@@ -234,8 +258,22 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
         :func:`grammar_of`, or a ``tools`` route's :func:`~exactblocks.serve.structured.
         grammar_or_400`); None = unconstrained."""
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
-            raise APIError(400, "stop: at most 4 non-empty strings", param="stop")
+        if len(stop) > MAX_STOP_STRINGS:
+            raise APIError(
+                400,
+                f"stop has {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed",
+                param="stop",
+                code="invalid_value",
+            )
+        for i, s in enumerate(stop):
+            if not s:
+                where = "stop" if isinstance(body.stop, str) else f"stop[{i}]"
+                raise APIError(
+                    400,
+                    f"{where} is an empty string; stop strings must be non-empty",
+                    param="stop",
+                    code="invalid_value",
+                )
         try:
             n_new = engine.check(n_prompt, max_tokens)
         except PromptTooLong as exc:
