@@ -304,7 +304,8 @@ def _gguf_refused(tmp_path, match, **write):
         ),
         (
             {"keys": {"gemma3.attention.head_count_kv": 3}},
-            r"n_heads=4 is not divisible by n_kv_heads=3|num_key_value_heads",
+            r"gemma3\.attention\.head_count=4 is not divisible by "
+            r"gemma3\.attention\.head_count_kv=3",
         ),
     ],
     ids=lambda v: str(v)[:40] if isinstance(v, dict) else None,

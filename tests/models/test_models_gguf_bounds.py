@@ -47,8 +47,8 @@ def write_llama(path, *, n_layers=2, keys=None, drop=(), tensor_types=None) -> s
     for key, value in meta.items():
         if key in drop:
             continue
-        if isinstance(value, str):
-            w.add_string(key, value)
+        if isinstance(value, str):  # (add_string skips an empty string)
+            w.add_key_value(key, value, gguf.GGUFValueType.STRING)
         elif isinstance(value, bool):
             w.add_bool(key, value)
         elif isinstance(value, float):
@@ -57,7 +57,8 @@ def write_llama(path, *, n_layers=2, keys=None, drop=(), tensor_types=None) -> s
             w.add_uint64(key, value)
         else:
             w.add_uint32(key, value)
-    w.add_tokenizer_model("gpt2")
+    if "tokenizer.ggml.model" not in meta:
+        w.add_tokenizer_model("gpt2")
     w.add_token_list([f"t{i}" for i in range(VOCAB)])
     rng = np.random.default_rng(0)
     tensors = {"token_embd.weight": (VOCAB, D), "output_norm.weight": (D,)}

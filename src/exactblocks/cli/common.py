@@ -14,6 +14,7 @@ import time
 
 __all__ = [
     "FlagError",
+    "LoadError",
     "load",
     "non_empty",
     "non_negative_float",
@@ -21,6 +22,21 @@ __all__ = [
     "positive_int",
     "probability",
 ]
+
+
+class LoadError(Exception):
+    """MODEL exists but could not be loaded (malformed, unsupported, a part missing, out of
+    memory, a reader not installed): the command exits 1, not 2 (a usage error).
+
+    Parameters
+    ----------
+    exc : BaseException
+        What ``load_model`` raised; ``str(err)`` is its message.
+    """
+
+    def __init__(self, exc: BaseException):
+        super().__init__(str(exc))
+        self.cause = exc
 
 
 class FlagError(ValueError):
@@ -109,7 +125,7 @@ def _number(text: str, ok, what: str) -> float:
 
 
 def non_negative_float(text: str) -> float:
-    """argparse type of ``--temperature``: a number >= 0.
+    """argparse type of ``--temperature``: a finite number >= 0.
 
     Parameters
     ----------
@@ -122,9 +138,9 @@ def non_negative_float(text: str) -> float:
     Raises
     ------
     argparse.ArgumentTypeError
-        ``expected a number >= 0, got '<text>'``.
+        ``expected a finite number >= 0, got '<text>'``.
     """
-    return _number(text, lambda v: v >= 0, "a number >= 0")
+    return _number(text, lambda v: 0 <= v < math.inf, "a finite number >= 0")
 
 
 def probability(text: str) -> float:
@@ -185,6 +201,11 @@ def load(path: str, threads: int | None, err):
     Returns
     -------
     exactblocks.Model
+
+    Raises
+    ------
+    LoadError
+        ``load_model`` refused or failed (the command then exits 1).
     """
     import exactblocks
 
@@ -193,7 +214,10 @@ def load(path: str, threads: int | None, err):
     t0 = time.perf_counter()
     err.write(f"loading {path} ...\n")
     err.flush()
-    model = exactblocks.load_model(path)
+    try:
+        model = exactblocks.load_model(path)
+    except (FileNotFoundError, ImportError, MemoryError, TypeError, ValueError) as exc:
+        raise LoadError(exc) from exc
     if model.tokenizer is not None:  # `run` and `chat` encode text: build a lazily built
         model.tokenizer.encode("")  # tokenizer (a GGUF SentencePiece one) in the load time
     packed = sum(model.weight_storage().values())

@@ -20,9 +20,56 @@ from typing import Any
 __all__ = [
     "REFUSED_KEYS",
     "ROPE_KEYS",
+    "ConfigFieldError",
     "ConfigReader",
     "decode_json_floats",
 ]
+
+
+class ConfigFieldError(ValueError):
+    """A config field's value refused, kept as its parts so a loader can name the field as its
+    file states it (``config.json``'s key, or the GGUF key an HF field was read from).
+
+    ``str(err)`` is ``"load_model: " + err.render()``: the fields named ``config field 'key'``.
+
+    Parameters
+    ----------
+    text : str
+        The message with ``{0}``, ``{1}``, ... where each field is shown as ``name=value``.
+    fields : sequence of (str, str, object)
+        Per placeholder: the HF config key (``"rope_theta"``), how it is shown when the config
+        is the file's own (``"rope_scaling['rope_theta']"``), and its value. The root field
+        comes first.
+
+    Attributes
+    ----------
+    text : str
+    fields : tuple of (str, str, object)
+    """
+
+    def __init__(self, text: str, fields):
+        self.text, self.fields = text, tuple(fields)
+        super().__init__("load_model: " + self.render())
+
+    def render(self, label=None) -> str:
+        """The message with each field shown as ``label(key, shown)=value``.
+
+        Parameters
+        ----------
+        label : callable or None, default=None
+            ``(key, shown) -> str``; None = ``config field <shown>``.
+
+        Returns
+        -------
+        str
+        """
+        if label is None:
+            label = lambda key, shown: f"config field {shown}"  # noqa: E731
+        return self.text.format(*(f"{label(k, s)}={v!r}" for k, s, v in self.fields))
+
+    def __reduce__(self):
+        return (type(self), (self.text, self.fields))
+
 
 #: Keys whose presence changes the weights' meaning in a way no family implements.
 REFUSED_KEYS = ("quantization_config",)
@@ -128,11 +175,14 @@ class ConfigReader:
                     f"supported by the {family} family (only float32/bf16/fp16 weights or GGUF)"
                 )
 
-    def _fail(self, key: str, value: Any, expected: str):
+    def _fail(self, key: str, value: Any, expected: str, *, base: str | None = None):
+        """Refuse ``key=value``; ``base`` is the plain HF key of a nested one (``rope_theta``
+        for ``rope_scaling['rope_theta']``)."""
         shown = key if "[" in key or " " in key else repr(key)  # rope_parameters['rope_type']
-        raise ValueError(
-            f"load_model: config field {shown}={value!r} is not supported by the {self.family} "
-            f"family (expected {expected})"
+        expected = expected.replace("{", "{{").replace("}", "}}")
+        raise ConfigFieldError(
+            f"{{0}} is not supported by the {self.family} family (expected {expected})",
+            [(base or key, shown, value)],
         )
 
     def get(self, key: str) -> Any:
@@ -250,10 +300,11 @@ class ConfigReader:
                     )
         rtype = rp.get("rope_type", rp.get("type", "default"))
         if rtype not in ROPE_KEYS:
-            self._fail(f"{field}['rope_type']", rtype, "one of " + ", ".join(map(repr, ROPE_KEYS)))
+            self._fail(f"{field}['rope_type']", rtype, "one of " + ", ".join(map(repr, ROPE_KEYS)),
+                       base=field)  # fmt: skip
         theta = rp["rope_theta"]
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
-            self._fail(f"{field}['rope_theta']", theta, "a number > 0")
+            self._fail(f"{field}['rope_theta']", theta, "a number > 0", base="rope_theta")
         prf = rp.get("partial_rotary_factor")
         if prf is None:
             prf = self.raw.get("partial_rotary_factor", default_partial)

@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 
 from exactblocks._validation import FormatError
-from exactblocks.loaders.gguf import dequantize, gguf_field, unpermute_qk
+from exactblocks.loaders.gguf import check_type, dequantize, gguf_field, unpermute_qk
 
-__all__ = ["GGUFArch", "blocks_held", "read_arch"]
+__all__ = ["GGUFArch", "blocks_held", "config_key_label", "read_arch"]
 
 _MISSING = object()
 
@@ -170,6 +170,33 @@ class _Keys:
             )
         return value
 
+    def head_width(self, d: int, n_heads: int) -> int:
+        """``attention.key_length``, else llama.cpp's default ``embedding_length / head_count``,
+        which must then divide (else the file is refused naming both fields)."""
+        width = self.get("attention.key_length")
+        if width is not None:
+            return width
+        if n_heads < 1 or d % n_heads:
+            a = self.arch
+            raise FormatError(
+                "load_gguf_model",
+                f"{a}.embedding_length={d} is not divisible by {a}.attention.head_count="
+                f"{n_heads} (with no {a}.attention.key_length, a head is embedding_length / "
+                "head_count wide)",
+            )
+        return d // n_heads
+
+    def heads_divide(self, n_heads: int, n_kv: int) -> None:
+        """Refuse a KV head count that does not divide the head count (grouped-query
+        attention shares each KV head among a whole number of query heads)."""
+        if n_kv >= 1 and n_heads % n_kv:
+            a = self.arch
+            raise FormatError(
+                "load_gguf_model",
+                f"{a}.attention.head_count={n_heads} is not divisible by "
+                f"{a}.attention.head_count_kv={n_kv}",
+            )
+
     def fail(self, key: str, value, expected: str):
         """Refuse ``<arch>.<key>=value``, saying what was expected."""
         raise FormatError(
@@ -290,7 +317,8 @@ def _common(k: _Keys, names, *, eps_key: str) -> dict:
     if isinstance(n_heads, list) or isinstance(k.get("attention.head_count_kv"), list):
         k.fail("attention.head_count", n_heads, "one head count for every layer")
     n_kv = k.get("attention.head_count_kv", n_heads)
-    head_dim = k.get("attention.key_length", d // n_heads)
+    k.heads_divide(n_heads, n_kv)
+    head_dim = k.head_width(d, n_heads)
     v_dim = k.get("attention.value_length", d // n_heads)
     if v_dim != head_dim:
         k.fail("attention.value_length", v_dim, f"key_length={head_dim}")
@@ -353,8 +381,93 @@ def _rope(k: _Keys, head_dim: int, *, partial: bool = False, kinds=("none", "lin
     return out
 
 
+#: HF config field -> the GGUF metadata key it is read from (``<arch>.`` prefixed unless it
+#: starts with ``tokenizer.``): how a refused config value is named to the user, who can find
+#: the key in the file (:func:`config_key_label`).
+HF_FIELD_KEYS = {
+    "hidden_size": "embedding_length",
+    "intermediate_size": "feed_forward_length",
+    "shared_intermediate_size": "feed_forward_length",
+    "num_hidden_layers": "block_count",
+    "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv",
+    "head_dim": "attention.key_length",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+    "layer_norm_epsilon": "attention.layer_norm_rms_epsilon",
+    "layer_norm_eps": "attention.layer_norm_epsilon",
+    "norm_epsilon": "attention.layer_norm_epsilon",
+    "max_position_embeddings": "context_length",
+    "rope_theta": "rope.freq_base",
+    "rope_scaling": "rope.scaling.type",
+    "partial_rotary_factor": "rope.dimension_count",
+    "sliding_window": "attention.sliding_window",
+    "attn_logit_softcapping": "attn_logit_softcapping",
+    "final_logit_softcapping": "final_logit_softcapping",
+    "logits_scaling": "logit_scale",
+    "residual_multiplier": "residual_scale",
+    "embedding_multiplier": "embedding_scale",
+    "attention_multiplier": "attention.scale",
+    "state_size": "ssm.state_size",
+    "ssm_state_size": "ssm.state_size",
+    "mamba_d_state": "ssm.state_size",
+    "n_groups": "ssm.group_count",
+    "mamba_n_groups": "ssm.group_count",
+    "conv_kernel": "ssm.conv_kernel",
+    "mamba_d_conv": "ssm.conv_kernel",
+    "num_heads": "ssm.time_step_rank",
+    "mamba_n_heads": "ssm.time_step_rank",
+    "bos_token_id": "tokenizer.ggml.bos_token_id",
+    "eos_token_id": "tokenizer.ggml.eos_token_id",
+}
+
+
+def config_key_label(reader, arch: str):
+    """``(hf_key, shown) -> str``: how an HF config field read from this file is named in a
+    message (:meth:`~exactblocks.models._config.ConfigFieldError.render`): its GGUF key when
+    the file states that key, else the HF name marked as derived from the metadata.
+
+    Parameters
+    ----------
+    reader : GGUFFile or gguf.GGUFReader
+    arch : str
+        The file's ``general.architecture``.
+
+    Returns
+    -------
+    callable
+    """
+    present = set(reader.fields)
+
+    def label(key: str, shown: str) -> str:
+        gguf_key = HF_FIELD_KEYS.get(key)
+        if gguf_key is not None and not gguf_key.startswith("tokenizer."):
+            gguf_key = f"{arch}.{gguf_key}"
+        if key == "vocab_size":
+            return "vocab_size (the rows of token_embd.weight)"
+        if gguf_key in present:
+            return gguf_key
+        return f"{shown} (derived from the GGUF metadata)"
+
+    return label
+
+
+#: llama.cpp's tokenizer kinds (llama-vocab.cpp ``llama_vocab::impl::load``: any other
+#: ``tokenizer.ggml.model`` is "unknown tokenizer"); GGUFTokenizer builds 'gpt2' and 'llama'.
+TOKENIZER_KINDS = ("gpt2", "llama", "no", "bert", "t5", "rwkv", "plamo2")
+
+
 def _tokens(config: dict, reader) -> dict:
-    """The special token ids the file states (each an integer id, or absent)."""
+    """The special token ids the file states (each an integer id, or absent), after the
+    tokenizer kind (``tokenizer.ggml.model``, when stated) is checked to be one llama.cpp
+    has."""
+    kind = gguf_field(reader, "tokenizer.ggml.model", None)
+    if kind is not None and kind not in TOKENIZER_KINDS:
+        raise FormatError(
+            "load_gguf_model",
+            f"tokenizer.ggml.model={_shown(kind)} is not a tokenizer kind (expected one of "
+            f"{', '.join(map(repr, TOKENIZER_KINDS))}; 'gpt2' and 'llama' build a tokenizer, "
+            "the others load the model without one)",
+        )
     for key, hf in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
         full = f"tokenizer.ggml.{key}"
         value = gguf_field(reader, full, None)
@@ -368,12 +481,34 @@ def _tokens(config: dict, reader) -> dict:
 
 def _unpermute_qk(name: str, w, config: dict):
     """llama.cpp's converter permutes q/k rows (and biases) of the Llama-style architectures
-    (``LlamaModel.permute``, ``undo_permute = True``): undo it, as for ``llama`` files."""
+    (``LlamaModel.permute``, ``undo_permute = True``): undo it, as for ``llama`` files. A
+    tensor whose rows are not the metadata's heads is refused with its shape (read_arch names
+    it by its GGUF name)."""
     if name.endswith(("q_proj.weight", "q_proj.bias")):
-        return [(name, unpermute_qk(w, config["num_attention_heads"]))]
-    if name.endswith(("k_proj.weight", "k_proj.bias")):
-        return [(name, unpermute_qk(w, config["num_key_value_heads"]))]
-    return [(name, w)]
+        heads_key = "num_attention_heads"
+    elif name.endswith(("k_proj.weight", "k_proj.bias")):
+        heads_key = "num_key_value_heads"
+    else:
+        return [(name, w)]
+    heads = config[heads_key]
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    rows = heads * head_dim
+    if w.shape[0] != rows:
+        want = (rows, *w.shape[1:])
+        count = "attention.head_count" if heads_key == "num_attention_heads" else (
+            "attention.head_count_kv")  # fmt: skip
+        raise FormatError(
+            "load_gguf_model",
+            f"has shape {tuple(w.shape)}; the metadata implies {want} ({heads} heads of "
+            f"{head_dim} rows: {count} and attention.key_length)",
+        )
+    if head_dim % 2:
+        raise FormatError(
+            "load_gguf_model",
+            f"is split into heads of {head_dim} rows, an odd width (RoPE rotates "
+            "pairs of rows: expected an even attention.key_length)",
+        )
+    return [(name, unpermute_qk(w, heads))]
 
 
 def _qwen_config(k: _Keys, names) -> dict:
@@ -518,13 +653,19 @@ def read_arch(reader, entry: GGUFArch, direct: bool = False) -> tuple[dict, dict
             raise FormatError(
                 "load_gguf_model", f"the {arch} GGUF lacks tensors {missing[:5]}{more}"
             )
+    for tensor in reader.tensors:  # every type readable before any tensor is read
+        if tensor.name in targets:
+            check_type(tensor, "load_gguf_model")
     tensors: dict[str, Any] = {}
     for tensor in reader.tensors:
         hf = targets.get(tensor.name)
         if hf is None:
             continue
         w = dequantize(tensor, direct)
-        pairs = entry.convert(hf, w, config) if entry.convert else [(hf, w)]
+        try:
+            pairs = entry.convert(hf, w, config) if entry.convert else [(hf, w)]
+        except FormatError as exc:
+            raise FormatError("load_gguf_model", f"tensor {tensor.name!r} {exc.detail}") from None
         tensors.update(pairs)
     if entry.finish is not None:
         tensors = entry.finish(tensors, config)

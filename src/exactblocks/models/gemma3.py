@@ -219,7 +219,8 @@ def _gemma3_config(k: _Keys, names) -> dict:
     # llama-model.cpp load_hparams: n_head_kv defaults to n_head; key/value length to
     # n_embd / n_head (integer division), n_rot to the key length
     n_kv = get("attention.head_count_kv", n_heads)
-    head_dim = get("attention.key_length", d // n_heads)
+    k.heads_divide(n_heads, n_kv)
+    head_dim = k.head_width(d, n_heads)
     v_dim = get("attention.value_length", d // n_heads)
     if v_dim != head_dim:
         raise ValueError(

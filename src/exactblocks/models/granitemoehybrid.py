@@ -258,7 +258,9 @@ def _granitehybrid_config(k: _Keys, names) -> dict:
     kv_heads = sorted({h for h in kv if h})
     if len(kv_heads) > 1:
         k.fail("attention.head_count_kv", kv, "one KV head count for every attention layer")
-    head_dim = k.get("attention.key_length", d // n_heads)
+    if kv_heads:
+        k.heads_divide(n_heads, kv_heads[0])
+    head_dim = k.head_width(d, n_heads)
     if head_dim != d // n_heads or k.get("attention.value_length", head_dim) != head_dim:
         k.fail("attention.key_length", head_dim, f"embedding_length / head_count = {d // n_heads}")
     for key in ("expert_count", "expert_used_count"):

@@ -101,7 +101,8 @@ def _llama_config(k: _Keys, names) -> dict:
     if isinstance(n_heads, list) or isinstance(k.get("attention.head_count_kv"), list):
         k.fail("attention.head_count", n_heads, "one head count for every layer")
     n_kv = k.get("attention.head_count_kv", n_heads, minimum=1)
-    head_dim = k.get("attention.key_length", d // n_heads)
+    k.heads_divide(n_heads, n_kv)
+    head_dim = k.head_width(d, n_heads)
     rope_dim = k.get("rope.dimension_count", head_dim)
     if rope_dim != head_dim:
         k.fail("rope.dimension_count", rope_dim, f"head_dim={head_dim}: partial RoPE is not a "

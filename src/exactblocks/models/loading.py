@@ -23,6 +23,7 @@ import numpy as np
 from .._validation import FormatError
 from .._weights import QuantizedMatrix
 from ._args import _eos_from
+from ._config import ConfigFieldError
 from .head import _HeadRows
 from .model import Model
 from .registry import family_for_config
@@ -174,9 +175,11 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
     TypeError
         A source of another kind, or a config where none is taken.
     ValueError
-        An unsupported architecture or config value (named); a truncated or malformed file; a
-        tensor missing, unexpected or of the wrong shape (named, with the file); a tied head
-        that differs from the embedding; non-finite weights. Nothing is half-built: every
+        An unsupported architecture or config value (named with the file it came from, as that
+        file spells it: ``config.json``'s key, or a GGUF's metadata key); a truncated or
+        malformed file; a tensor missing, unexpected or of the wrong shape (named, with the file
+        and the config fields that size it); a tied head that differs from the embedding;
+        non-finite weights. Nothing is half-built: every
         check runs before the first block is made.
     ImportError
         A reader the source needs (``gguf``, ``tokenizers``) is not installed.
@@ -196,6 +199,7 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
 
     tokenizer = None
     gen_config = None
+    config_file = None  # the config.json the config was read from (named in messages)
     if is_torch_module(source):
         if config is not None:
             raise TypeError("load_model: config= is not taken with a model object (it has .config)")
@@ -208,6 +212,10 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
         cfg = _config_dict(config)
         tensors = TorchSource(source)
         origin = "a state dict"
+        if isinstance(config, (str, os.PathLike)):
+            config_file = os.fspath(config)
+            if os.path.isdir(config_file):
+                config_file = os.path.join(config_file, "config.json")
     elif isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if os.path.isdir(path):
@@ -218,11 +226,13 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
                 raise TypeError(
                     "load_model: config= is not taken with a folder (it has config.json)"
                 )
-            cfg = _read_json(os.path.join(path, "config.json"), "config file")
-            tensors = SafetensorsSource.from_folder(path)
-            tokenizer = HFTokenizer.from_folder(path)
+            config_file = os.path.join(path, "config.json")
+            cfg = _read_json(config_file, "config file")
             gen_path = os.path.join(path, "generation_config.json")
             gen_config = _read_json(gen_path, "file") if os.path.isfile(gen_path) else None
+            _eos_from({}, gen_config, repr(gen_path))  # a malformed id, before any work
+            tensors = SafetensorsSource.from_folder(path)
+            tokenizer = HFTokenizer.from_folder(path)
             origin = path
         elif path.endswith(".gguf"):
             if config is not None:
@@ -237,9 +247,13 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"load_model: {path!r} is not a file")
             folder = os.path.dirname(path) or "."
-            cfg = _config_dict(
-                config if config is not None else os.path.join(folder, "config.json")
-            )
+            if config is None:
+                config = os.path.join(folder, "config.json")
+            cfg = _config_dict(config)
+            if isinstance(config, (str, os.PathLike)):
+                config_file = os.fspath(config)
+                if os.path.isdir(config_file):
+                    config_file = os.path.join(config_file, "config.json")
             tensors = SafetensorsSource([path])
             origin = path
         elif not os.path.exists(path):
@@ -253,9 +267,11 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
             "load_model: source must be a path (folder, .safetensors, .gguf), a transformers "
             f"model or a state dict; got {type(source).__name__}"
         )
+    named = None if config_file is None else (config_file, None)
     with _building(f"building the model of {origin}"):
         return build_model(cfg, tensors, tokenizer=tokenizer, max_positions=max_positions,
-                           generation_config=gen_config, origin=origin)  # fmt: skip
+                           generation_config=gen_config, origin=origin,
+                           config_origin=named)  # fmt: skip
 
 
 def load_gguf_model(path, *, direct: bool = False) -> tuple[dict, dict, object]:
@@ -319,6 +335,7 @@ def _load_gguf(path: str, max_positions) -> Model:
     from exactblocks.loaders.torch import ArraySource
     from exactblocks.text import GGUFTokenizer, UnsupportedTokenizerError
 
+    from ._gguf import config_key_label
     from .registry import gguf_arch
 
     # the extension first: a missing build or an unavailable EXACTBLOCKS_ISA is reported as
@@ -347,11 +364,14 @@ def _load_gguf(path: str, max_positions) -> Model:
     # metadata (vocabulary, merges: several MB of Python strings) is freed here, and each
     # layer's tensors (q/k blocks un-permuted into fresh arrays among them) once it is built.
     release = partial(release_map, reader.data) if isinstance(reader, GGUFFile) else None
-    changes = gguf_arch(gguf_field(reader, "general.architecture")).spec_changes
+    arch = gguf_field(reader, "general.architecture")
+    changes = gguf_arch(arch).spec_changes
+    label = config_key_label(reader, arch)
     source = ArraySource(arrays, path, release)
     del reader, arrays
     return build_model(cfg, source, tokenizer=tokenizer, max_positions=max_positions,
-                       origin=path, spec_changes=changes)  # fmt: skip
+                       origin=path, spec_changes=changes,
+                       config_origin=(path, label))  # fmt: skip
 
 
 #: Longest context a transformer block serves (``TransformerBlockInference``'s
@@ -419,7 +439,8 @@ class _Renamed(Mapping):
 
 
 def build_model(config, tensors, *, tokenizer=None, max_positions=None, generation_config=None,
-                origin: str = "the source", spec_changes=None) -> Model:  # fmt: skip
+                origin: str = "the source", spec_changes=None,
+                config_origin=None) -> Model:  # fmt: skip
     """The one build path of every source: config -> family spec -> checked tensors -> Model.
 
     Parameters
@@ -439,6 +460,11 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
         (a family's ``GGUF.spec_changes``: a GGUF's Gemma 3 norm weights are
         stored as ``1 + w``, so its norms are plain RMSNorms), applied with
         ``dataclasses.replace`` before any tensor is checked.
+    config_origin : tuple of (str, callable or None) or None, default=None
+        The file the config was read from and how its fields are named there
+        (``(key, shown) -> str``; None = the HF key, as in ``config.json``): a refused config
+        value is reported as ``load_model: '<file>': <field>=<value> ...``. A GGUF loader
+        passes :func:`~exactblocks.models._gguf.config_key_label`, naming the GGUF key.
 
     Returns
     -------
@@ -449,20 +475,88 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
     ValueError
         See :func:`load_model`.
     """
+    try:
+        family = family_for_config(config)
+        stated = config.get("num_hidden_layers")
+        # A family's reader sizes per-layer lists by the count: a large one is compared with
+        # the tensors first (a smaller mismatch after the reader's own refusals, below)
+        if _int(stated) and stated > _LAYERS_READ_FIRST:
+            held = max((int(m.group(1)) + 1 for n in tensors if (m := _LAYER.search(n))),
+                       default=0)  # fmt: skip
+            if stated > held:
+                raise ValueError(
+                    f"load_model: the config states num_hidden_layers={stated} but {origin} "
+                    f"holds the tensors of {held} layer{'s' if held != 1 else ''}"
+                )
+        spec, resolved = family.spec_from_config(config)
+        eos_ids = _eos_from(resolved, generation_config)
+    except ConfigFieldError as exc:
+        if config_origin is None:
+            raise
+        file, label = config_origin
+        if label is None:
+            raise ValueError(f"load_model: {file!r}: {exc.render()}") from None
+        hf = ", ".join(k for k, _, _ in exc.fields)
+        raise ValueError(f"load_model: {file!r}: {exc.render(label)} (HF: {hf})") from None
+    except ValueError as exc:  # a family's other refusals of the config: name the file
+        text = str(exc)
+        if config_origin is None or not text.startswith("load_model: "):
+            raise
+        if "generation_config" in text:  # (not the config's)
+            raise
+        raise ValueError(f"load_model: {config_origin[0]!r}: {text[12:]}") from exc
+    return _build(spec, resolved, eos_ids, tensors, tokenizer, max_positions, origin,
+                  spec_changes)  # fmt: skip
+
+
+# tensor name pieces -> the HF config fields that size the tensor (rows, then columns): (the
+# field, the spec attribute holding its value; None = a product of heads and head_dim)
+_D, _FF = ("hidden_size", "d_model"), ("intermediate_size", "intermediate")
+_QW, _KW = ("num_attention_heads * head_dim", None), ("num_key_value_heads * head_dim", None)
+_SIZED_BY = (
+    ((".q_norm.", ".k_norm."), ("head_dim", "head_dim"), (None, None)),
+    (("embed_tokens.", "lm_head."), ("vocab_size", "vocab_size"), _D),
+    ((".q_proj.",), _QW, _D),
+    ((".k_proj.", ".v_proj."), _KW, _D),
+    ((".o_proj.",), _D, _QW),
+    ((".gate_proj.", ".up_proj.", ".fc1."), _FF, _D),
+    ((".down_proj.", ".fc2."), _D, _FF),
+    (("norm.",), _D, (None, None)),
+)
+
+
+def _sized_by(name: str, spec) -> str:
+    """`` (rows: <field>=<value>, columns: ...)``: the config fields a tensor's expected shape
+    comes from, so a wrong one is traced to its root field ('' when not known: only the
+    decoder families' tensors are listed)."""
+    if not hasattr(spec, "intermediate"):
+        return ""
+    for pieces, rows, cols in _SIZED_BY:
+        if any(p in name for p in pieces):
+            parts = []
+            for what, (field, attr) in (("rows", rows), ("columns", cols)):
+                if field is None:
+                    continue
+                if attr is None:  # a product: its factors' values
+                    h = getattr(spec, "n_heads" if "attention" in field else "n_kv_heads", None)
+                    d = getattr(spec, "head_dim", None)
+                    if h is None or d is None:
+                        return ""
+                    parts.append(f"{what}: {field} = {h} * {d}")
+                elif hasattr(spec, attr):
+                    parts.append(f"{what}: {field}={getattr(spec, attr)}")
+            return f" ({', '.join(parts)})" if parts else ""
+    return ""
+
+
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _build(spec, resolved, eos_ids, tensors, tokenizer, max_positions, origin, spec_changes):
+    """:func:`build_model` after the config is read: the tensors checked, then built."""
     from exactblocks import _ext
 
-    family = family_for_config(config)
-    stated = config.get("num_hidden_layers")
-    # A family's reader sizes per-layer lists by the count: a large one is compared with the
-    # tensors first (a smaller mismatch after the reader's own refusals, below)
-    if isinstance(stated, int) and not isinstance(stated, bool) and stated > _LAYERS_READ_FIRST:
-        held = max((int(m.group(1)) + 1 for n in tensors if (m := _LAYER.search(n))), default=0)
-        if stated > held:
-            raise ValueError(
-                f"load_model: the config states num_hidden_layers={stated} but {origin} holds "
-                f"the tensors of {held} layer{'s' if held != 1 else ''}"
-            )
-    spec, resolved = family.spec_from_config(config)
     if spec_changes:
         spec = dataclasses.replace(spec, **spec_changes)
     if max_positions is None:
@@ -482,16 +576,25 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
     aliases = getattr(spec, "prefix_aliases", ())  # (saved prefix, in-memory prefix)
     if aliases and not any(n.startswith(ours) for n in tensors for ours, _ in aliases):
         tensors = _Renamed(tensors, dict(aliases))
+    # the tensor names of this source (an MoE model's experts: stacked in memory, one by one in
+    # files); the model keeps `spec` itself, so its fingerprint does not depend on the source
+    source_spec = spec.for_tensors(tensors) if hasattr(spec, "for_tensors") else spec
     held = layers_held(spec.layer_prefix, tensors) if spec.n_layers > _LAYERS_READ_FIRST else 0
     if spec.n_layers > max(held, _LAYERS_READ_FIRST):  # before every layer's tensors are listed
         raise ValueError(
             f"load_model: the config states num_hidden_layers={spec.n_layers} but {origin} "
             f"holds the tensors of {held} layer{'s' if held != 1 else ''}"
         )
-    layer_specs = [spec.layer_tensors(i) for i in range(spec.n_layers)]
+    layer_specs = [source_spec.layer_tensors(i) for i in range(spec.n_layers)]
     expected = {t.name: t for ts in layer_specs for t in ts}
     expected.update({t.name: t for t in spec.top_tensors()})
     names = set(tensors)
+    held = layers_held(spec.layer_prefix, names)
+    if held != spec.n_layers and held:  # the root field, before the tensors it leaves out
+        raise ValueError(
+            f"load_model: the config states num_hidden_layers={spec.n_layers} but {origin} "
+            f"holds the tensors of {held} layer{'s' if held != 1 else ''}"
+        )
     unknown = sorted(n for n in names - set(expected) if not _IGNORED.search(n))
     if unknown:
         more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
@@ -516,7 +619,7 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
         if got != want:
             raise ValueError(
                 f"load_model: tensor {name!r} in {tensors.where(name)} has shape {got}; the "
-                f"config implies {want}"
+                f"config implies {want}{_sized_by(name, spec)}"
             )
     head_stored = spec.head_name in names
     tied_same = (
@@ -578,7 +681,7 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
         arrays = {t.name: tensors[t.name] for t in ts if t.name in names}
         try:
             with _building(f"building layer {i} of {origin}"):
-                built = spec.build_layer(i, arrays, max_positions)
+                built = source_spec.build_layer(i, arrays, max_positions)
             blocks.extend(built if isinstance(built, list) else [built])  # hybrids: 1-2 blocks
         except (TypeError, ValueError) as exc:
             raise ValueError(f"load_model: layer {i} of {origin}: {exc}") from exc
@@ -605,7 +708,7 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
         embed=embed,
         head=head,
         tokenizer=tokenizer,
-        eos_ids=_eos_from(resolved, generation_config),
+        eos_ids=eos_ids,
         max_positions=max_positions,
         head_bytes=head_bytes,
         source=origin,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ._config import ConfigReader
+from ._config import ConfigFieldError, ConfigReader
 from ._decoder import TensorSpec
 from ._gguf import (
     GGUFArch,
@@ -200,14 +200,16 @@ def spec_from_config(config) -> tuple[Mamba2Spec, dict]:
     d_inner = int(expand * d)  # HF: int(config.expand * hidden_size)
     n_heads, head_dim = c.integer("num_heads"), c.integer("head_dim")
     if d_inner != n_heads * head_dim:
-        raise ValueError(
-            f"load_model: config hidden_size * expand = {d_inner} differs from num_heads * "
-            f"head_dim = {n_heads * head_dim}"
-        )
+        raise ConfigFieldError(
+            f"{{0}} * {{1}} = {d_inner} differs from {{2}} * {{3}} = {n_heads * head_dim}",
+            [("hidden_size", "'hidden_size'", d), ("expand", "'expand'", expand),
+             ("num_heads", "'num_heads'", n_heads), ("head_dim", "'head_dim'", head_dim)],
+        )  # fmt: skip
     n_groups = c.integer("n_groups")
     if n_heads % n_groups:
-        raise ValueError(
-            f"load_model: config num_heads={n_heads} is not divisible by n_groups={n_groups}"
+        raise ConfigFieldError(
+            "{0} is not divisible by {1}",
+            [("num_heads", "'num_heads'", n_heads), ("n_groups", "'n_groups'", n_groups)],
         )
     limit = c.get("time_step_limit")
     if (

@@ -281,7 +281,9 @@ def _nemotron_h_config(k: _Keys, names) -> dict:
         k.fail("attention.head_count_kv", kv, "one KV head count for every attention layer")
     if len(widths) > 1:
         k.fail("feed_forward_length", ff, "one width for every MLP layer")
-    head_dim = k.get("attention.key_length", d // n_heads)
+    if kv_heads:
+        k.heads_divide(n_heads, kv_heads[0])
+    head_dim = k.head_width(d, n_heads)
     if k.get("attention.value_length", head_dim) != head_dim:
         k.fail("attention.value_length", k.get("attention.value_length"), f"key_length={head_dim}")
     scale = k.get("attention.scale", 0.0)

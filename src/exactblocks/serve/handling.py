@@ -20,7 +20,6 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import json
-import re
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -47,6 +46,10 @@ from .protocol import APIError, error_body
 from .structured import grammar_of_response_format
 
 MAX_BODY_BYTES = 4 * 2**20
+#: A body over MAX_BODY_BYTES is read and discarded up to this many bytes before the 413 is
+#: sent (a client still sending when the server closes sees a reset, not the answer); past it
+#: the connection is closed unread.
+DRAIN_BODY_BYTES = 64 * 2**20
 MAX_STOP_STRINGS = 4
 #: Most choices (``n``) per request.
 MAX_N = 16
@@ -54,19 +57,24 @@ MAX_N = 16
 TOKENIZE_THREADS = 2
 
 
-# A union member's tag in a pydantic error location ("str", "list[int]", "TextPart"): a type,
-# never a field of the body (the body's fields are lower-case words).
-_UNION_TAG = re.compile(r"^(?:str|int|float|bool|none|[a-z-]+\[.*\]|[A-Z]\w*(?:\[.*\])?)$")
-
-
 def _field_path(loc) -> tuple:
-    """A pydantic error location without its union tags: the JSON path of the field."""
-    return tuple(p for p in loc if not (isinstance(p, str) and _UNION_TAG.match(p)))
+    """A pydantic error location without its union member tags: the JSON path of the field."""
+    return tuple(p for p in loc if not _union_tag(p))
 
 
 def _validation_error(exc: ValidationError) -> APIError:
     errors = exc.errors()
     err = errors[0]
+    if err.get("loc", ())[:1] == ("stop",):  # one message for the str | list[str] union
+        got = next(e["input"] for e in errors if e.get("loc", ()) == ("stop", "str"))
+        shown = json.dumps(got)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        return APIError(
+            400,
+            f"stop must be a string or a list of at most {MAX_STOP_STRINGS} strings; got {shown}",
+            param="stop",
+            code="invalid_value",
+        )
     if err["type"] == "json_invalid":
         return APIError(400, f"the body is not valid JSON: {err['msg']}", code="invalid_json")
     # A value that fails a union (a message's content, a prompt) fails every member: report
@@ -93,6 +101,14 @@ def _validation_error(exc: ValidationError) -> APIError:
         msg = f"Input should be {' or '.join(kinds)}; got {got}"
     where = f"{loc}: " if loc else "the body: "
     return APIError(400, where + msg, param=loc or None, code="invalid_value")
+
+
+def _union_tag(part) -> bool:
+    """Whether a pydantic error location part names a union member, not a field."""
+    if isinstance(part, int):
+        return False
+    return part in ("str", "int", "float", "bool", "dict", "list") or not part.isidentifier() \
+        or part[:1].isupper()  # fmt: skip
 
 
 def _shutting_down(message: str = SHUTTING_DOWN) -> APIError:
@@ -202,16 +218,26 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
             )
 
     async def parse(request: Request, cls):
-        too_big = APIError(413, f"the body exceeds {MAX_BODY_BYTES} bytes", code="body_too_large")
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            raise too_big  # refused before reading it
+        over = declared.isdigit() and int(declared) > MAX_BODY_BYTES  # refused unparsed
         parts, size = [], 0
         async for part in request.stream():
             size += len(part)
-            if size > MAX_BODY_BYTES:
-                raise too_big
+            if over or size > MAX_BODY_BYTES:
+                # read and discarded, so the client gets to read the 413 (up to a bound:
+                # past it the connection is closed unread)
+                over, parts = True, []
+                if size > DRAIN_BODY_BYTES:
+                    break
+                continue
             parts.append(part)
+        if over:
+            raise APIError(
+                413,
+                f"the body exceeds {MAX_BODY_BYTES} bytes (4 MiB), the most this server reads",
+                code="body_too_large",
+                headers={"Connection": "close"},
+            )
         raw = b"".join(parts)
         try:
             body = cls.model_validate_json(raw)
@@ -256,8 +282,22 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
         :func:`grammar_of`, or a ``tools`` route's :func:`~exactblocks.serve.structured.
         grammar_or_400`); None = unconstrained."""
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
-            raise APIError(400, "stop: at most 4 non-empty strings", param="stop")
+        if len(stop) > MAX_STOP_STRINGS:
+            raise APIError(
+                400,
+                f"stop has {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed",
+                param="stop",
+                code="invalid_value",
+            )
+        for i, s in enumerate(stop):
+            if not s:
+                where = "stop" if isinstance(body.stop, str) else f"stop[{i}]"
+                raise APIError(
+                    400,
+                    f"{where} is an empty string; stop strings must be non-empty",
+                    param="stop",
+                    code="invalid_value",
+                )
         try:
             n_new = engine.check(n_prompt, max_tokens)
         except PromptTooLong as exc:
@@ -374,7 +414,9 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
     async def stream(request, handles, events, make_chunk, include_usage, n, heads=()):
         """Server-sent events of a request's choices; unfinished ones are cancelled on exit.
 
-        ``make_chunk(index, text, events, finish_reason, prompt_event=None)`` builds a chunk.
+        ``make_chunk(index, text, events, finish_reason, prompt_event=None)`` builds a chunk,
+        or a list of chunks (none: nothing to send yet) for a token or a finish; called with
+        ``("", [], None)`` it returns one chunk (the usage chunk's base).
         """
 
         async def gen() -> AsyncIterator[str]:
@@ -389,7 +431,8 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
                         yield sse(make_chunk(index, None, [], None, ev))
                         continue
                     if isinstance(ev, TokenEvent):
-                        yield sse(make_chunk(index, ev.text, [ev], None))
+                        for c in _chunks(make_chunk(index, ev.text, [ev], None)):
+                            yield sse(c)
                         continue
                     if ev.finish_reason in ("error", "abort"):
                         # the status line is sent: a last event carries the error instead
@@ -402,7 +445,8 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
                     fins[index] = ev
                     left -= 1
                     last = [ev.stop_token] if ev.stop_token is not None else []
-                    yield sse(make_chunk(index, ev.tail, last, ev.finish_reason))
+                    for c in _chunks(make_chunk(index, ev.tail, last, ev.finish_reason)):
+                        yield sse(c)
                 if include_usage:
                     last = make_chunk(0, "", [], None)
                     last["choices"] = []
@@ -443,6 +487,11 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
         usage=usage,
         stream=stream,
     )
+
+
+def _chunks(made) -> list:
+    """``make_chunk``'s answer as a list of chunks."""
+    return made if isinstance(made, list) else [made]
 
 
 def _encode(tok, text: str) -> list[int]:

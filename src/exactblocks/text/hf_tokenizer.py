@@ -97,8 +97,22 @@ class HFTokenizer:
             try:
                 with open(cfg_path, encoding="utf-8") as f:
                     config = json.load(f)
-            except json.JSONDecodeError as exc:
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise ValueError(f"load_model: {cfg_path!r} is not valid JSON ({exc})") from None
+            if not isinstance(config, dict):
+                raise ValueError(f"load_model: {cfg_path!r} does not hold a JSON object")
+        named_ok = isinstance(config.get("chat_template"), list) and all(
+            isinstance(t, dict) and isinstance(t.get("template"), str)
+            for t in config["chat_template"]
+        )
+        if not (config.get("chat_template") is None
+                or isinstance(config["chat_template"], str) or named_ok):  # fmt: skip
+            shown = repr(config["chat_template"])
+            raise ValueError(
+                f"load_model: {cfg_path!r}: chat_template="
+                f"{shown if len(shown) <= 60 else shown[:57] + '...'} is not a template "
+                "(expected a string, or a list of {'name', 'template'} objects)"
+            )
         template = None
         jinja_path = os.path.join(folder, "chat_template.jinja")
         source = f"{jinja_path!r}"
@@ -186,6 +200,8 @@ class HFTokenizer:
         *,
         add_generation_prompt: bool = False,
         tokenize: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template: str | None = None,
         **kwargs: Any,
     ):
         """Render a conversation with the folder's chat template, optionally tokenised.
@@ -197,6 +213,12 @@ class HFTokenizer:
         add_generation_prompt : bool, default=False
         tokenize : bool, default=False
             Return ids (``encode(text, add_special_tokens=False)``, as transformers does).
+        tools : sequence of mapping or None, default=None
+            JSON-schema tools (``{"type": "function", "function": {...}}``), the template's
+            ``tools`` (transformers' ``tools`` argument, dicts passed unchanged).
+        chat_template : str or None, default=None
+            A template source to render instead of the folder's (transformers'
+            ``chat_template`` argument).
         **kwargs
             Extra template variables.
 
@@ -216,10 +238,10 @@ class HFTokenizer:
         Follows transformers ``render_jinja_template``: ``ImmutableSandboxedEnvironment`` with
         ``trim_blocks``, ``lstrip_blocks`` and ``loopcontrols``, a ``tojson`` filter that does
         not escape HTML, globals ``raise_exception`` and ``strftime_now``; variables
-        ``messages``, ``add_generation_prompt``, ``tools``/``documents`` (None) and the special
+        ``messages``, ``add_generation_prompt``, ``tools``, ``documents`` (None) and the special
         tokens by name.
         """
-        if not self.chat_template:
+        if not self.chat_template and chat_template is None:
             raise ValueError("HFTokenizer.apply_chat_template: the folder has no chat template")
         return apply_chat_template(
             self,
@@ -228,6 +250,8 @@ class HFTokenizer:
             add_generation_prompt,
             tokenize,
             kwargs,
+            tools=tools,
+            chat_template=chat_template,
         )
 
     def _special_tokens(self) -> dict:

@@ -8,7 +8,7 @@ puts the two together.
 
 from __future__ import annotations
 
-from .quant import DIRECT_TYPES, dequantize, unpermute_qk
+from .quant import DIRECT_TYPES, check_type, dequantize, unpermute_qk
 from .reader import (
     SMOLLM2_GGUF_NAME,
     SMOLLM2_INSTALL_COMMAND,
@@ -24,6 +24,7 @@ __all__ = [
     "SMOLLM2_GGUF_NAME",
     "SMOLLM2_INSTALL_COMMAND",
     "GGUFFile",
+    "check_type",
     "default_smollm2_path",
     "dequantize",
     "gguf_field",

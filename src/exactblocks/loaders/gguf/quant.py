@@ -13,9 +13,9 @@ import numpy as np
 
 from exactblocks._validation import FormatError
 
-from .reader import _GGML_F32, _LeanTensor
+from .reader import _GGML_F32, _GGML_NAMES, _LeanTensor
 
-__all__ = ["DIRECT_TYPES", "dequantize", "unpermute_qk"]
+__all__ = ["DIRECT_TYPES", "check_type", "dequantize", "unpermute_qk"]
 
 # ggml types the core packs directly (exactblocks._weights.QuantizedMatrix): Q4_0, Q4_1, Q5_0,
 # Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (ops/gemm/format.hpp GgmlType: Q4_1/Q4_K as 4-bit codes, Q5_1/Q5_K
@@ -72,6 +72,48 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     return np.ascontiguousarray(grouped.swapaxes(1, 2).reshape(w.shape))
 
 
+def _type_code(tensor) -> int:
+    # (a GGUFFile tensor's type code is read without importing gguf)
+    return tensor.ggml_type if isinstance(tensor, _LeanTensor) else int(tensor.tensor_type)
+
+
+def check_type(tensor, where: str) -> None:
+    """Refuse a tensor whose type :func:`dequantize` cannot turn into numbers (the integer
+    types I8/I16/I32/I64, F64, or a block type the ``gguf`` package does not dequantise),
+    before any tensor is read.
+
+    Parameters
+    ----------
+    tensor : a GGUFFile tensor or gguf.ReaderTensor
+    where : str
+        The caller, for the message.
+
+    Raises
+    ------
+    FormatError
+        Naming the tensor, its type and the accepted types.
+    """
+    kind = _type_code(tensor)
+    if kind in DIRECT_TYPES or kind in (0, 1, 30):  # F32, F16, BF16: no gguf import
+        return
+    import gguf
+    from gguf.quants import _type_traits
+
+    try:
+        qtype = gguf.GGMLQuantizationType(kind)
+    except ValueError:
+        qtype = None
+    if qtype is not None and qtype in _type_traits:
+        return
+    accepted = sorted({"F32", "F16"} | {t.name for t in _type_traits})
+    name = _GGML_NAMES.get(kind) or (qtype.name if qtype is not None else kind)
+    raise FormatError(
+        where,
+        f"tensor {tensor.name!r} has type {name}, which holds no weights the loader can "
+        f"read (expected one of {', '.join(accepted)})",
+    )
+
+
 def dequantize(tensor, direct: bool = False):
     """One GGUF tensor -> float32 array of shape reversed(ne).
 
@@ -93,8 +135,7 @@ def dequantize(tensor, direct: bool = False):
     copies what it keeps).
     """
     expect = tuple(int(n) for n in reversed(list(tensor.shape)))
-    # (a GGUFFile tensor's type code is read without importing gguf)
-    kind = tensor.ggml_type if isinstance(tensor, _LeanTensor) else int(tensor.tensor_type)
+    kind = _type_code(tensor)
     if direct and len(expect) == 2 and kind in DIRECT_TYPES:
         from exactblocks._weights import QuantizedMatrix
 

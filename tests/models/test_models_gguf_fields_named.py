@@ -1,0 +1,132 @@
+"""A GGUF's bad field or tensor is named as the file states it, with the file.
+
+The checks made after the metadata becomes an HF-style config report the GGUF key the user can
+find in the file (``llama.attention.layer_norm_rms_epsilon``, not ``rms_norm_eps``); a derived
+width that does not divide names its root fields; a tensor type the loader cannot use, and a
+``tokenizer.ggml.model`` no tokenizer kind has, are refused naming the tensor or field and the
+accepted values. The files are written here with ``gguf.GGUFWriter`` (tests/models/
+test_models_gguf_bounds.py's tiny llama), some patched byte by byte.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from test_models_gguf_bounds import patch_tensor_info, refused, write_llama
+
+import exactblocks
+
+
+@pytest.mark.parametrize(
+    ("keys", "needles"),
+    [
+        (
+            {"llama.attention.layer_norm_rms_epsilon": -1.0},
+            ["llama.attention.layer_norm_rms_epsilon=-1.0", "a number > 0", "rms_norm_eps"],
+        ),
+        (
+            {"llama.attention.layer_norm_rms_epsilon": 0.0},
+            ["llama.attention.layer_norm_rms_epsilon=0.0", "a number > 0"],
+        ),
+        ({"llama.rope.freq_base": -5.0}, ["llama.rope.freq_base=-5.0", "a number > 0"]),
+        ({"llama.feed_forward_length": 0}, ["llama.feed_forward_length=0", "integer >= 1"]),
+        (
+            {"llama.attention.head_count_kv": 4},
+            ["llama.attention.head_count=2 is not divisible by llama.attention.head_count_kv=4"],
+        ),
+        (
+            {"llama.attention.head_count": 4, "llama.attention.head_count_kv": 3},
+            ["llama.attention.head_count=4 is not divisible by llama.attention.head_count_kv=3"],
+        ),
+    ],
+    ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()) if isinstance(v, dict) else None,
+)
+def test_a_bad_value_names_the_gguf_key_and_the_file(tmp_path, keys, needles):
+    path = write_llama(tmp_path / "m.gguf", keys=keys)
+    message = refused(path, repr(path), *needles)
+    assert "rope_scaling[" not in message and "config field 'rms" not in message, message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("d", [8, 16])
+def test_a_head_count_that_does_not_divide_the_width_names_both_fields(tmp_path, d):
+    path = write_llama(
+        tmp_path / "m.gguf",
+        keys={
+            "llama.embedding_length": d,
+            "llama.attention.head_count": 3,
+            "llama.attention.head_count_kv": 3,
+        },
+    )
+    message = refused(
+        path,
+        repr(path),
+        f"llama.embedding_length={d} is not divisible by llama.attention.head_count=3",
+        "llama.attention.key_length",
+    )
+    assert "rope" not in message and "rows" not in message, message
+
+
+def test_a_q_tensor_of_the_wrong_rows_is_named_by_its_gguf_name(tmp_path):
+    """key_length=6 with 2 heads: q must have 12 rows, the file's has 8 (it is not split into
+    heads by the q/k un-permutation before its shape is checked)."""
+    path = write_llama(tmp_path / "m.gguf", keys={"llama.attention.key_length": 6,
+                                                  "llama.attention.value_length": 6})  # fmt: skip
+    message = refused(path, repr(path), "'blk.0.attn_q.weight'", "(8, 8)", "(12, 8)")
+    assert "w has" not in message, message
+
+
+@pytest.mark.parametrize(("code", "name"), [(26, "I32"), (24, "I8"), (25, "I16")])
+def test_a_tensor_of_a_type_the_loader_cannot_use_is_named(tmp_path, code, name):
+    path = write_llama(tmp_path / "m.gguf")
+    patch_tensor_info(path, "output_norm.weight", ggml_type=code)
+    message = refused(path, repr(path), "'output_norm.weight'", f"type {name}", "F32", "Q4_K")
+    assert "not yet implemented" not in message, message
+
+
+@pytest.mark.parametrize("kind", ["wordpiece2", ""])
+def test_an_unknown_tokenizer_model_is_refused(tmp_path, kind):
+    path = write_llama(tmp_path / "m.gguf", keys={"tokenizer.ggml.model": kind})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not a warning any more
+        with pytest.raises(ValueError) as info:
+            exactblocks.load_model(path)
+    message = str(info.value)
+    for needle in (repr(path), f"tokenizer.ggml.model={kind!r}", "'gpt2'", "'llama'", "'bert'"):
+        assert needle in message, message
+
+
+def test_a_known_tokenizer_kind_without_a_builder_still_loads(tmp_path):
+    """'bert' is a kind llama.cpp knows: the model loads, without a tokenizer (a warning)."""
+    path = write_llama(tmp_path / "m.gguf", keys={"tokenizer.ggml.model": "bert"})
+    with pytest.warns(UserWarning, match="no tokenizer"):
+        model = exactblocks.load_model(path)
+    assert model.tokenizer is None and len(model.blocks) == 2
+
+
+@pytest.mark.parametrize("arch", ["nemotron_h", "granitehybrid"])
+def test_a_zero_head_count_is_named_not_a_division_by_zero(tmp_path, arch):
+    """The hybrids' readers divided embedding_length by head_count before checking it (an
+    'integer division or modulo by zero'): the keys are named now."""
+    import gguf
+    import numpy as np
+
+    path = str(tmp_path / "m.gguf")
+    w = gguf.GGUFWriter(path, arch)
+    for key, value in {"block_count": 1, "context_length": 64, "embedding_length": 8,
+                       "feed_forward_length": 0, "attention.head_count": 0,
+                       "attention.head_count_kv": 0}.items():  # fmt: skip
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(32)])
+    w.add_tensor("token_embd.weight", np.zeros((32, 8), np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(8, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    message = refused(path, repr(path), f"{arch}.embedding_length=8 is not divisible by "
+                      f"{arch}.attention.head_count=0")  # fmt: skip
+    assert "division" not in message
