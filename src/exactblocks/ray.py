@@ -162,9 +162,13 @@ class _Actor:
             shown = f"{path} (shipped as {packed['name']!r})"
         elif isinstance(model, exactblocks.Model):  # in-process use: already loaded
             path = shown = None
+        elif isinstance(model, (str, os.PathLike)):
+            path = shown = os.fspath(model)
         else:
-            path = os.fspath(model)
-            shown = path
+            raise TypeError(
+                f"{where}: model= must be a path (str or os.PathLike) or an exactblocks.Model; "
+                f"got {type(model).__name__}"
+            )
         if path is None:
             self.model, self.path = model, str(model.source)
         else:
@@ -337,7 +341,7 @@ class Generate(_Actor):
     seed : int, default=0
         Defaults of the per-row columns of the same names (``Model.generate``). A row without a
         seed uses this one, so a sampled row never depends on OS entropy.
-    stop : str, int or iterable of int and str, optional
+    stop : str, int or sequence (list or tuple) of int and str, optional
         Stop token ids and stop strings for every row, in addition to the model's
         ``eos_token_ids``; a str is one stop string.
     ignore_eos : bool, default=False
@@ -353,7 +357,8 @@ class Generate(_Actor):
     ModelLoadError
         The model cannot be loaded (the message names the path and the cause).
     TypeError
-        Neither or both of ``model`` and ``model_ref``.
+        Neither or both of ``model`` and ``model_ref``; ``model`` neither a path nor a Model;
+        ``stop`` neither a str, an int nor a sequence of them.
 
     Notes
     -----

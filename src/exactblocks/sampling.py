@@ -288,8 +288,13 @@ def token_logprobs(logits, targets) -> np.ndarray:
             f"token_logprobs: logits {logits.shape} and targets {targets.shape} do not match; "
             "expected (n, vocab) and (n,)"
         )
-    if targets.size and (targets.min() < 0 or targets.max() >= logits.shape[1]):
-        raise ValueError(f"token_logprobs: a target is outside [0, {logits.shape[1]})")
+    bad = np.flatnonzero((targets < 0) | (targets >= logits.shape[1]))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"token_logprobs: targets[{i}]={int(targets[i])} is outside the vocabulary "
+            f"[0, {logits.shape[1]})"
+        )
     elementwise = _ext.core().elementwise
     out = np.empty(len(targets), np.float32)
     for i, t in enumerate(targets.tolist()):
@@ -306,8 +311,10 @@ def logprobs(logits, token: int, top_logprobs: int = 0):
     ----------
     logits : ndarray of shape (vocab_size,), float32
     token : int
+        In ``[0, vocab_size)``.
     top_logprobs : int, default=0
-        Alternatives to list (0 = none).
+        Alternatives to list, >= 0 (0 = none); at most ``vocab_size`` are listed (every
+        token when ``top_logprobs >= vocab_size``).
 
     Returns
     -------
@@ -315,8 +322,25 @@ def logprobs(logits, token: int, top_logprobs: int = 0):
         ``(logprob, top)``: ``logprob`` a numpy.float32 (the bits of :func:`token_logprobs`),
         ``top`` None when ``top_logprobs`` is 0, else a list of ``(id, numpy.float32)`` by
         logit descending, then id ascending.
+
+    Raises
+    ------
+    TypeError
+        ``token`` or ``top_logprobs`` not an int (bool refused).
+    ValueError
+        ``logits`` not one non-empty row, ``token`` outside the vocabulary, ``top_logprobs``
+        negative.
     """
     row = np.ascontiguousarray(logits, dtype=np.float32)
+    if row.ndim != 1 or row.size == 0:
+        raise ValueError(f"logprobs: logits has shape {row.shape}; expected (vocab_size,)")
+    for name, v in (("token", token), ("top_logprobs", top_logprobs)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"logprobs: {name} must be an int; got {type(v).__name__}")
+    if not 0 <= token < row.size:
+        raise ValueError(f"logprobs: token={int(token)} is outside the vocabulary [0, {row.size})")
+    if top_logprobs < 0:
+        raise ValueError(f"logprobs: top_logprobs={int(top_logprobs)} must be >= 0")
     top_z, lse = _log_sum_exp(row, _ext.core().elementwise)
     lp = (row[int(token)] - top_z) - lse
     top = None

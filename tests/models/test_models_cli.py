@@ -169,3 +169,76 @@ def test_run_a_prompt_that_fills_the_context_names_the_flag(tiny, capsys):
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("exactblocks run: error: --prompt: the prompt ("), last
     assert last.endswith("tokens with the template) fills the model's 128 positions"), last
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--top-p", "2"], "argument --top-p: expected a number in (0, 1], got '2'"),
+        (["--top-p", "0"], "argument --top-p: expected a number in (0, 1], got '0'"),
+        (["--top-p", "nan"], "argument --top-p: expected a number in (0, 1], got 'nan'"),
+        (["--seed", "-1"], "argument --seed: expected an integer >= 0, got '-1'"),
+    ],
+)
+def test_run_sampling_flags_are_checked_before_the_model_loads(tmp_path, capsys, flags, says):
+    # --top-p 2 and --seed -1 were refused only after the model loaded, naming top_p / seed
+    with pytest.raises(SystemExit) as exc:
+        main(["run", str(tmp_path / "no-such-model"), "--prompt", "hi", "--temperature", "1",
+              *flags])  # fmt: skip
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == f"exactblocks run: error: {says}", err
+    assert "loading" not in err
+
+
+def test_run_an_empty_prompt_is_refused_before_the_model_loads(tmp_path, capsys):
+    # it used to send an empty user turn through the chat template
+    assert main(["run", str(tmp_path / "no-such-model"), "--prompt", ""]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.strip().splitlines()[-1]
+        == "exactblocks run: error: --prompt: the user message is empty"
+    )
+    assert "loading" not in err
+
+
+def test_run_max_new_tokens_beyond_the_context_is_refused_as_the_server_does(tiny, capsys):
+    """A given --max-new-tokens that does not fit after the prompt is an error naming the flag
+    (it was silently cut to the room left); the default 128 is still capped to the room."""
+    import exactblocks
+
+    folder, _ = tiny("llama")
+    assert main(["run", folder, "--prompt", "Hi", "--max-new-tokens", "100000000"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (
+        "exactblocks run: error: --max-new-tokens: 100000000 new tokens do not fit the model's "
+        "128 positions with a prompt (at most 127)"
+    ), last
+    model = exactblocks.load_model(folder)
+    msg = [{"role": "user", "content": "Hi"}]
+    n = len(model.tokenizer.apply_chat_template(msg, add_generation_prompt=True, tokenize=True))
+    assert main(["run", folder, "--prompt", "Hi", "--max-new-tokens", str(128 - n + 1)]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (
+        f"exactblocks run: error: --max-new-tokens: {128 - n + 1} new tokens after the prompt's "
+        f"{n} exceed the model's 128 positions (at most {128 - n})"
+    ), last
+    assert main(["run", folder, "--prompt", "Hi", "--max-new-tokens", str(128 - n)]) == 0
+    capsys.readouterr()
+    assert main(["chat", folder, "--max-new-tokens", "128"]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .startswith("exactblocks chat: error: --max-new-tokens: 128 new tokens do not fit")
+    )
+
+
+def test_run_raw_text_of_no_tokens_names_the_prompt(tiny, capsys):
+    import exactblocks
+
+    folder, _ = tiny("llama")
+    assert list(exactblocks.load_model(folder).tokenizer.encode("")) == []  # no start token
+    assert main(["run", folder, "--raw", "--prompt", ""]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "exactblocks run: error: --prompt: '' encodes to no tokens", last

@@ -167,3 +167,22 @@ def test_generate_names_the_prompt_and_stop_ids_it_refuses(tiny):
     with pytest.raises(ValueError, match=rf"^Model\.generate: stop id {v + 5} is outside"):
         model.generate([1, 2], max_new_tokens=2, stop=[v + 5])
     assert len(model.generate([1, 2], max_new_tokens=2, stop=[v - 1, "zz"]).ids) <= 2
+
+
+def test_generate_stop_of_another_type_is_a_type_error_naming_stop(tiny):
+    """A dict's keys, a set's (unordered) entries or bytes' ints were taken as stop entries."""
+    from exactblocks.models.generate import SamplingParams
+
+    folder, _ = tiny("llama")
+    model = exactblocks.load_model(folder)
+    for stop in ({"a": 1}, {"a"}, b"ab", 2.5, iter(["a"])):
+        kind = type(stop).__name__
+        with pytest.raises(TypeError, match=rf"^Model\.generate: stop must be .* got {kind}$"):
+            model.generate([1, 2], max_new_tokens=2, stop=stop)
+        with pytest.raises(TypeError, match=rf"stop must be a str or a sequence .* got {kind}$"):
+            SamplingParams(max_tokens=1, stop=stop)
+    assert (
+        model.generate([1, 2], max_new_tokens=2, stop=("zz", 5)).ids
+        == model.generate([1, 2], max_new_tokens=2, stop=["zz", 5]).ids
+    )
+    assert SamplingParams(max_tokens=1, stop=["a", "b"]).stop == ("a", "b")

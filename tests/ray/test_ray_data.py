@@ -281,6 +281,10 @@ def test_constructor_errors(model):
         ebray.Embed(model, pooling="max")
     with pytest.raises(ValueError, match="temperature"):
         ebray.Generate(model, temperature=-1.0)
+    with pytest.raises(TypeError, match=r"Generate: model= must be a path .* got int"):
+        ebray.Generate(5)
+    with pytest.raises(TypeError, match=r"Generate: stop must be .* got dict"):
+        ebray.Generate(model, stop={"a": 1})
 
 
 def test_shipped_model_copy_is_removed(path, tmp_path, monkeypatch):

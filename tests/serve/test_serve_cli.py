@@ -102,6 +102,9 @@ def _tiny_folder(tmp_path) -> str:
             ["--prefix-cache-mb", "-3"],
             "argument --prefix-cache-mb: expected a finite number of MiB >= 0; got '-3'",
         ),
+        # an empty key (an unset "$KEY") served 401 to everyone; an empty name was ignored
+        (["--api-key", ""], "argument --api-key: must not be empty"),
+        (["--model-name", ""], "argument --model-name: must not be empty"),
     ],
 )
 def test_flags_are_checked_before_the_model_loads(tmp_path, capsys, flags, says):

@@ -62,6 +62,37 @@ CASES = [
 ]  # fmt: skip
 
 
+# (name, path, body (bytes = raw), status, param, text the message holds)
+MESSAGE_CASES = [
+    ("NaN temperature", CHAT,
+     b'{"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], '
+     b'"temperature": NaN}', 400, "temperature", "temperature: must be finite; got NaN"),
+    ("Infinity top_p", COMP, b'{"model": "smollm2", "prompt": "Hi", "top_p": Infinity}', 400,
+     "top_p", "top_p: must be finite; got Infinity"),
+    ("stream_options without stream", CHAT,
+     {"model": "smollm2", "messages": MSG, "stream_options": {"include_usage": True}}, 400,
+     "stream_options", "stream_options: only allowed when stream is true"),
+    ("text part without text", CHAT,
+     {"model": "smollm2", "messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400,
+     "messages.0.content.0.text", "messages.0.content.0.text: Field required"),
+    ("image part", CHAT,
+     {"model": "smollm2", "messages": [{"role": "user", "content": [
+         {"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
+     "messages.0.content.0.type", "messages.0.content.0.type: Input should be 'text'"),
+    ("content a number", CHAT,
+     {"model": "smollm2", "messages": [{"role": "user", "content": 5}]}, 400,
+     "messages.0.content", "Input should be a valid string or a valid array; got 5"),
+    ("a string in token ids", COMP, {"model": "smollm2", "prompt": [1, "a"]}, 400, "prompt.1",
+     "prompt.1: Input should be a valid integer"),
+    ("token id outside the vocabulary, its position", COMP,
+     {"model": "smollm2", "prompt": [1, 2, 10**9]}, 400, "prompt",
+     "prompt.2: token id 1000000000 is outside the vocabulary [0, 49152)"),
+    ("token id outside the vocabulary, batch", COMP,
+     {"model": "smollm2", "prompt": [[1], [-3, 2]]}, 400, "prompt.1",
+     "prompt.1.0: token id -3 is outside the vocabulary [0, 49152)"),
+]  # fmt: skip
+
+
 def _check_error(status, payload, want_status, want_param=None):
     assert status == want_status, payload
     assert set(payload) == {"error"}, payload
@@ -79,6 +110,10 @@ def test_malformed_requests_get_errors_and_the_next_is_served(srv):
             "POST", COMP, {"model": "smollm2", "prompt": "Hi", "max_tokens": 1, "seed": 0}
         )
         assert ok == 200 and answer["choices"][0]["finish_reason"] in ("stop", "length"), name
+    for name, path, body, status, param, says in MESSAGE_CASES:
+        got, _, payload = srv.request("POST", path, body)
+        _check_error(got, payload, status, param)
+        assert says in payload["error"]["message"], (name, payload)
     srv.wait_idle()
     got, _, payload = srv.request("GET", "/v1/nothing-here")
     _check_error(got, payload, 404)

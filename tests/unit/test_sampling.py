@@ -352,3 +352,27 @@ def test_detokenizer_releases_final_text_only():
         Detokenizer(_Utf8Bytes(), [""])
     with pytest.raises(TypeError, match="must be a str"):
         Detokenizer(_Utf8Bytes(), [5])
+
+
+def test_logprobs_errors_name_the_argument():
+    from exactblocks.sampling import logprobs, token_logprobs
+
+    z = np.arange(10, dtype=np.float32)
+    cases = [
+        (ValueError, r"logprobs: token=10 is outside the vocabulary \[0, 10\)", (z, 10)),
+        (ValueError, r"logprobs: token=-1 is outside the vocabulary \[0, 10\)", (z, -1)),
+        (TypeError, "logprobs: token must be an int; got float", (z, 1.0)),
+        (TypeError, "logprobs: token must be an int; got bool", (z, True)),
+        (ValueError, "logprobs: top_logprobs=-1 must be >= 0", (z, 1, -1)),
+        (TypeError, "logprobs: top_logprobs must be an int; got str", (z, 1, "2")),
+        (ValueError, r"logprobs: logits has shape \(1, 10\)", (z[None], 1)),
+    ]
+    for exc, match, args in cases:
+        with pytest.raises(exc, match=match):
+            logprobs(*args)
+    # top_logprobs beyond the vocabulary lists every token (documented clamp)
+    lp, top = logprobs(z, 3, 11)
+    assert [i for i, _ in top] == list(range(9, -1, -1))
+    assert lp == token_logprobs(z[None], [3])[0]
+    with pytest.raises(ValueError, match=r"targets\[1\]=10 is outside the vocabulary \[0, 10\)"):
+        token_logprobs(np.stack([z, z]), [0, 10])

@@ -1,8 +1,9 @@
 """What the ``exactblocks`` commands share: argparse types, loading a model with notes on stderr.
 
-What lives here: the argument types (:func:`positive_int`, :func:`non_negative_float`) whose
-messages argparse prints after the flag's name, and :func:`load` (``run``, ``chat`` and
-``serve``). What does not: the commands themselves (``demo``, ``run``, ``models``, ``serve``).
+What lives here: the argument types (:func:`positive_int`, :func:`non_negative_float`,
+:func:`probability`, :func:`non_empty`, ...) whose messages argparse prints after the flag's
+name, and :func:`load` (``run``, ``chat`` and ``serve``). What does not: the commands
+themselves (``demo``, ``run``, ``models``, ``serve``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ __all__ = [
     "FlagError",
     "LoadError",
     "load",
+    "non_empty",
     "non_negative_float",
     "non_negative_int",
     "positive_int",
@@ -111,6 +113,17 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def _number(text: str, ok, what: str) -> float:
+    """``float(text)`` when ``ok`` of it holds, else ``expected <what>, got '<text>'``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan  # fails every test below
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {_shown(text)!r}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     """argparse type of ``--temperature``: a finite number >= 0.
 
@@ -127,13 +140,7 @@ def non_negative_float(text: str) -> float:
     argparse.ArgumentTypeError
         ``expected a finite number >= 0, got '<text>'``.
     """
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {_shown(text)!r}")
-    return value
+    return _number(text, lambda v: 0 <= v < math.inf, "a finite number >= 0")
 
 
 def probability(text: str) -> float:
@@ -152,13 +159,31 @@ def probability(text: str) -> float:
     argparse.ArgumentTypeError
         ``expected a number in (0, 1], got '<text>'``.
     """
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {_shown(text)!r}")
-    return value
+    return _number(text, lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
+
+
+def non_empty(text: str) -> str:
+    """argparse type of a name or key that must not be empty (``--api-key``, ``--model-name``).
+
+    An empty value is most often an unset shell variable (``--api-key "$KEY"``): refused, not
+    taken as "none".
+
+    Parameters
+    ----------
+    text : str
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        ``must not be empty``.
+    """
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
 
 
 def load(path: str, threads: int | None, err):

@@ -42,16 +42,49 @@ def _prompt_ids(model, messages, raw: bool) -> list:
     return list(tok.encode(messages[-1]["content"]))
 
 
-def _answer(model, ids, args, out):
-    """Stream one answer to ``out``; return its GenerateOutput."""
-    room = None if model.max_positions is None else model.max_positions - len(ids)
-    n_new = args.max_new_tokens if room is None else min(args.max_new_tokens, room)
-    if n_new < 1:
+#: New tokens per answer when ``--max-new-tokens`` is not given (fewer when the context has
+#: less room left).
+DEFAULT_MAX_NEW_TOKENS = 128
+
+
+def _max_new_tokens(args) -> int:
+    return DEFAULT_MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens
+
+
+def _check_max_new_tokens(model, args) -> None:
+    """A given ``--max-new-tokens`` no answer could fit is refused once the model is known."""
+    limit = model.max_positions
+    if args.max_new_tokens is not None and limit is not None and args.max_new_tokens >= limit:
+        raise FlagError(
+            "--max-new-tokens",
+            f"{args.max_new_tokens} new tokens do not fit the model's {limit} positions with a "
+            f"prompt (at most {limit - 1})",
+        )
+
+
+def _answer(model, ids, args, out, cap: bool = False):
+    """Stream one answer to ``out``; return its GenerateOutput.
+
+    ``run``: a given ``--max-new-tokens`` must fit after the prompt (refused otherwise, as the
+    server refuses ``max_tokens``); the default is capped to the room left. ``chat``
+    (``cap=True``, after dropping old turns to make room): capped either way.
+    """
+    limit = model.max_positions
+    room = None if limit is None else limit - len(ids)
+    if room is not None and room < 1:
         raise FlagError(
             "--prompt",
-            f"the prompt ({len(ids)} tokens with the template) fills the model's "
-            f"{model.max_positions} positions",
+            f"the prompt ({len(ids)} tokens with the template) fills the model's {limit} positions",
         )
+    n_new = _max_new_tokens(args)
+    if room is not None and n_new > room:
+        if args.max_new_tokens is not None and not cap:
+            raise FlagError(
+                "--max-new-tokens",
+                f"{n_new} new tokens after the prompt's {len(ids)} exceed the model's {limit} "
+                f"positions (at most {room})",
+            )
+        n_new = room
     stream = model.generate(
         ids,
         max_new_tokens=n_new,
@@ -100,8 +133,13 @@ def run_text(args, out=None, err=None) -> int:
     """
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    if not args.prompt and not args.raw:
+        raise FlagError("--prompt", "the user message is empty")
     model = load(resolve(args.model), args.threads, err)
+    _check_max_new_tokens(model, args)
     ids = _prompt_ids(model, [{"role": "user", "content": args.prompt}], args.raw)
+    if not ids:  # --raw "": nothing to continue from (a tokenizer without a BOS token)
+        raise FlagError("--prompt", f"{args.prompt!r} encodes to no tokens")
     res = _answer(model, ids, args, out)
     out.write(_summary(res, model) + "\n")
     return 0
@@ -120,7 +158,7 @@ def _fit_history(model, messages: list, args, err) -> list | None:
     if limit is None:  # a Mamba-2 state has no length limit
         return ids
     dropped = 0
-    while len(ids) + args.max_new_tokens > limit and len(messages) > 1:
+    while len(ids) + _max_new_tokens(args) > limit and len(messages) > 1:
         del messages[:2]  # the oldest user message and its answer
         dropped += 1
         ids = _prompt_ids(model, messages, args.raw)
@@ -166,6 +204,7 @@ def run_chat(args, inp=None, out=None, err=None) -> int:
     err = err if err is not None else sys.stderr
     model = load(resolve(args.model), args.threads, err)
     _need_tokenizer(model)  # before the first prompt, not after the user has typed
+    _check_max_new_tokens(model, args)
     messages: list = []
     err.write("type a message and press Enter; /help lists the commands, /exit or Ctrl-D ends\n")
     while True:
@@ -196,7 +235,7 @@ def run_chat(args, inp=None, out=None, err=None) -> int:
         if ids is None:
             continue
         out.write("assistant: ")
-        res = _answer(model, ids, args, out)
+        res = _answer(model, ids, args, out, cap=True)
         messages.append({"role": "assistant", "content": res.text})
         err.write(_summary(res, model) + "\n")
     return 0
@@ -224,17 +263,23 @@ def add_parsers(sub, positive_int) -> None:
         )
         if name == "run":
             p.add_argument("--prompt", required=True, help="the user message")
-        p.add_argument("--max-new-tokens", type=positive_int, default=128, help="default: 128")
+        p.add_argument(
+            "--max-new-tokens",
+            type=positive_int,
+            default=None,
+            help=f"default: {DEFAULT_MAX_NEW_TOKENS}, fewer when the context has less room; a "
+            "given value must fit the context after the prompt",
+        )
         p.add_argument(
             "--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default)"
         )
         p.add_argument("--top-k", type=positive_int, default=None)
-        p.add_argument("--top-p", type=probability, default=None)
+        p.add_argument("--top-p", type=probability, default=None, help="in (0, 1]")
         p.add_argument(
             "--seed",
             type=non_negative_int,
             default=None,
-            help="sampling seed (same seed, same text)",
+            help="sampling seed >= 0 (same seed, same text)",
         )
         p.add_argument("--threads", type=positive_int, default=None)
         p.add_argument(

@@ -19,7 +19,7 @@ import sys
 
 from exactblocks.serve import TOOL_CALL_PARSERS
 
-from .common import FlagError, load, non_negative_int
+from .common import FlagError, load, non_empty, non_negative_int
 from .models import resolve
 
 __all__ = [
@@ -149,7 +149,8 @@ def add_parser(sub, positive_int) -> None:
     )
     p.add_argument(
         "--api-key",
-        default=os.environ.get("EXACTBLOCKS_API_KEY"),
+        type=non_empty,
+        default=os.environ.get("EXACTBLOCKS_API_KEY") or None,
         help="require 'Authorization: Bearer KEY' on every route but /health "
         "(default: $EXACTBLOCKS_API_KEY, else none)",
     )
@@ -168,6 +169,7 @@ def add_parser(sub, positive_int) -> None:
     )
     p.add_argument(
         "--model-name",
+        type=non_empty,
         default=None,
         help="the model id clients send (default: MODEL's file or folder name)",
     )

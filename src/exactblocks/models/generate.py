@@ -27,7 +27,7 @@ import dataclasses
 import math
 import numbers
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,13 +62,21 @@ def _is_real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
 
 
+def _is_sequence(value) -> bool:
+    """A list, tuple, range or 1-D NumPy array: ordered entries (a dict, set or str is not)."""
+    if isinstance(value, np.ndarray):
+        return value.ndim == 1
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray))
+
+
 def split_stop(stop, where: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """Split a ``stop`` argument into (stop token ids, stop strings).
 
     Parameters
     ----------
-    stop : None, str, int or iterable of int and str
-        A str is one stop string; an int one stop id; None nothing.
+    stop : None, str, int or sequence of int and str
+        A str is one stop string; an int one stop id; None nothing; a sequence (list, tuple,
+        1-D array) of them in order.
     where : str
         The call named in errors.
 
@@ -80,7 +88,8 @@ def split_stop(stop, where: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
     Raises
     ------
     TypeError
-        An entry that is neither an int nor a str.
+        ``stop`` of another type (a dict, a set, bytes), or an entry that is neither an int
+        nor a str.
     """
     if stop is None:
         return (), ()
@@ -88,10 +97,10 @@ def split_stop(stop, where: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
         return (), (stop,)
     if _is_int(stop):
         return (int(stop),), ()
-    if not isinstance(stop, Iterable):
+    if not _is_sequence(stop):
         raise TypeError(
-            f"{where}: stop must be a str, an int or an iterable of int and str; got "
-            f"{type(stop).__name__}"
+            f"{where}: stop must be a str, an int or a sequence (list or tuple) of int and "
+            f"str; got {type(stop).__name__}"
         )
     ids, strs = [], []
     for s in stop:
@@ -244,9 +253,9 @@ class SamplingParams:
             stop = ()
         elif isinstance(stop, str):
             stop = (stop,)
-        elif not isinstance(stop, Iterable):
+        elif not _is_sequence(stop):
             raise TypeError(
-                f"{where}: {name('stop')} must be a str or a sequence of str; got "
+                f"{where}: {name('stop')} must be a str or a sequence (list or tuple) of str; got "
                 f"{type(stop).__name__}"
             )
         stop = tuple(stop)
@@ -258,7 +267,7 @@ class SamplingParams:
         put("stop", stop)
         ids = self.stop_token_ids
         if ids is not None:
-            if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+            if not _is_sequence(ids):
                 raise TypeError(
                     f"{where}: {name('stop_token_ids')} must be a sequence of int; got "
                     f"{type(ids).__name__}"

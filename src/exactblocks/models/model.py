@@ -685,7 +685,7 @@ class Model:
         seed : int or None, default=None
             Seed of ``numpy.random.Generator(PCG64(seed))``; the same seed gives the same tokens
             on every machine. None = fresh OS entropy.
-        stop : None, str, int or iterable of int and str, default=None
+        stop : None, str, int or sequence (list or tuple) of int and str, default=None
             Stop token ids and stop strings, in addition to the model's ``eos_token_ids``; a
             str is one stop string. A stop token is not part of the output; the text is cut
             before a stop string.

@@ -28,7 +28,7 @@ from .echo import (
 )
 from .engine import PromptEvent, TokenEvent
 from .handling import _encode
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, check_token_ids
 from .structured import grammar_or_400
 from .tools import ToolSupport, chat_messages, check_tools, stream_deltas, tool_calls_json
 
@@ -206,8 +206,7 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
                 ids = list(prompt)
             if not ids:
                 raise APIError(400, f"the {where.replace('.', ' ')} is empty", param=where)
-            if any(i < 0 or i >= model.vocab_size for i in ids):
-                raise APIError(400, f"a token id is outside [0, {model.vocab_size})", param=where)
+            check_token_ids(ids, model.vocab_size, where)
             id_lists.append(ids)
         k = body.logprobs
         max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens

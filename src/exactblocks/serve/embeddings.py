@@ -17,7 +17,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 
 from .handling import _encode
-from .protocol import APIError, EmbeddingRequest
+from .protocol import APIError, EmbeddingRequest, check_token_ids
 
 __all__ = ["add_routes", "pooled_embeddings"]
 
@@ -68,8 +68,7 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str) -> None:
                     param=where,
                     code="context_length_exceeded",
                 )
-            if any(t < 0 or t >= model.vocab_size for t in ids):
-                raise APIError(400, f"a token id is outside [0, {model.vocab_size})", param=where)
+            check_token_ids(ids, model.vocab_size, where)
             id_lists.append(ids)
         try:
             vectors = await asyncio.to_thread(pooled_embeddings, model, id_lists, body.pooling)

@@ -57,10 +57,16 @@ MAX_N = 16
 TOKENIZE_THREADS = 2
 
 
+def _field_path(loc) -> tuple:
+    """A pydantic error location without its union member tags: the JSON path of the field."""
+    return tuple(p for p in loc if not _union_tag(p))
+
+
 def _validation_error(exc: ValidationError) -> APIError:
-    err = exc.errors()[0]
+    errors = exc.errors()
+    err = errors[0]
     if err.get("loc", ())[:1] == ("stop",):  # one message for the str | list[str] union
-        got = next(e["input"] for e in exc.errors() if e.get("loc", ()) == ("stop", "str"))
+        got = next(e["input"] for e in errors if e.get("loc", ()) == ("stop", "str"))
         shown = json.dumps(got)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
         return APIError(
@@ -69,14 +75,32 @@ def _validation_error(exc: ValidationError) -> APIError:
             param="stop",
             code="invalid_value",
         )
-    # a union's member tags ("str", "literal['none','auto']", "NamedToolChoice") are not fields
-    loc = ".".join(str(p) for p in err.get("loc", ()) if not _union_tag(p))
     if err["type"] == "json_invalid":
         return APIError(400, f"the body is not valid JSON: {err['msg']}", code="invalid_json")
+    # A value that fails a union (a message's content, a prompt) fails every member: report
+    # the member that got furthest into it, at its JSON path, or, when it fails them all at
+    # the top (a number where a string or an array goes), every type it could have been.
+    top = err.get("loc", ())[:1]
+    same = [e for e in errors if e.get("loc", ())[:1] == top]
+    deepest = max(len(_field_path(e.get("loc", ()))) for e in same)
+    at = [e for e in same if len(_field_path(e.get("loc", ()))) == deepest]
+    err = at[0]
+    path = _field_path(err.get("loc", ()))
+    loc = ".".join(str(p) for p in path)
     if err["type"] == "extra_forbidden":
         return APIError(400, f"unknown field {loc!r}", param=loc, code="unknown_field")
+    msg = err["msg"]
+    if err["type"] == "value_error":  # a validator's own message, without pydantic's lead
+        msg = msg.removeprefix("Value error, ")
+    elif err["type"] == "finite_number":
+        msg = f"must be finite; got {json.dumps(err.get('input'))}"  # NaN or Infinity
+    elif len(at) > 1 and all(e["type"].endswith("_type") for e in at):
+        kinds = dict.fromkeys(e["msg"].removeprefix("Input should be ") for e in at)
+        got = json.dumps(err.get("input"))
+        got = got if len(got) <= 40 else got[:37] + "..."
+        msg = f"Input should be {' or '.join(kinds)}; got {got}"
     where = f"{loc}: " if loc else "the body: "
-    return APIError(400, where + err["msg"], param=loc or None, code="invalid_value")
+    return APIError(400, where + msg, param=loc or None, code="invalid_value")
 
 
 def _union_tag(part) -> bool:

@@ -8,7 +8,8 @@ the engine, HTTP routing.
 
 Strictness: a JSON string is not a number, ``true`` is not an int and ``3.0`` is not an int;
 every field the server does not know is an error (the ``openai`` client only sends the fields
-its caller set), and accepted-but-unsupported features (penalties, ``suffix``) are refused
+its caller set), a number must be finite (``NaN``, ``Infinity``), ``stream_options`` needs
+``stream: true``, and accepted-but-unsupported features (penalties, ``suffix``) are refused
 with a message instead of being ignored.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 __all__ = [
     "APIError",
@@ -33,6 +34,7 @@ __all__ = [
     "StreamOptions",
     "Tool",
     "ToolCallIn",
+    "check_token_ids",
     "error_body",
 ]
 
@@ -69,8 +71,34 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+def check_token_ids(ids, vocab_size: int, param: str) -> None:
+    """Refuse a prompt or input of token ids with one outside the vocabulary.
+
+    Parameters
+    ----------
+    ids : list of int
+    vocab_size : int
+    param : str
+        The request field holding ``ids`` (``"prompt"``, ``"prompt.1"``, ``"input"``).
+
+    Raises
+    ------
+    APIError
+        400 naming the first id outside ``[0, vocab_size)``, its position and the field.
+    """
+    for j, t in enumerate(ids):
+        if not 0 <= t < vocab_size:
+            raise APIError(
+                400,
+                f"{param}.{j}: token id {t} is outside the vocabulary [0, {vocab_size})",
+                param=param,
+                code="invalid_value",
+            )
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # NaN and Infinity (which Python's JSON reader accepts) are refused as "not finite"
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Strict):
@@ -192,6 +220,14 @@ class _Common(_Strict):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     user: str | None = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, value, info: ValidationInfo):
+        # as OpenAI: stream_options without stream is an error, not ignored
+        if value is not None and not info.data.get("stream", False):
+            raise ValueError("only allowed when stream is true")
+        return value
 
 
 class CompletionRequest(_Common):
