@@ -63,7 +63,8 @@ def write_llama(path, *, n_layers=2, keys=None, drop=(), tensor_types=None, tens
             w.add_uint32(key, value)
     if "tokenizer.ggml.model" not in meta:
         w.add_tokenizer_model("gpt2")
-    w.add_token_list([f"t{i}" for i in range(VOCAB)])
+    if "tokenizer.ggml.tokens" not in meta:
+        w.add_token_list([f"t{i}" for i in range(VOCAB)])
     rng = np.random.default_rng(0)
     shapes = {"token_embd.weight": (VOCAB, D), "output_norm.weight": (D,)}
     for n in range(n_layers):

@@ -11,6 +11,8 @@ docs/text.md says which tokenizers and pre-tokenizers are supported and what eac
 
 from .byte_level import (
     DIGITS_FIRST,
+    KNOWN_PRE_TOKENIZERS,
+    LLAMA_CPP_PRE_TOKENIZERS,
     PRE_TOKENIZER_SPLITS,
     byte_level_pre_tokenizer,
     bytes_to_unicode,
@@ -22,6 +24,8 @@ from .hf_tokenizer import HFTokenizer
 
 __all__ = [
     "DIGITS_FIRST",
+    "KNOWN_PRE_TOKENIZERS",
+    "LLAMA_CPP_PRE_TOKENIZERS",
     "PRE_TOKENIZER_SPLITS",
     "Detokenizer",
     "GGUFTokenizer",

@@ -32,7 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from .byte_level import PRE_TOKENIZER_SPLITS, byte_level_pre_tokenizer, bytes_to_unicode
+from .byte_level import (
+    KNOWN_PRE_TOKENIZERS,
+    PRE_TOKENIZER_SPLITS,
+    byte_level_pre_tokenizer,
+    bytes_to_unicode,
+)
 from .chat_template import apply_chat_template, check_chat_template
 from .gguf_fields import TokenizerFields
 from .spm_merges import spm_merges
@@ -232,7 +237,9 @@ class GGUFTokenizer:
             If a ``tokenizer.*`` field is malformed: of the wrong kind (an id stored as a
             string, an array of another type), an id outside the vocabulary, an array of
             another length than the vocabulary, a merge that is not two tokens or names a
-            string that is not a token; or if the chat template fails to render a one-message
+            string that is not a token, a string that is not UTF-8 (the chat template), a
+            byte-level ``tokenizer.ggml.pre`` outside :data:`~exactblocks.text.
+            KNOWN_PRE_TOKENIZERS`; or if the chat template fails to render a one-message
             conversation. The message names the file, the field and what was expected.
         """
         from exactblocks.loaders.gguf import open_gguf
@@ -247,7 +254,13 @@ class GGUFTokenizer:
                 f"GGUFTokenizer.from_gguf: tokenizer.ggml.model is {model!r}; "
                 "only byte-level BPE ('gpt2') and SentencePiece ('llama') are supported"
             )
-        pre = f.string("tokenizer.ggml.pre")
+        pre = f.string("tokenizer.ggml.pre") or None  # (llama.cpp: empty = none)
+        if pre is not None and pre not in KNOWN_PRE_TOKENIZERS:
+            known = ", ".join(map(repr, sorted(KNOWN_PRE_TOKENIZERS)))
+            raise ValueError(
+                f"{f.where}: tokenizer.ggml.pre={pre!r} is not a pre-tokenizer llama.cpp or "
+                f"transformers knows (expected one of {known}, or no field)"
+            )
         tokens = f.strings("tokenizer.ggml.tokens", required=True)
         n = len(tokens)
         merges = f.strings("tokenizer.ggml.merges")
