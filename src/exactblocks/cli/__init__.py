@@ -104,12 +104,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        Exit status: 0 success, 1 the demo's bitwise check failed, 2 usage error, missing
-        model/dependency or out of memory loading it (the message names the command and the
-        argument, and says what to install), 141 (128 + SIGPIPE) when stdout's reader went
-        away, as in ``exactblocks demo | head -1`` (nothing is printed then), 130 (128 +
-        SIGINT) when interrupted by Ctrl-C (one line, ``exactblocks <command>: interrupted``,
-        on stderr).
+        Exit status: 0 success, 1 the demo's bitwise check failed or (``run``, ``chat``,
+        ``serve``) MODEL exists but cannot be loaded (malformed or unsupported, a part
+        missing, out of memory, a reader not installed), 2 a usage error (a flag's value,
+        a MODEL that does not exist; the demo's missing model or dependency), each one line
+        naming the command and the argument (and what to install), 141 (128 + SIGPIPE)
+        when stdout's reader went away, as in ``exactblocks demo | head -1`` (nothing is
+        printed then), 130 (128 + SIGINT) when interrupted by Ctrl-C (one line,
+        ``exactblocks <command>: interrupted``, on stderr).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -152,10 +154,14 @@ def _main(argv: Sequence[str] | None) -> int:
         return run_models(args)
     if args.command in ("run", "chat", "serve"):
         from . import run, serve
+        from .common import LoadError
 
         command = {"run": run.run_text, "chat": run.run_chat, "serve": serve.run_serve}
         try:
             return command[args.command](args)
+        except LoadError as exc:  # MODEL exists but does not load: 1, not a usage error
+            _error(args.command, exc.cause, "MODEL")
+            return 1
         except (FileNotFoundError, ImportError, MemoryError, TypeError, ValueError) as exc:
             # a flag's own error names it; a loading error names the model: it is about MODEL
             flag = getattr(exc, "flag", None) or ("MODEL" if args.model in str(exc) else None)

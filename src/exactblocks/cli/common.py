@@ -8,9 +8,33 @@ messages argparse prints after the flag's name, and :func:`load` (``run``, ``cha
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
-__all__ = ["FlagError", "load", "non_negative_float", "non_negative_int", "positive_int"]
+__all__ = [
+    "FlagError",
+    "LoadError",
+    "load",
+    "non_negative_float",
+    "non_negative_int",
+    "positive_int",
+    "probability",
+]
+
+
+class LoadError(Exception):
+    """MODEL exists but could not be loaded (malformed, unsupported, a part missing, out of
+    memory, a reader not installed): the command exits 1, not 2 (a usage error).
+
+    Parameters
+    ----------
+    exc : BaseException
+        What ``load_model`` raised; ``str(err)`` is its message.
+    """
+
+    def __init__(self, exc: BaseException):
+        super().__init__(str(exc))
+        self.cause = exc
 
 
 class FlagError(ValueError):
@@ -88,7 +112,7 @@ def non_negative_int(text: str) -> int:
 
 
 def non_negative_float(text: str) -> float:
-    """argparse type of ``--temperature``: a number >= 0.
+    """argparse type of ``--temperature``: a finite number >= 0.
 
     Parameters
     ----------
@@ -101,14 +125,39 @@ def non_negative_float(text: str) -> float:
     Raises
     ------
     argparse.ArgumentTypeError
-        ``expected a number >= 0, got '<text>'``.
+        ``expected a finite number >= 0, got '<text>'``.
     """
     try:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {_shown(text)!r}")
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {_shown(text)!r}")
+    return value
+
+
+def probability(text: str) -> float:
+    """argparse type of ``--top-p``: a number in (0, 1].
+
+    Parameters
+    ----------
+    text : str
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        ``expected a number in (0, 1], got '<text>'``.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {_shown(text)!r}")
     return value
 
 
@@ -127,6 +176,11 @@ def load(path: str, threads: int | None, err):
     Returns
     -------
     exactblocks.Model
+
+    Raises
+    ------
+    LoadError
+        ``load_model`` refused or failed (the command then exits 1).
     """
     import exactblocks
 
@@ -135,7 +189,10 @@ def load(path: str, threads: int | None, err):
     t0 = time.perf_counter()
     err.write(f"loading {path} ...\n")
     err.flush()
-    model = exactblocks.load_model(path)
+    try:
+        model = exactblocks.load_model(path)
+    except (FileNotFoundError, ImportError, MemoryError, TypeError, ValueError) as exc:
+        raise LoadError(exc) from exc
     if model.tokenizer is not None:  # `run` and `chat` encode text: build a lazily built
         model.tokenizer.encode("")  # tokenizer (a GGUF SentencePiece one) in the load time
     packed = sum(model.weight_storage().values())

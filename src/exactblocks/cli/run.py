@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from .common import FlagError, load, non_negative_float
+from .common import FlagError, load, non_negative_float, non_negative_int, probability
 from .models import resolve
 
 __all__ = ["CHAT_HELP", "add_parsers", "run_chat", "run_text"]
@@ -229,9 +229,12 @@ def add_parsers(sub, positive_int) -> None:
             "--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default)"
         )
         p.add_argument("--top-k", type=positive_int, default=None)
-        p.add_argument("--top-p", type=float, default=None)
+        p.add_argument("--top-p", type=probability, default=None)
         p.add_argument(
-            "--seed", type=int, default=None, help="sampling seed (same seed, same text)"
+            "--seed",
+            type=non_negative_int,
+            default=None,
+            help="sampling seed (same seed, same text)",
         )
         p.add_argument("--threads", type=positive_int, default=None)
         p.add_argument(

@@ -95,12 +95,18 @@ def read_header(path: str) -> tuple[dict, int]:
         if name == "__metadata__":
             continue
         try:
-            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
+            dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        except (KeyError, TypeError):
             raise ValueError(
                 f"safetensors: {path!r}: the header entry of tensor {name!r} lacks dtype, shape "
                 "or data_offsets"
             ) from None
+        if not isinstance(offsets, list) or len(offsets) != 2:
+            raise ValueError(
+                f"safetensors: {path!r}: tensor {name!r} has data_offsets {offsets!r}; "
+                "expected two non-negative integers [begin, end]"
+            )
+        begin, end = offsets
         if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
             raise ValueError(
                 f"safetensors: {path!r}: tensor {name!r} has shape {shape!r}; expected a list "
@@ -110,6 +116,11 @@ def read_header(path: str) -> tuple[dict, int]:
             raise ValueError(
                 f"safetensors: {path!r}: tensor {name!r} has data_offsets {[begin, end]!r}; "
                 "expected two non-negative integers"
+            )
+        if end < begin:
+            raise ValueError(
+                f"safetensors: {path!r}: tensor {name!r} has data_offsets {[begin, end]!r}; "
+                "expected [begin, end] with end >= begin"
             )
         shape = tuple(shape)
         if dtype not in _KNOWN_DTYPES:
@@ -121,7 +132,7 @@ def read_header(path: str) -> tuple[dict, int]:
                 f"safetensors: {path!r}: tensor {name!r} ({dtype}, shape {shape}) spans "
                 f"{end - begin} bytes; expected {count * width}"
             )
-        if end < begin or base + end > size:
+        if base + end > size:
             raise ValueError(
                 f"safetensors: {path!r} is truncated: tensor {name!r} needs bytes "
                 f"[{base + begin}, {base + end}) but the file has {size}"
@@ -206,12 +217,23 @@ class SafetensorsSource(Mapping):
             try:
                 with open(index, encoding="utf-8") as f:
                     weight_map = json.load(f)["weight_map"]
-                files = sorted(set(weight_map.values()))
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
                 raise ValueError(
                     f"safetensors: {index!r} is not a safetensors index ({type(exc).__name__}: "
                     f"{exc})"
                 ) from None
+            plain = isinstance(weight_map, dict) and all(
+                isinstance(k, str) and isinstance(v, str) and v and os.path.basename(v) == v
+                for k, v in weight_map.items()
+            )
+            if not plain:
+                shown = repr(weight_map)
+                raise ValueError(
+                    f"safetensors: {index!r}: weight_map="
+                    f"{shown if len(shown) <= 80 else shown[:77] + '...'} is not a mapping of "
+                    "tensor names to shard file names in the folder"
+                )
+            files = sorted(set(weight_map.values()))
             paths = [os.path.join(folder, f) for f in files]
             for p in paths:
                 if not os.path.isfile(p):

@@ -6,7 +6,8 @@ a transformers model object or a state dict, picks the family from the config
 :class:`~exactblocks.models.model.Model`: ``forward``/``step`` from token ids to float32 logits,
 bit-exact like the blocks, ``hidden_states``/``logits`` for apps, and ``generate`` on the one
 generation core (:mod:`~exactblocks.models.generate`: ``SamplingParams``, the stop rules and
-logprobs shared with the server and ``exactblocks.ray``).
+logprobs shared with the server and ``exactblocks.ray``; :mod:`~exactblocks.models.structured`:
+``Grammar``, the constraint of constrained decoding).
 
 A family is one file (``models/<family>.py``): its HF config mapping and its GGUF record (keys
 and tensor renames), listed once in :mod:`~exactblocks.models.registry` (``FAMILIES``): llama,
@@ -20,12 +21,16 @@ from .loading import load_model
 from .model import Model
 from .registry import FAMILIES
 from .state import ModelState
+from .structured import Grammar, GrammarError, GrammarMatcher
 
 __all__ = [
     "FAMILIES",
     "GenerateOutput",
     "Generation",
     "GenerationStream",
+    "Grammar",
+    "GrammarError",
+    "GrammarMatcher",
     "Model",
     "ModelState",
     "SamplingParams",

@@ -56,13 +56,29 @@ def _as_ids(ids, where: str, name: str = "ids") -> np.ndarray:
 # -- the model ----------------------------------------------------------------------------------
 
 
-def _eos_from(config: Mapping, generation_config: Mapping | None) -> tuple[int, ...]:
-    """Default stop ids: generation_config.json's eos_token_id, else the config's (as HF)."""
-    for src in (generation_config or {}, config):
+def _eos_from(config: Mapping, generation_config: Mapping | None,
+              gen_where: str = "generation_config.json") -> tuple[int, ...]:  # fmt: skip
+    """Default stop ids: generation_config.json's eos_token_id, else the config's (as HF).
+
+    A value that is not an id, a list of ids or null is refused (ValueError naming the field
+    and the file it is in), never dropped."""
+    for src, where in ((generation_config or {}, gen_where), (config, None)):
         v = src.get("eos_token_id")
         if v is not None:
             vals = v if isinstance(v, (list, tuple)) else [v]
-            return tuple(int(i) for i in vals if isinstance(i, int) and not isinstance(i, bool))
+            if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in vals):
+                if where is None:
+                    from ._config import ConfigFieldError
+
+                    raise ConfigFieldError(
+                        "{0} is not a token id (expected an integer >= 0, a list of them or null)",
+                        [("eos_token_id", "'eos_token_id'", v)],
+                    )
+                raise ValueError(
+                    f"load_model: {where} field 'eos_token_id'={v!r} is not a token id "
+                    "(expected an integer >= 0, a list of them or null)"
+                )
+            return tuple(int(i) for i in vals)
     return ()
 
 

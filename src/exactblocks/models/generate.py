@@ -35,6 +35,8 @@ import numpy as np
 from exactblocks.sampling import logprobs, pick_token
 from exactblocks.text import Detokenizer
 
+from .structured import Grammar
+
 __all__ = [
     "MAX_TOP_LOGPROBS",
     "GenerateOutput",
@@ -132,6 +134,10 @@ class SamplingParams:
         Report each emitted token's log-probability (:func:`exactblocks.sampling.logprobs`).
     top_logprobs : int, default=0
         With ``logprobs``: also the most likely alternatives at each position, in [0, 20].
+    grammar : Grammar or None, default=None
+        Constrained decoding (:class:`exactblocks.models.structured.Grammar`): each token is
+        picked among those the grammar allows after the tokens so far; the generation stops
+        (``"stop"``) once the grammar is complete and nothing may follow.
 
     Raises
     ------
@@ -156,6 +162,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    grammar: Grammar | None = None
 
     def __post_init__(self):
         self._check("SamplingParams", {})
@@ -274,6 +281,11 @@ class SamplingParams:
                 f"{where}: {name('top_logprobs')}={top} must be in [0, {MAX_TOP_LOGPROBS}]"
             )
         put("top_logprobs", top)
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise TypeError(
+                f"{where}: {name('grammar')} must be a Grammar (exactblocks.models.structured) "
+                f"or None; got {type(self.grammar).__name__}"
+            )
 
 
 @dataclass
@@ -321,9 +333,11 @@ class Generation:
     Raises
     ------
     TypeError
-        Stop strings without a tokenizer.
+        Stop strings or a grammar without a tokenizer.
     ValueError
-        A stop id outside the vocabulary (it could never be generated).
+        A stop id outside the vocabulary (it could never be generated); a grammar without an
+        end token (:class:`~exactblocks.models.structured.GrammarError` when it fails
+        against the tokenizer).
 
     Attributes
     ----------
@@ -333,6 +347,8 @@ class Generation:
         Emitted events so far (the stop string's tokens are never emitted).
     finish_reason : str or None
         ``"stop"`` or ``"length"`` once finished.
+    matcher : GrammarMatcher or None
+        The grammar's matcher (``params.grammar``), fed every accepted token.
     """
 
     def __init__(self, params: SamplingParams, prompt_ids, *, tokenizer, eos_token_ids,
@@ -349,6 +365,12 @@ class Generation:
                 )
         eos = () if params.ignore_eos else tuple(int(i) for i in eos_token_ids)
         self.stop_ids = frozenset(eos + (params.stop_token_ids or ()))
+        self.matcher = None
+        if params.grammar is not None:
+            if tokenizer is None:
+                raise TypeError(f"{where}: a grammar needs a tokenizer; this model has none")
+            self.matcher = params.grammar.matcher(tokenizer, vocab_size, eos_token_ids,
+                                                  allow_eos=not params.ignore_eos)  # fmt: skip
         # greedy decoding draws nothing: numpy.random (and the libcrypto its import loads,
         # about 5 MB of memory) is set up only to sample
         self.rng = (
@@ -375,14 +397,27 @@ class Generation:
     def pick(self, logits: np.ndarray) -> int:
         """The next token of ``logits`` (float32, (vocab_size,)) with this sequence's generator.
 
+        With a grammar: :func:`pick_token` of the logits of the allowed ids only (in id
+        order), mapped back; the same token and draw as ``pick_token`` of the logits with every
+        other id at -inf (the order, top_k's threshold, top_p's sums and the draw only ever
+        see the allowed ids' weights: a -inf adds an exact 0).
+
         Raises
         ------
         ValueError
-            Non-finite logits, or a temperature too small for them (:func:`pick_token`).
+            Non-finite logits, or a temperature too small for them (:func:`pick_token`); a
+            grammar that allows no token (its matcher failed).
         """
         p = self.params
-        return pick_token(logits, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
-                          rng=self.rng)  # fmt: skip
+        if self.matcher is None:
+            return pick_token(logits, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                              rng=self.rng)  # fmt: skip
+        allowed = self.matcher.allowed()
+        if allowed.size == 0:
+            raise ValueError("the grammar allows no token here (its matcher failed)")
+        i = pick_token(np.ascontiguousarray(logits[allowed]), temperature=p.temperature,
+                       top_k=p.top_k, top_p=p.top_p, rng=self.rng)  # fmt: skip
+        return int(allowed[i])
 
     def accept(self, token: int, logits: np.ndarray) -> tuple[list[TokenEvent], str]:
         """Take the sampled ``token`` of ``logits``: stop, or append and emit.
@@ -405,6 +440,8 @@ class Generation:
         if token in self.stop_ids:
             self.finish_reason = "stop"
             return self._release(len(self._pending)), ""
+        if self.matcher is not None:
+            self.matcher.consume(token)
         p = self.params
         lp = top = None
         if p.logprobs:
@@ -432,6 +469,8 @@ class Generation:
             else:
                 sent = self.detok.released
                 out = self._release(sum(1 for _, end in self._pending if end <= sent))
+        if not self.finished and self.matcher is not None and self.matcher.done:
+            self.finish_reason = "stop"  # the grammar is complete: only an end token may follow
         if not self.finished and len(self.ids) >= p.max_tokens:
             self.finish_reason = "length"
         return out, piece

@@ -221,9 +221,11 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
     TypeError
         A source of another kind, or a config where none is taken.
     ValueError
-        An unsupported architecture or config value (named); a truncated or malformed file; a
-        tensor missing, unexpected or of the wrong shape (named, with the file); a tied head
-        that differs from the embedding; non-finite weights. Nothing is half-built: every
+        An unsupported architecture or config value (named with the file it came from, as that
+        file spells it: ``config.json``'s key, or a GGUF's metadata key); a truncated or
+        malformed file; a tensor missing, unexpected or of the wrong shape (named, with the file
+        and the config fields that size it); a tied head that differs from the embedding;
+        non-finite weights. Nothing is half-built: every
         check runs before the first block is made.
     ImportError
         A reader the source needs (``gguf``, ``tokenizers``) is not installed.
@@ -272,10 +274,11 @@ def load_model(source, *, max_positions: int | None = None, config=None) -> Mode
                 )
             config_file = os.path.join(path, "config.json")
             cfg = _read_json(config_file, "config file")
-            tensors = SafetensorsSource.from_folder(path)
-            tokenizer = HFTokenizer.from_folder(path)
             gen_path = os.path.join(path, "generation_config.json")
             gen_config = _read_json(gen_path, "file") if os.path.isfile(gen_path) else None
+            _eos_from({}, gen_config, repr(gen_path))  # a malformed id, before any work
+            tensors = SafetensorsSource.from_folder(path)
+            tokenizer = HFTokenizer.from_folder(path)
             origin = path
         elif path.endswith(".gguf"):
             if config is not None:
@@ -523,8 +526,20 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
         See :func:`load_model`.
     """
     try:
-        return _build(config, tensors, tokenizer, max_positions, generation_config, origin,
-                      spec_changes)  # fmt: skip
+        family = family_for_config(config)
+        stated = config.get("num_hidden_layers")
+        # A family's reader sizes per-layer lists by the count: a large one is compared with
+        # the tensors first (a smaller mismatch after the reader's own refusals, below)
+        if _int(stated) and stated > _LAYERS_READ_FIRST:
+            held = max((int(m.group(1)) + 1 for n in tensors if (m := _LAYER.search(n))),
+                       default=0)  # fmt: skip
+            if stated > held:
+                raise ValueError(
+                    f"load_model: the config states num_hidden_layers={stated} but {origin} "
+                    f"holds the tensors of {held} layer{'s' if held != 1 else ''}"
+                )
+        spec, resolved = family.spec_from_config(config)
+        eos_ids = _eos_from(resolved, generation_config)
     except ConfigFieldError as exc:
         if config_origin is None:
             raise
@@ -533,29 +548,65 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
             raise ValueError(f"load_model: {file!r}: {exc.render()}") from None
         hf = ", ".join(k for k, _, _ in exc.fields)
         raise ValueError(f"load_model: {file!r}: {exc.render(label)} (HF: {hf})") from None
-    except ValueError as exc:  # a family's other refusals of a config value: name the file
+    except ValueError as exc:  # a family's other refusals of the config: name the file
         text = str(exc)
-        if config_origin is None or not text.startswith("load_model: config"):
+        if config_origin is None or not text.startswith("load_model: "):
+            raise
+        if "generation_config" in text:  # (not the config's)
             raise
         raise ValueError(f"load_model: {config_origin[0]!r}: {text[12:]}") from exc
+    return _build(spec, resolved, eos_ids, tensors, tokenizer, max_positions, origin,
+                  spec_changes)  # fmt: skip
 
 
-def _build(config, tensors, tokenizer, max_positions, generation_config, origin, spec_changes):
-    """:func:`build_model` after its arguments: the steps, in order."""
+# tensor name pieces -> the HF config fields that size the tensor (rows, then columns): (the
+# field, the spec attribute holding its value; None = a product of heads and head_dim)
+_D, _FF = ("hidden_size", "d_model"), ("intermediate_size", "intermediate")
+_QW, _KW = ("num_attention_heads * head_dim", None), ("num_key_value_heads * head_dim", None)
+_SIZED_BY = (
+    ((".q_norm.", ".k_norm."), ("head_dim", "head_dim"), (None, None)),
+    (("embed_tokens.", "lm_head."), ("vocab_size", "vocab_size"), _D),
+    ((".q_proj.",), _QW, _D),
+    ((".k_proj.", ".v_proj."), _KW, _D),
+    ((".o_proj.",), _D, _QW),
+    ((".gate_proj.", ".up_proj.", ".fc1."), _FF, _D),
+    ((".down_proj.", ".fc2."), _D, _FF),
+    (("norm.",), _D, (None, None)),
+)
+
+
+def _sized_by(name: str, spec) -> str:
+    """`` (rows: <field>=<value>, columns: ...)``: the config fields a tensor's expected shape
+    comes from, so a wrong one is traced to its root field ('' when not known: only the
+    decoder families' tensors are listed)."""
+    if not hasattr(spec, "intermediate"):
+        return ""
+    for pieces, rows, cols in _SIZED_BY:
+        if any(p in name for p in pieces):
+            parts = []
+            for what, (field, attr) in (("rows", rows), ("columns", cols)):
+                if field is None:
+                    continue
+                if attr is None:  # a product: its factors' values
+                    h = getattr(spec, "n_heads" if "attention" in field else "n_kv_heads", None)
+                    d = getattr(spec, "head_dim", None)
+                    if h is None or d is None:
+                        return ""
+                    parts.append(f"{what}: {field} = {h} * {d}")
+                elif hasattr(spec, attr):
+                    parts.append(f"{what}: {field}={getattr(spec, attr)}")
+            return f" ({', '.join(parts)})" if parts else ""
+    return ""
+
+
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _build(spec, resolved, eos_ids, tensors, tokenizer, max_positions, origin, spec_changes):
+    """:func:`build_model` after the config is read: the tensors checked, then built."""
     from exactblocks import _ext
 
-    family = family_for_config(config)
-    stated = config.get("num_hidden_layers")
-    # A family's reader sizes per-layer lists by the count: a large one is compared with the
-    # tensors first (a smaller mismatch after the reader's own refusals, below)
-    if isinstance(stated, int) and not isinstance(stated, bool) and stated > _LAYERS_READ_FIRST:
-        held = max((int(m.group(1)) + 1 for n in tensors if (m := _LAYER.search(n))), default=0)
-        if stated > held:
-            raise ValueError(
-                f"load_model: the config states num_hidden_layers={stated} but {origin} holds "
-                f"the tensors of {held} layer{'s' if held != 1 else ''}"
-            )
-    spec, resolved = family.spec_from_config(config)
     if spec_changes:
         spec = dataclasses.replace(spec, **spec_changes)
     if max_positions is None:
@@ -585,6 +636,12 @@ def _build(config, tensors, tokenizer, max_positions, generation_config, origin,
     expected = {t.name: t for ts in layer_specs for t in ts}
     expected.update({t.name: t for t in spec.top_tensors()})
     names = set(tensors)
+    held = layers_held(spec.layer_prefix, names)
+    if held != spec.n_layers and held:  # the root field, before the tensors it leaves out
+        raise ValueError(
+            f"load_model: the config states num_hidden_layers={spec.n_layers} but {origin} "
+            f"holds the tensors of {held} layer{'s' if held != 1 else ''}"
+        )
     unknown = sorted(n for n in names - set(expected) if not _IGNORED.search(n))
     if unknown:
         more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
@@ -610,8 +667,7 @@ def _build(config, tensors, tokenizer, max_positions, generation_config, origin,
         if got != want:
             raise ValueError(
                 f"load_model: tensor {_in_file(tensors, name)!r} in {tensors.where(name)} has "
-                f"shape {got}; the "
-                f"config implies {want}"
+                f"shape {got}; the config implies {want}{_sized_by(name, spec)}"
             )
     head_stored = spec.head_name in names
     tied_same = (
@@ -705,7 +761,7 @@ def _build(config, tensors, tokenizer, max_positions, generation_config, origin,
         embed=embed,
         head=head,
         tokenizer=tokenizer,
-        eos_ids=_eos_from(resolved, generation_config),
+        eos_ids=eos_ids,
         max_positions=max_positions,
         head_bytes=head_bytes,
         source=origin,

@@ -661,6 +661,7 @@ class Model:
         stop=None,
         ignore_eos: bool = False,
         logprobs: bool = False,
+        grammar=None,
         stream: bool = False,
     ):
         """Continue ``prompt`` token by token: greedy, or sampled with a seeded generator.
@@ -692,6 +693,10 @@ class Model:
             True: the model's ``eos_token_ids`` do not stop the generation.
         logprobs : bool, default=False
             Fill ``GenerateOutput.logprobs`` (:func:`exactblocks.sampling.logprobs`).
+        grammar : Grammar or None, default=None
+            Constrained decoding (:class:`exactblocks.models.Grammar`, e.g.
+            ``Grammar.json_schema(schema)``): tokens are picked among those it allows; the
+            generation stops once it is complete (docs/generation.md).
         stream : bool, default=False
             Return a :class:`GenerationStream` of pieces instead of the output.
 
@@ -753,6 +758,7 @@ class Model:
             stop_token_ids=stop_ids,
             ignore_eos=ignore_eos,
             logprobs=logprobs,
+            grammar=grammar,
         )
         gen = self.generation(prompt_ids, params, where=where)
         capacity = len(prompt_ids) + params.max_tokens

@@ -71,9 +71,9 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
                 400, f"the chat template refused the messages: {exc}", param="messages"
             ) from None
         max_tokens = body.max_tokens or body.max_completion_tokens
-        params = params_of(
-            body, len(ids), max_tokens, body.logprobs, body.top_logprobs or 0, "messages"
-        )
+        grammar = await h.grammar_of(body)
+        params = params_of(body, len(ids), max_tokens, body.logprobs, body.top_logprobs or 0,
+                           "messages", grammar)  # fmt: skip
         n = body.n or 1
         handles, events = await submit([(ids, p, None, False) for p in choices_of(body, params)])
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
@@ -161,10 +161,11 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
         max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         only = max_tokens == 0
         plp = k if body.echo and k is not None else None
+        grammar = await h.grammar_of(body)
         jobs = []
         for i, ids in enumerate(id_lists):
             where = "prompt" if len(prompts) == 1 else f"prompt.{i}"
-            params = params_of(body, len(ids), max_tokens, k is not None, k or 0, where)
+            params = params_of(body, len(ids), max_tokens, k is not None, k or 0, where, grammar)
             jobs += [(ids, p, plp, only) for p in choices_of(body, params)]
         echoes = []
         if body.echo:

@@ -61,6 +61,8 @@ __all__ = [
 DEFAULT_MAX_TOKENS_PER_SEQUENCE = 4096
 #: Prompt tokens a step may always carry beside decoding rows (prefill never starves).
 MIN_PREFILL_TOKENS = 16
+#: Threads computing the grammar masks of constrained rows beside the forward pass.
+MASK_THREADS = 2
 #: Logits of every position the prompt-logprob rows of one step may carry, in bytes.
 SCORED_LOGITS_BYTES = 64 * 2**20
 
@@ -114,7 +116,9 @@ class Engine:
     step's prompt-token allowance (``prefill_budget``, or the ``prefill_ratio`` bound while
     rows decode); chunks end at multiples of ``prefill_chunk``, where the prefix cache saves
     its boundaries. Events are delivered by calling the request's sink from the loop thread:
-    it must be quick and must not block (e.g. ``loop.call_soon_threadsafe``).
+    it must be quick and must not block (e.g. ``loop.call_soon_threadsafe``). A constrained
+    request's (``params.grammar``) next token mask is computed on ``MASK_THREADS`` threads of
+    the engine's while the next forward pass runs; its pick waits only for what is left.
     """
 
     def __init__(
@@ -171,6 +175,7 @@ class Engine:
         self._burst_hooks: list[Callable[[], None]] = []
         self.sample_threads = sample_threads
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._mask_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._stop = False
         self._thread: threading.Thread | None = None
         self.counters = collections.Counter()
@@ -187,6 +192,11 @@ class Engine:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     workers, thread_name_prefix="exactblocks-sample"
                 )
+            # grammar masks of constrained rows, computed while the forward pass runs (its
+            # threads are created on first use: none without constrained requests)
+            self._mask_pool = concurrent.futures.ThreadPoolExecutor(
+                MASK_THREADS, thread_name_prefix="exactblocks-grammar"
+            )
             self._thread = threading.Thread(target=self._loop, name="exactblocks-engine")
             self._thread.daemon = True
             self._thread.start()
@@ -203,6 +213,9 @@ class Engine:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None
+        if self._mask_pool is not None:
+            self._mask_pool.shutdown(wait=False)
+            self._mask_pool = None
 
     def __enter__(self) -> Engine:
         return self.start()
@@ -421,6 +434,7 @@ class Engine:
             seq = self._waiting.popleft()
             seq.row = row
             self._rows[row] = seq
+            self._prefetch_mask(seq)  # the first mask, beside the prompt's prefill
             clear_row(self.state, row)
             # prompt logprobs: only a prefix whose entries hold its scores is restored
             entry = self.cache.lookup(seq.ids, scored=seq.prompt_top is not None)
@@ -583,7 +597,11 @@ class Engine:
             lp, top = logprobs(logits, token, gen.params.top_logprobs)
             top = None if top is None else [(i, float(v)) for i, v in top]
             seq.stop_token = TokenEvent(int(token), "", float(lp), top, 0)
-        events, _ = gen.accept(token, logits)
+        try:
+            events, _ = gen.accept(token, logits)
+        except ValueError as exc:  # a grammar's matcher refused the token: fail this row only
+            self._finish(seq, "error", error=str(exc))
+            return
         if token not in gen.stop_ids:
             self.sums["generation_tokens_total"] += 1
         for ev in events:
@@ -592,6 +610,13 @@ class Engine:
             self._finish(seq, gen.finish_reason)
         else:
             seq.next_token = token
+            self._prefetch_mask(seq)  # the next mask, beside the next forward pass
+
+    def _prefetch_mask(self, seq: _Seq) -> None:
+        """A constrained row's next mask starts on the mask threads: it depends only on the
+        row's tokens so far, and the step's forward pass (GIL released) runs meanwhile."""
+        if seq.gen.matcher is not None and self._mask_pool is not None:
+            seq.gen.matcher.prefetch(self._mask_pool)
 
     def _emit(self, seq: _Seq, ev) -> None:
         self._outbox.append((seq, ev))
@@ -633,6 +658,10 @@ class Engine:
             clear_row(self.state, seq.row)
         seq.handle.finished = time.perf_counter()
         self.counters[reason] += 1
+        if seq.gen.matcher is not None:  # constrained decoding: what its masks cost
+            self.sums["grammar_mask_seconds_total"] += seq.gen.matcher.mask_seconds
+            self.sums["grammar_masks_total"] += seq.gen.matcher.masks
+            self.sums["grammar_mask_wait_seconds_total"] += seq.gen.matcher.wait_seconds
         with self._cond:
             self._cancelled.discard(seq.handle)
         self._emit(

@@ -29,6 +29,8 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
+from exactblocks.text import ll_tokenizer
+
 from .engine import (
     SHUTTING_DOWN,
     Engine,
@@ -41,6 +43,7 @@ from .engine import (
     TokenEvent,
 )
 from .protocol import APIError, error_body
+from .structured import grammar_of_response_format
 
 MAX_BODY_BYTES = 4 * 2**20
 #: A body over MAX_BODY_BYTES is read and discarded up to this many bytes before the 413 is
@@ -140,7 +143,7 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
     """The helpers the routes of one app share, over ``engine`` serving ``model_name``.
 
     Returns a namespace of ``engine``, ``model``, ``tok``, ``text_pool`` (the app's lifespan
-    shuts it down), ``off_loop``, ``refuse_if_too_long``, ``parse``, ``params_of``,
+    shuts it down), ``off_loop``, ``refuse_if_too_long``, ``parse``, ``grammar_of``, ``params_of``,
     ``choices_of``, ``submit``, ``collect``, ``usage`` and ``stream``.
     """
     model = engine.model
@@ -222,8 +225,29 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
                 raise APIError(400, f"{name} is not supported", param=name, code="unsupported")
         return body
 
-    def params_of(body, n_prompt, max_tokens, logprobs, top, prompt_param) -> SamplingParams:
-        """The request's SamplingParams: the body's fields, checked by the generation core."""
+    async def grammar_of(body):
+        """The grammar of the body's ``response_format`` (None: unconstrained), compiled and
+        checked off the event loop, before anything is queued (400 naming the field)."""
+        rf = getattr(body, "response_format", None)
+        if rf is None:
+            return None
+        grammar = await off_loop(grammar_of_response_format, rf)
+        if grammar is not None:
+            if tok is None or not model.eos_token_ids:
+                raise APIError(400, "response_format needs a model with a tokenizer and an "
+                               "end token", param="response_format",
+                               code="unsupported")  # fmt: skip
+            # the model's llguidance tokenizer: built once (about 0.3 s), then cached
+            await off_loop(ll_tokenizer, tok, model.vocab_size, model.eos_token_ids)
+        return grammar
+
+    def params_of(body, n_prompt, max_tokens, logprobs, top, prompt_param,
+                  grammar=None) -> SamplingParams:  # fmt: skip
+        """The request's SamplingParams: the body's fields, checked by the generation core.
+
+        ``grammar``: the :class:`~exactblocks.models.Grammar` its tokens follow (from
+        :func:`grammar_of`, or a ``tools`` route's :func:`~exactblocks.serve.structured.
+        grammar_or_400`); None = unconstrained."""
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if len(stop) > MAX_STOP_STRINGS:
             raise APIError(
@@ -261,6 +285,7 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
                 ignore_eos=body.ignore_eos,
                 logprobs=logprobs,
                 top_logprobs=top,
+                grammar=grammar,
             )
         except (TypeError, ValueError) as exc:  # (the body's types already hold)
             raise APIError(400, str(exc), code="invalid_value") from None
@@ -417,6 +442,7 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
         off_loop=off_loop,
         refuse_if_too_long=refuse_if_too_long,
         parse=parse,
+        grammar_of=grammar_of,
         params_of=params_of,
         choices_of=choices_of,
         submit=submit,

@@ -24,6 +24,8 @@ __all__ = [
     "ChatMessage",
     "CompletionRequest",
     "EmbeddingRequest",
+    "JSONSchemaFormat",
+    "ResponseFormat",
     "StreamOptions",
     "error_body",
 ]
@@ -71,6 +73,28 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class JSONSchemaFormat(_Strict):
+    """``response_format.json_schema``: the schema the answer must follow (OpenAI's shape).
+
+    ``strict`` is accepted either way: the answer is always constrained to the schema.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """``response_format``: ``text`` (unconstrained), ``json_object`` (any JSON object) or
+    ``json_schema`` (a JSON value valid under ``json_schema.schema``)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
 class TextPart(_Strict):
     """A text part of a message's content list."""
 
@@ -106,6 +130,7 @@ class _Common(_Strict):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    response_format: ResponseFormat | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     user: str | None = None

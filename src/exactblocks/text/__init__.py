@@ -4,8 +4,10 @@ What lives here: :class:`GGUFTokenizer` (the tokenizer a GGUF file stores: byte-
 its original pre-tokenizer, or a SentencePiece-style vocabulary), :class:`HFTokenizer` (a
 Hugging Face folder's ``tokenizer.json``), the chat-template renderer both use
 (:mod:`exactblocks.text.chat_template`, checked once when a tokenizer is loaded) and
-:class:`Detokenizer` (the text of a growing list of generated ids, for streaming). What does
-not: reading files (``exactblocks.loaders``) and generation (``exactblocks.models``).
+:class:`Detokenizer` (the text of a growing list of generated ids, for streaming) and
+:func:`ll_tokenizer` (a tokenizer's byte vocabulary for llguidance's constrained
+decoding). What does not: reading files (``exactblocks.loaders``) and generation
+(``exactblocks.models``).
 docs/text.md says which tokenizers and pre-tokenizers are supported and what each follows.
 """
 
@@ -20,6 +22,7 @@ from .byte_level import (
 from .chat_template import check_chat_template, compile_chat_template, render_chat_template
 from .detokenizer import Detokenizer
 from .gguf_tokenizer import GGUFTokenizer, UnsupportedTokenizerError
+from .grammar import ll_tokenizer, token_byte_vocabulary
 from .hf_tokenizer import HFTokenizer
 
 __all__ = [
@@ -34,6 +37,8 @@ __all__ = [
     "bytes_to_unicode",
     "check_chat_template",
     "compile_chat_template",
+    "ll_tokenizer",
     "render_chat_template",
+    "token_byte_vocabulary",
     "UnsupportedTokenizerError",
 ]

@@ -97,8 +97,22 @@ class HFTokenizer:
             try:
                 with open(cfg_path, encoding="utf-8") as f:
                     config = json.load(f)
-            except json.JSONDecodeError as exc:
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise ValueError(f"load_model: {cfg_path!r} is not valid JSON ({exc})") from None
+            if not isinstance(config, dict):
+                raise ValueError(f"load_model: {cfg_path!r} does not hold a JSON object")
+        named_ok = isinstance(config.get("chat_template"), list) and all(
+            isinstance(t, dict) and isinstance(t.get("template"), str)
+            for t in config["chat_template"]
+        )
+        if not (config.get("chat_template") is None
+                or isinstance(config["chat_template"], str) or named_ok):  # fmt: skip
+            shown = repr(config["chat_template"])
+            raise ValueError(
+                f"load_model: {cfg_path!r}: chat_template="
+                f"{shown if len(shown) <= 60 else shown[:57] + '...'} is not a template "
+                "(expected a string, or a list of {'name', 'template'} objects)"
+            )
         template = None
         jinja_path = os.path.join(folder, "chat_template.jinja")
         source = f"{jinja_path!r}"
@@ -126,6 +140,17 @@ class HFTokenizer:
     def vocab_size(self) -> int:
         """Number of ids, added tokens included (int)."""
         return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary string of ``token_id`` as tokenizer.json spells it (``'Ġthe'``,
+        ``'▁the'``, ``'<0x0A>'``), or None for an id it does not hold."""
+        return self._tok.id_to_token(int(token_id))
+
+    @property
+    def special_token_ids(self) -> frozenset:
+        """frozenset of int: ids of the added tokens marked special (what
+        ``decode(skip_special_tokens=True)`` drops)."""
+        return frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``, as transformers' ``tokenizer(text)["input_ids"]``.
