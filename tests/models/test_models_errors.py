@@ -167,3 +167,39 @@ def test_generate_names_the_prompt_and_stop_ids_it_refuses(tiny):
     with pytest.raises(ValueError, match=rf"^Model\.generate: stop id {v + 5} is outside"):
         model.generate([1, 2], max_new_tokens=2, stop=[v + 5])
     assert len(model.generate([1, 2], max_new_tokens=2, stop=[v - 1, "zz"]).ids) <= 2
+
+
+@pytest.mark.parametrize("rows", [300, 50])
+def test_a_tokenizer_larger_than_the_embedding_is_refused(tiny, tmp_path, rows):
+    """The tiny tokenizer has 320 tokens: an embedding of fewer rows leaves its ids from there
+    on without an embedding (they would fail only when generate met them)."""
+    from safetensors.numpy import load_file, save_file
+
+    m = _copy(tiny("llama")[0], tmp_path)
+    tensors = load_file(str(m / "model.safetensors"))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in tensors:
+            tensors[name] = np.ascontiguousarray(tensors[name][:rows])
+    save_file(tensors, str(m / "model.safetensors"), metadata={"format": "pt"})
+    _edit_config(m, vocab_size=rows)
+    with pytest.raises(ValueError) as info:
+        exactblocks.load_model(str(m))
+    message = str(info.value)
+    for needle in (str(m), "tokenizer.json", "has 320 tokens", "'model.embed_tokens.weight' in",
+                   f"has {rows} rows", f"ids {rows}..319"):  # fmt: skip
+        assert needle in message, message
+
+
+def test_an_embedding_larger_than_the_tokenizer_loads(tiny, tmp_path):
+    """Padded embedding rows (HF's usual layout: vocab_size rounded up) are kept."""
+    from safetensors.numpy import load_file, save_file
+
+    m = _copy(tiny("llama")[0], tmp_path)
+    tensors = load_file(str(m / "model.safetensors"))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in tensors:
+            tensors[name] = np.concatenate([tensors[name], tensors[name][:16]])
+    save_file(tensors, str(m / "model.safetensors"), metadata={"format": "pt"})
+    _edit_config(m, vocab_size=336)
+    model = exactblocks.load_model(str(m))
+    assert model.vocab_size == 336 and model.tokenizer.vocab_size == 320
