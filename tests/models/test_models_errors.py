@@ -203,3 +203,28 @@ def test_an_embedding_larger_than_the_tokenizer_loads(tiny, tmp_path):
     _edit_config(m, vocab_size=336)
     model = exactblocks.load_model(str(m))
     assert model.vocab_size == 336 and model.tokenizer.vocab_size == 320
+
+
+@pytest.mark.parametrize(
+    ("file", "value", "needles"),
+    [
+        ("config.json", 10**6, ["config.json", "'eos_token_id'=1000000", "[0, 320)"]),
+        ("config.json", [2, 320], ["config.json", "'eos_token_id'=[2, 320]", "[0, 320)"]),
+        ("config.json", "</s>", ["config.json", "'eos_token_id'='</s>'", "not a token id"]),
+        ("generation_config.json", 10**6, ["generation_config.json", "=1000000", "[0, 320)"]),
+        ("generation_config.json", "</s>", ["generation_config.json", "'</s>'", "not a token"]),
+    ],
+    ids=["config-1e6", "config-list", "config-str", "generation-1e6", "generation-str"],
+)
+def test_an_eos_token_id_outside_the_vocabulary_is_refused(tiny, tmp_path, file, value, needles):
+    """Not dropped from the stop set (before, 10**6 left model.eos_token_ids unchanged)."""
+    m = _copy(tiny("llama")[0], tmp_path)
+    path = m / file
+    cfg = json.loads(path.read_text()) if path.exists() else {}
+    cfg["eos_token_id"] = value
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as info:
+        exactblocks.load_model(str(m))
+    message = str(info.value)
+    for needle in (str(m), *needles):
+        assert needle in message, message

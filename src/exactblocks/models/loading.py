@@ -539,7 +539,10 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
                     f"holds the tensors of {held} layer{'s' if held != 1 else ''}"
                 )
         spec, resolved = family.spec_from_config(config)
-        eos_ids = _eos_from(resolved, generation_config)
+        gen_file = "generation_config.json"
+        if isinstance(origin, str) and os.path.isdir(origin):  # (a folder: its file, by path)
+            gen_file = repr(os.path.join(origin, gen_file))
+        eos_ids = _eos_from(resolved, generation_config, gen_file, vocab_size=spec.vocab_size)
     except ConfigFieldError as exc:
         if config_origin is None:
             raise
