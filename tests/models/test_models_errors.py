@@ -216,9 +216,15 @@ def test_an_embedding_larger_than_the_tokenizer_loads(tiny, tmp_path):
     ],
     ids=["config-1e6", "config-list", "config-str", "generation-1e6", "generation-str"],
 )
-def test_an_eos_token_id_outside_the_vocabulary_is_refused(tiny, tmp_path, file, value, needles):
-    """Not dropped from the stop set (before, 10**6 left model.eos_token_ids unchanged)."""
+@pytest.mark.parametrize("generation_config", [None, {"eos_token_id": 2}])
+def test_an_eos_token_id_outside_the_vocabulary_is_refused(
+    tiny, tmp_path, file, value, needles, generation_config
+):
+    """Not dropped from the stop set (before, 10**6 left model.eos_token_ids unchanged), and
+    checked in config.json also when generation_config.json's id is the one used."""
     m = _copy(tiny("llama")[0], tmp_path)
+    if generation_config is not None:
+        (m / "generation_config.json").write_text(json.dumps(generation_config))
     path = m / file
     cfg = json.loads(path.read_text()) if path.exists() else {}
     cfg["eos_token_id"] = value

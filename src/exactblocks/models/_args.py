@@ -63,9 +63,10 @@ def _eos_from(config: Mapping, generation_config: Mapping | None,
 
     A value that is not an id, a list of ids or null is refused (ValueError naming the field
     and the file it is in), never dropped; so is an id outside ``[0, vocab_size)`` when the
-    vocabulary size is given."""
+    vocabulary size is given. Both files' values are checked, the one used and the other."""
     from ._config import ConfigFieldError
 
+    found = None
     for src, where in ((generation_config or {}, gen_where), (config, None)):
         v = src.get("eos_token_id")
         if v is None:
@@ -78,7 +79,8 @@ def _eos_from(config: Mapping, generation_config: Mapping | None,
             expected = f"token ids in [0, {vocab_size}): the model's vocabulary"
             what = "is outside the vocabulary"
         else:
-            return tuple(int(i) for i in vals)
+            found = tuple(int(i) for i in vals) if found is None else found
+            continue
         if where is None:
             raise ConfigFieldError(
                 "{0} " + what + " (expected " + expected + ")",
@@ -87,7 +89,7 @@ def _eos_from(config: Mapping, generation_config: Mapping | None,
         raise ValueError(
             f"load_model: {where} field 'eos_token_id'={v!r} {what} (expected {expected})"
         )
-    return ()
+    return () if found is None else found
 
 
 def _frozen_json(value: Any) -> Any:
