@@ -30,6 +30,7 @@ MODULES = [
     "exactblocks.text.byte_level",
     "exactblocks.text.chat_template",
     "exactblocks.text.detokenizer",
+    "exactblocks.text.tool_calls",
     "exactblocks.text.gguf_tokenizer",
     "exactblocks.cli",
     "exactblocks.sampling",

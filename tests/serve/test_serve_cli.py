@@ -151,6 +151,27 @@ def test_max_tokens_per_sequence_beyond_the_model_names_the_flag(tmp_path, capsy
     ), last
 
 
+def test_chat_template_flag_is_read_and_rendered_before_serving(tmp_path, capsys):
+    require("fastapi", "the server needs fastapi")
+    from exactblocks.cli import main
+
+    folder = _tiny_folder(tmp_path)
+    missing = tmp_path / "none.jinja"
+    assert main(["serve", folder, "--chat-template", str(missing)]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"exactblocks serve: error: --chat-template: cannot read '{missing}'")
+    assert "loading" not in err  # read before the model loads
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{{ raise_exception('no system role here') }}", encoding="utf-8")
+    assert main(["serve", folder, "--port", "0", "--chat-template", str(broken)]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (
+        f"exactblocks serve: error: --chat-template: '{broken}' fails to render a one-message "
+        "conversation: TemplateError: no system role here"
+    ), last
+
+
 @pytest.mark.parametrize("family", ["llama", "mistral", "mamba2"])
 def test_server_memory_is_the_state_the_engine_allocates(tmp_path, family):
     # The printed formula against the buffers a state of that size really has (mistral: a

@@ -17,6 +17,8 @@ import os
 import socket
 import sys
 
+from exactblocks.text import TOOL_CALL_PARSERS
+
 from .common import FlagError, load, non_negative_int
 from .models import resolve
 
@@ -150,6 +152,19 @@ def add_parser(sub, positive_int) -> None:
         default=os.environ.get("EXACTBLOCKS_API_KEY"),
         help="require 'Authorization: Bearer KEY' on every route but /health "
         "(default: $EXACTBLOCKS_API_KEY, else none)",
+    )
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        default=None,
+        help="a Jinja chat template file to render chats with instead of the model's own (e.g. "
+        "one that renders tools); checked at start-up",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        default=None,
+        help="the tool-call syntax the model writes (default: read from the chat template)",
     )
     p.add_argument(
         "--model-name",
@@ -290,6 +305,33 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _read_template(path: str | None) -> str | None:
+    """The text of ``--chat-template FILE`` (None without the flag)."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FlagError("--chat-template", f"cannot read {path!r}: {exc}") from None
+    if not text.strip():
+        raise FlagError("--chat-template", f"{path!r} is empty")
+    return text
+
+
+def _check_template(model, template: str, path: str) -> None:
+    """Render a one-message conversation with ``--chat-template``'s text, or raise FlagError."""
+    tok = model.tokenizer
+    if tok is None:
+        raise FlagError("--chat-template", "the model has no tokenizer to render chats with")
+    try:
+        tok.apply_chat_template([{"role": "user", "content": "Hello"}],
+                                add_generation_prompt=True, chat_template=template)  # fmt: skip
+    except Exception as exc:
+        raise FlagError("--chat-template", f"{path!r} fails to render a one-message "
+                        f"conversation: {type(exc).__name__}: {exc}") from None  # fmt: skip
+
+
 def run_serve(args, err=None) -> int:
     """Run ``exactblocks serve`` until interrupted.
 
@@ -310,7 +352,8 @@ def run_serve(args, err=None) -> int:
     ------
     ValueError
         A flag that cannot work (its ``flag`` attribute names it): ``--host`` or ``--port``
-        that cannot be bound, ``--max-tokens-per-sequence`` above the model's positions.
+        that cannot be bound, ``--max-tokens-per-sequence`` above the model's positions, a
+        ``--chat-template`` file that cannot be read or rendered.
     FileNotFoundError, ImportError, MemoryError, TypeError
         As :func:`exactblocks.load_model`.
     """
@@ -327,6 +370,7 @@ def run_serve(args, err=None) -> int:
     from exactblocks.serve.cli import build_server
 
     path = resolve(args.model)
+    template = _read_template(args.chat_template)
     sock = _bind(args.host, args.port)
     try:
         model = load(path, args.threads, err)
@@ -338,6 +382,8 @@ def run_serve(args, err=None) -> int:
                 f"{max_tokens} exceeds the model's max_positions={limit}",
             )
         name = args.model_name or os.path.basename(os.path.normpath(str(args.model)))
+        if template is not None:
+            _check_template(model, template, args.chat_template)
         server = build_server(
             model,
             host=args.host,
@@ -345,6 +391,8 @@ def run_serve(args, err=None) -> int:
             model_name=name,
             api_key=args.api_key,
             log_level="info",
+            chat_template=template,
+            tool_call_parser=args.tool_call_parser,
             max_batch=args.max_batch,
             max_tokens_per_sequence=max_tokens,
             max_queue=args.max_queue,

@@ -6,12 +6,14 @@ Layout: ``engine`` (the loop thread, scheduling, sampling; knows nothing of HTTP
 ``prefix_cache`` (saved row states keyed by token ids), ``protocol`` (typed request bodies,
 OpenAI error body), ``api`` (the FastAPI app factory :func:`create_app`, the plain routes, the
 API key check), ``handling`` (what the routes share: body checks, submission, collecting and
-streaming events), ``completions`` (``/v1/chat/completions``, ``/v1/completions``), ``echo``
-(logprobs and echo in the OpenAI shapes), ``embeddings`` (``/v1/embeddings``), ``cli``
-(``build_server``: the engine and the app in an uvicorn server; the ``exactblocks serve``
-command itself is ``exactblocks.cli.serve``). ``engine``, ``request``, ``scoring``,
-``prefix_cache`` and ``echo`` need only NumPy; the others need the ``serve`` extra (fastapi,
-uvicorn).
+streaming events), ``completions`` (``/v1/chat/completions``, ``/v1/completions``),
+``tools`` (tool calling on chat: the request's tools checked, the history rendered, the calls
+in OpenAI's shapes), ``echo`` (logprobs and echo in the OpenAI shapes), ``embeddings``
+(``/v1/embeddings``), ``cli`` (``build_server``: the engine and the app in an uvicorn server;
+the ``exactblocks serve`` command itself is ``exactblocks.cli.serve``). ``engine``,
+``request``, ``scoring``, ``prefix_cache`` and ``echo`` need only NumPy; the others need the
+``serve`` extra (fastapi, uvicorn; llguidance for ``tool_choice`` "required" or a named
+function).
 """
 
 from .engine import (

@@ -30,6 +30,7 @@ from .embeddings import pooled_embeddings
 from .engine import Engine
 from .handling import shared
 from .protocol import APIError, error_body
+from .tools import ToolSupport
 
 __all__ = ["create_app", "pooled_embeddings", "token_bytes", "token_text"]
 
@@ -86,7 +87,14 @@ class _AuthAndCount:
 _ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models")
 
 
-def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -> FastAPI:
+def create_app(
+    engine: Engine,
+    *,
+    model_name: str,
+    api_key: str | None = None,
+    chat_template: str | None = None,
+    tool_call_parser: str | None = None,
+) -> FastAPI:
     """Build the FastAPI app serving ``engine`` under the model id ``model_name``.
 
     Parameters
@@ -98,10 +106,22 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
     api_key : str or None, default=None
         When set, every route but ``/health`` needs ``Authorization: Bearer <api_key>``
         (401 otherwise).
+    chat_template : str or None, default=None
+        A chat template source to render every chat with instead of the model's (a template
+        that renders tools, for a model whose own does not).
+    tool_call_parser : str or None, default=None
+        The tool-call syntax (``exactblocks.text.TOOL_CALL_PARSERS``); None reads it from the
+        template's text.
 
     Returns
     -------
     fastapi.FastAPI
+
+    Raises
+    ------
+    ValueError
+        ``chat_template`` fails to render a one-message conversation; an unknown
+        ``tool_call_parser``.
     """
     from contextlib import asynccontextmanager
 
@@ -175,9 +195,24 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None) -
         )
 
     # -- generation and embeddings ----------------------------------------------------------
+    tok = model.tokenizer
+    if chat_template is not None and tok is not None:
+        try:  # rendered once now: a template that cannot render is refused before serving
+            tok.apply_chat_template(
+                [{"role": "user", "content": "Hello"}],
+                add_generation_prompt=True,
+                chat_template=chat_template,
+            )
+        except Exception as exc:
+            raise ValueError(
+                "create_app: the chat_template fails to render a one-message conversation: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+    tools = ToolSupport(tok, chat_template, tool_call_parser)
     h = shared(engine, model_name)
     app.state.text_pool = h.text_pool
-    completions.add_routes(app, h, model_name, fingerprint)
+    app.state.tools = tools
+    completions.add_routes(app, h, model_name, fingerprint, tools)
     embeddings.add_routes(app, h, model_name)
     return app
 

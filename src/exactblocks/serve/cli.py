@@ -18,6 +18,8 @@ def build_server(
     model_name="model",
     api_key=None,
     log_level="warning",
+    chat_template=None,
+    tool_call_parser=None,
     **engine_kw,
 ):
     """An uvicorn ``Server`` for ``model`` (not started: ``server.run()`` or a thread).
@@ -30,6 +32,10 @@ def build_server(
     model_name : str
     api_key : str or None
     log_level : str
+    chat_template : str or None
+        A chat template source to render chats with instead of the model's.
+    tool_call_parser : str or None
+        The tool-call syntax; None reads it from the template.
     **engine_kw
         Passed to :class:`~exactblocks.serve.engine.Engine`.
 
@@ -48,7 +54,8 @@ def build_server(
     from .engine import Engine
 
     engine = Engine(model, **engine_kw)
-    app = create_app(engine, model_name=model_name, api_key=api_key)
+    app = create_app(engine, model_name=model_name, api_key=api_key, chat_template=chat_template,
+                     tool_call_parser=tool_call_parser)  # fmt: skip
     config = uvicorn.Config(
         app,
         host=host,

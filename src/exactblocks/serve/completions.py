@@ -9,11 +9,15 @@ logprobs' and echo's shapes (``exactblocks.serve.echo``), the app (``exactblocks
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from types import SimpleNamespace
 
 from fastapi import FastAPI, Request
+
+from exactblocks.models import Grammar
+from exactblocks.text import ToolCallStream, ll_tokenizer, parse_tool_calls
 
 from .echo import (
     _prompt_text,
@@ -25,6 +29,8 @@ from .echo import (
 from .engine import PromptEvent, TokenEvent
 from .handling import _encode
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest
+from .structured import grammar_or_400
+from .tools import ToolSupport, chat_messages, check_tools, stream_deltas, tool_calls_json
 
 __all__ = ["add_routes"]
 
@@ -34,10 +40,12 @@ MAX_CHOICES = 64
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 
 
-def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: str) -> None:
+def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: str,
+               tools: ToolSupport) -> None:  # fmt: skip
     """Add the completions routes to ``app``, with the helpers ``h`` of
     :func:`exactblocks.serve.handling.shared`; ``fingerprint`` is the responses'
-    ``system_fingerprint``."""
+    ``system_fingerprint``; ``tools`` is the chat template's tool support (its template
+    renders every chat)."""
     model, tok = h.model, h.tok
     parse, params_of, choices_of, usage = h.parse, h.params_of, h.choices_of, h.usage
     submit, collect, stream = h.submit, h.collect, h.stream
@@ -52,26 +60,34 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await parse(request, ChatCompletionRequest)
-        if tok is None or not getattr(tok, "chat_template", None):
+        if tok is None or not (tools.chat_template or getattr(tok, "chat_template", None)):
             raise APIError(400, "this model has no chat template; use /v1/completions")
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             raise APIError(400, "give max_tokens or max_completion_tokens, not both")
-        messages = [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in body.messages
-        ]
-        await refuse_if_too_long(sum(len(m["content"].encode("utf-8")) for m in messages),
-                                 "messages")  # fmt: skip
+        renders = bool(body.tools) and await off_loop(tools.renders)
+        treq = check_tools(body, tools, renders)
+        messages = chat_messages(body)
+        text_bytes = sum(len(m["content"].encode("utf-8")) for m in messages)
+        if treq is not None:
+            text_bytes += len(json.dumps(treq.tools, ensure_ascii=False).encode("utf-8"))
+        await refuse_if_too_long(text_bytes, "messages")
+        variables = {} if treq is None else treq.template_variables()
         try:
-            ids = await off_loop(_render_chat, tok, messages)
+            ids = await off_loop(_render_chat, tok, messages, tools.chat_template, variables)
         except Exception as exc:
             raise APIError(
                 400, f"the chat template refused the messages: {exc}", param="messages"
             ) from None
         max_tokens = body.max_tokens or body.max_completion_tokens
         grammar = await h.grammar_of(body)
+        if treq is not None and treq.constrained:  # the answer is calls, by construction
+            if grammar is not None:
+                raise APIError(400, f"tool_choice {treq.choice!r} constrains the answer to tool "
+                               "calls; it cannot also follow response_format",
+                               param="response_format", code="invalid_value")  # fmt: skip
+            grammar = await off_loop(_tool_grammar, model, treq)
         params = params_of(body, len(ids), max_tokens, body.logprobs, body.top_logprobs or 0,
                            "messages", grammar)  # fmt: skip
         n = body.n or 1
@@ -79,14 +95,18 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         now = int(time.time())
         base = {"id": rid, "created": now, "model": model_name, "system_fingerprint": fingerprint}
+        reading = treq if treq is not None and treq.parses else None
+
+        def calls_of(calls: list) -> list:
+            return calls if reading is None or reading.parallel else calls[:1]
 
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            streams = None
+            if reading is not None:
+                streams = [ToolCallStream(reading.parser, reading.names) for _ in range(n)]
 
-            def chunk(index, text, evs, finish, prompt=None):
-                delta = {"content": text} if text or finish is None else {}
-                evs = [e for e in evs if e is not None and finish is None]  # no stop token
-                lp = {"content": [chat_lp(e) for e in evs]} if body.logprobs and evs else None
+            def one(index, delta, lp, finish):
                 out = {
                     **base,
                     "object": "chat.completion.chunk",
@@ -98,6 +118,22 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
                     out["usage"] = None
                 return out
 
+            def chunk(index, text, evs, finish, prompt=None):
+                evs = [e for e in evs if e is not None and finish is None]  # no stop token
+                lp = {"content": [chat_lp(e) for e in evs]} if body.logprobs and evs else None
+                if streams is None or (not text and not evs and finish is None):
+                    return one(index, {"content": text} if text or finish is None else {}, lp,
+                               finish)  # fmt: skip
+                if finish is None:  # content that cannot begin a call, as it comes
+                    piece = streams[index].push(text)
+                    return [one(index, {"content": piece}, lp, None)] if piece or lp else []
+                rest, calls = streams[index].finish(text)
+                calls = calls_of(calls)
+                out = [one(index, {"content": rest}, None, None)] if rest else []
+                out += [one(index, d, None, None) for d in stream_deltas(calls, ids, index)]
+                reason = "tool_calls" if calls and finish == "stop" else finish
+                return out + [one(index, {}, None, reason)]
+
             heads = []
             for index in range(n):
                 head = chunk(index, "", [], None)
@@ -106,20 +142,36 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
             return await stream(request, handles, events, chunk, include_usage, n, heads)
 
         done = await collect(request, handles, events)
-        return {
-            **base,
-            "object": "chat.completion",
-            "choices": [
+
+        def answer(index, fin) -> tuple[dict, str]:
+            message = {"role": "assistant", "content": fin.text}
+            if reading is None:
+                return message, fin.finish_reason
+            content, calls = parse_tool_calls(reading.parser, fin.text, reading.names)
+            calls = calls_of(calls)
+            if not calls:
+                return message, fin.finish_reason
+            message = {"role": "assistant", "content": content,
+                       "tool_calls": tool_calls_json(calls, ids, index)}  # fmt: skip
+            return message, "tool_calls" if fin.finish_reason == "stop" else fin.finish_reason
+
+        choices = []
+        for index, c in enumerate(done):
+            message, reason = answer(index, c["fin"])
+            choices.append(
                 {
                     "index": index,
-                    "message": {"role": "assistant", "content": c["fin"].text},
+                    "message": message,
                     "logprobs": (
                         {"content": [chat_lp(e) for e in c["toks"]]} if body.logprobs else None
                     ),
-                    "finish_reason": c["fin"].finish_reason,
+                    "finish_reason": reason,
                 }
-                for index, c in enumerate(done)
-            ],
+            )
+        return {
+            **base,
+            "object": "chat.completion",
+            "choices": choices,
             "usage": usage([c["fin"] for c in done], n),
         }
 
@@ -232,5 +284,17 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
         return {**base, "choices": choices, "usage": usage([c["fin"] for c in done], n)}
 
 
-def _render_chat(tok, messages: list) -> list[int]:
-    return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+def _tool_grammar(model, treq) -> Grammar:
+    """The grammar of a constrained tool choice (:meth:`ToolRequest.grammar` compiled), and the
+    model's llguidance tokenizer built once; 400 naming ``tools`` when refused."""
+    grammar = grammar_or_400(lambda: Grammar.lark(treq.grammar()), "tools")
+    if model.tokenizer is None or not model.eos_token_ids:
+        raise APIError(400, "tool_choice needs a model with a tokenizer and an end token",
+                       param="tool_choice", code="unsupported")  # fmt: skip
+    ll_tokenizer(model.tokenizer, model.vocab_size, model.eos_token_ids)
+    return grammar
+
+
+def _render_chat(tok, messages: list, chat_template: str | None, variables: dict) -> list[int]:
+    return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                        chat_template=chat_template, **variables))  # fmt: skip

@@ -69,13 +69,22 @@ def _validation_error(exc: ValidationError) -> APIError:
             param="stop",
             code="invalid_value",
         )
-    loc = ".".join(str(p) for p in err.get("loc", ()))
+    # a union's member tags ("str", "literal['none','auto']", "NamedToolChoice") are not fields
+    loc = ".".join(str(p) for p in err.get("loc", ()) if not _union_tag(p))
     if err["type"] == "json_invalid":
         return APIError(400, f"the body is not valid JSON: {err['msg']}", code="invalid_json")
     if err["type"] == "extra_forbidden":
         return APIError(400, f"unknown field {loc!r}", param=loc, code="unknown_field")
     where = f"{loc}: " if loc else "the body: "
     return APIError(400, where + err["msg"], param=loc or None, code="invalid_value")
+
+
+def _union_tag(part) -> bool:
+    """Whether a pydantic error location part names a union member, not a field."""
+    if isinstance(part, int):
+        return False
+    return part in ("str", "int", "float", "bool", "dict", "list") or not part.isidentifier() \
+        or part[:1].isupper()  # fmt: skip
 
 
 def _shutting_down(message: str = SHUTTING_DOWN) -> APIError:
@@ -381,7 +390,9 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
     async def stream(request, handles, events, make_chunk, include_usage, n, heads=()):
         """Server-sent events of a request's choices; unfinished ones are cancelled on exit.
 
-        ``make_chunk(index, text, events, finish_reason, prompt_event=None)`` builds a chunk.
+        ``make_chunk(index, text, events, finish_reason, prompt_event=None)`` builds a chunk,
+        or a list of chunks (none: nothing to send yet) for a token or a finish; called with
+        ``("", [], None)`` it returns one chunk (the usage chunk's base).
         """
 
         async def gen() -> AsyncIterator[str]:
@@ -396,7 +407,8 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
                         yield sse(make_chunk(index, None, [], None, ev))
                         continue
                     if isinstance(ev, TokenEvent):
-                        yield sse(make_chunk(index, ev.text, [ev], None))
+                        for c in _chunks(make_chunk(index, ev.text, [ev], None)):
+                            yield sse(c)
                         continue
                     if ev.finish_reason in ("error", "abort"):
                         # the status line is sent: a last event carries the error instead
@@ -409,7 +421,8 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
                     fins[index] = ev
                     left -= 1
                     last = [ev.stop_token] if ev.stop_token is not None else []
-                    yield sse(make_chunk(index, ev.tail, last, ev.finish_reason))
+                    for c in _chunks(make_chunk(index, ev.tail, last, ev.finish_reason)):
+                        yield sse(c)
                 if include_usage:
                     last = make_chunk(0, "", [], None)
                     last["choices"] = []
@@ -450,6 +463,11 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
         usage=usage,
         stream=stream,
     )
+
+
+def _chunks(made) -> list:
+    """``make_chunk``'s answer as a list of chunks."""
+    return made if isinstance(made, list) else [made]
 
 
 def _encode(tok, text: str) -> list[int]:

@@ -8,8 +8,8 @@ the engine, HTTP routing.
 
 Strictness: a JSON string is not a number, ``true`` is not an int and ``3.0`` is not an int;
 every field the server does not know is an error (the ``openai`` client only sends the fields
-its caller set), and accepted-but-unsupported features (penalties, ``suffix``,
-tools) are refused with a message instead of being ignored.
+its caller set), and accepted-but-unsupported features (penalties, ``suffix``) are refused
+with a message instead of being ignored.
 """
 
 from __future__ import annotations
@@ -24,9 +24,15 @@ __all__ = [
     "ChatMessage",
     "CompletionRequest",
     "EmbeddingRequest",
+    "FunctionCall",
+    "FunctionDefinition",
     "JSONSchemaFormat",
+    "NamedFunction",
+    "NamedToolChoice",
     "ResponseFormat",
     "StreamOptions",
+    "Tool",
+    "ToolCallIn",
     "error_body",
 ]
 
@@ -102,18 +108,70 @@ class TextPart(_Strict):
     text: str
 
 
-class ChatMessage(_Strict):
-    """One message of a conversation."""
+class FunctionCall(_Strict):
+    """``function`` of an assistant message's tool call: its name and JSON arguments text."""
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    name: str
+    arguments: str
+
+
+class ToolCallIn(_Strict):
+    """A tool call of an assistant message in the history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Strict):
+    """One message of a conversation.
+
+    ``tool_calls`` (assistant) are calls the model made; a ``tool`` message answers the call
+    ``tool_call_id``. The content may be null only on an assistant message with tool calls.
+    """
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
-        """The content as one string (text parts joined)."""
+        """The content as one string (text parts joined; null content is "")."""
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
+
+
+class FunctionDefinition(_Strict):
+    """``function`` of a tool: a name, a description and a JSON Schema of its parameters."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    """One entry of ``tools``: a function the model may call."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    """``function`` of a named ``tool_choice``."""
+
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``: call that function."""
+
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class _Common(_Strict):
@@ -156,6 +214,9 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class EmbeddingRequest(_Strict):

@@ -9,12 +9,18 @@ first request). What does not: tokenizing the text (the tokenizers' ``apply_chat
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-__all__ = ["check_chat_template", "compile_chat_template", "render_chat_template"]
+__all__ = [
+    "check_chat_template",
+    "compile_chat_template",
+    "render_chat_template",
+    "template_renders_tools",
+]
 
 #: The conversation :func:`check_chat_template` renders: one user turn, then the assistant
 #: opener (what every chat request renders at least).
@@ -75,6 +81,8 @@ def render_chat_template(
     *,
     add_generation_prompt: bool,
     special_tokens: Mapping[str, str],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    documents: Sequence[Mapping[str, Any]] | None = None,
     **kwargs: Any,
 ) -> str:
     """Render a conversation with a compiled chat template, with transformers' variables.
@@ -90,6 +98,12 @@ def render_chat_template(
     special_tokens : mapping of str to str
         The special tokens by template name (``bos_token``, ``eos_token``, ``unk_token``,
         ``pad_token``); absent ones are left out.
+    tools : sequence of mapping or None, default=None
+        JSON-schema tools (``{"type": "function", "function": {"name", "description",
+        "parameters"}}``), passed to the template as ``tools`` unchanged (transformers passes
+        dict tools so).
+    documents : sequence of mapping or None, default=None
+        Retrieval documents, the template's ``documents``.
     **kwargs
         Extra template variables (they override ``special_tokens``).
 
@@ -105,15 +119,14 @@ def render_chat_template(
     Notes
     -----
     Follows transformers ``render_jinja_template``: the variables are ``messages``,
-    ``add_generation_prompt``, ``tools`` and ``documents`` (None) and the special tokens by
-    name.
+    ``add_generation_prompt``, ``tools`` and ``documents`` and the special tokens by name.
     """
     variables = dict(special_tokens)
     variables.update(kwargs)
     return template.render(
         messages=[dict(m) for m in messages],
-        tools=None,
-        documents=None,
+        tools=None if tools is None else [dict(t) for t in tools],
+        documents=None if documents is None else [dict(d) for d in documents],
         add_generation_prompt=add_generation_prompt,
         **variables,
     )
@@ -175,8 +188,51 @@ def check_chat_template(source: str, *, name: str, special_tokens: Mapping[str, 
     return template
 
 
+@functools.lru_cache(maxsize=16)
+def _compiled(source: str):
+    """A compiled template of ``source``, kept for a few sources (a server's own template)."""
+    return compile_chat_template(source, "apply_chat_template")
+
+
+def template_renders_tools(tokenizer, *, chat_template: str | None = None, **variables) -> bool:
+    """Whether a chat template puts the ``tools`` it is given into the prompt.
+
+    Renders a one-message conversation with one probe tool (named
+    ``exactblocks_probe_tool``) and looks for that name in the text: a template that ignores
+    ``tools`` (SmolLM2's, most templates made before tool calling) cannot show a model its
+    tools.
+
+    Parameters
+    ----------
+    tokenizer : GGUFTokenizer or HFTokenizer
+        Renders with its ``apply_chat_template``.
+    chat_template : str or None, default=None
+        A template source instead of the tokenizer's.
+    **variables
+        Extra template variables; a value that is the string ``"$tools"`` is replaced by the
+        probe tools (``xml_tools="$tools"`` for SmolLM3's template).
+
+    Returns
+    -------
+    bool
+        False also when there is no template or it fails to render with the tool.
+    """
+    probe = [{"type": "function", "function": {
+        "name": "exactblocks_probe_tool", "description": "A probe.",
+        "parameters": {"type": "object", "properties": {}}}}]  # fmt: skip
+    extra = {k: probe if v == "$tools" else v for k, v in variables.items()}
+    try:
+        text = tokenizer.apply_chat_template(list(_PROBE), add_generation_prompt=True,
+                                             tools=probe, chat_template=chat_template,
+                                             **extra)  # fmt: skip
+    except Exception:  # a template that cannot render tools does not render them
+        return False
+    return "exactblocks_probe_tool" in text
+
+
 def apply_chat_template(tokenizer, where: str, messages, add_generation_prompt: bool,
-                        tokenize: bool, kwargs: Mapping[str, Any]):  # fmt: skip
+                        tokenize: bool, kwargs: Mapping[str, Any], *, tools=None,
+                        chat_template: str | None = None):  # fmt: skip
     """``tokenizer.apply_chat_template``'s body, shared by both tokenizers: compile the
     template once (kept on ``tokenizer._template``), render it with the tokenizer's special
     tokens, and encode the text without adding special tokens when ``tokenize``.
@@ -184,24 +240,34 @@ def apply_chat_template(tokenizer, where: str, messages, add_generation_prompt: 
     Parameters
     ----------
     tokenizer : GGUFTokenizer or HFTokenizer
-        Holds ``chat_template`` (already checked to be non-empty), ``_template``,
-        ``_special_tokens()`` and ``encode``.
+        Holds ``chat_template`` (already checked to be non-empty unless ``chat_template`` is
+        given), ``_template``, ``_special_tokens()`` and ``encode``.
     where : str
         The public call, named in a compile error.
     messages, add_generation_prompt, tokenize, kwargs
         As the tokenizers' ``apply_chat_template`` takes them.
+    tools : list of mapping or None, default=None
+        JSON-schema tools (:func:`render_chat_template`).
+    chat_template : str or None, default=None
+        A template source used instead of the tokenizer's (transformers' ``chat_template``
+        argument); compiled once per source.
 
     Returns
     -------
     str or list of int
     """
-    if tokenizer._template is None:
-        tokenizer._template = compile_chat_template(tokenizer.chat_template, where)
+    if chat_template is not None:
+        template = _compiled(chat_template)
+    else:
+        if tokenizer._template is None:
+            tokenizer._template = compile_chat_template(tokenizer.chat_template, where)
+        template = tokenizer._template
     text = render_chat_template(
-        tokenizer._template,
+        template,
         messages,
         add_generation_prompt=add_generation_prompt,
         special_tokens=tokenizer._special_tokens(),
+        tools=tools,
         **kwargs,
     )
     return tokenizer.encode(text, add_special_tokens=False) if tokenize else text

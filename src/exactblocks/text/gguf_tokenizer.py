@@ -675,6 +675,8 @@ class GGUFTokenizer:
         *,
         add_generation_prompt: bool = False,
         tokenize: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template: str | None = None,
         **kwargs: Any,
     ):
         """Render a conversation with the file's chat template (Jinja2), optionally tokenised.
@@ -688,6 +690,12 @@ class GGUFTokenizer:
         tokenize : bool, default=False
             Return token ids (``encode(text, add_special_tokens=False)``, as transformers does)
             instead of the text.
+        tools : sequence of mapping or None, default=None
+            JSON-schema tools (``{"type": "function", "function": {...}}``), the template's
+            ``tools`` (transformers' ``tools`` argument, dicts passed unchanged).
+        chat_template : str or None, default=None
+            A template source to render instead of the file's (transformers'
+            ``chat_template`` argument).
         **kwargs
             Extra template variables (they override the special-token names).
 
@@ -711,7 +719,7 @@ class GGUFTokenizer:
         and ``documents`` (None), and the special tokens by name (``bos_token``, ``eos_token``,
         ``unk_token``, ``pad_token``).
         """
-        if not self.chat_template:
+        if not self.chat_template and chat_template is None:
             raise ValueError(
                 "GGUFTokenizer.apply_chat_template: the GGUF file has no tokenizer.chat_template"
             )
@@ -722,6 +730,8 @@ class GGUFTokenizer:
             add_generation_prompt,
             tokenize,
             kwargs,
+            tools=tools,
+            chat_template=chat_template,
         )
 
     def _special_tokens(self) -> dict:

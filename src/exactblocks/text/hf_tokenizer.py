@@ -200,6 +200,8 @@ class HFTokenizer:
         *,
         add_generation_prompt: bool = False,
         tokenize: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template: str | None = None,
         **kwargs: Any,
     ):
         """Render a conversation with the folder's chat template, optionally tokenised.
@@ -211,6 +213,12 @@ class HFTokenizer:
         add_generation_prompt : bool, default=False
         tokenize : bool, default=False
             Return ids (``encode(text, add_special_tokens=False)``, as transformers does).
+        tools : sequence of mapping or None, default=None
+            JSON-schema tools (``{"type": "function", "function": {...}}``), the template's
+            ``tools`` (transformers' ``tools`` argument, dicts passed unchanged).
+        chat_template : str or None, default=None
+            A template source to render instead of the folder's (transformers'
+            ``chat_template`` argument).
         **kwargs
             Extra template variables.
 
@@ -230,10 +238,10 @@ class HFTokenizer:
         Follows transformers ``render_jinja_template``: ``ImmutableSandboxedEnvironment`` with
         ``trim_blocks``, ``lstrip_blocks`` and ``loopcontrols``, a ``tojson`` filter that does
         not escape HTML, globals ``raise_exception`` and ``strftime_now``; variables
-        ``messages``, ``add_generation_prompt``, ``tools``/``documents`` (None) and the special
+        ``messages``, ``add_generation_prompt``, ``tools``, ``documents`` (None) and the special
         tokens by name.
         """
-        if not self.chat_template:
+        if not self.chat_template and chat_template is None:
             raise ValueError("HFTokenizer.apply_chat_template: the folder has no chat template")
         return apply_chat_template(
             self,
@@ -242,6 +250,8 @@ class HFTokenizer:
             add_generation_prompt,
             tokenize,
             kwargs,
+            tools=tools,
+            chat_template=chat_template,
         )
 
     def _special_tokens(self) -> dict:
