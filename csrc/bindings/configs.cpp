@@ -88,6 +88,10 @@ void bind_config_classes(nb::module_& m) {
       .def_rw("o_bias", &TransformerConfig::o_bias)
       .def_rw("mlp", &TransformerConfig::mlp)
       .def_rw("mlp_bias", &TransformerConfig::mlp_bias)
+      .def_rw("num_experts", &TransformerConfig::num_experts)
+      .def_rw("num_experts_per_tok", &TransformerConfig::num_experts_per_tok)
+      .def_rw("norm_topk_prob", &TransformerConfig::norm_topk_prob)
+      .def_rw("shared_intermediate", &TransformerConfig::shared_intermediate)
       .def_rw("compact_weights", &TransformerConfig::compact_weights);
   nb::class_<Mamba2Config>(m, "Mamba2Config")
       .def(nb::init<>())

@@ -37,7 +37,43 @@ const ops::PackedMatrix& packed_by_name(const TransformerModel& t, const std::st
   if (name == "o_proj") return t.w_o;
   if (name == "gate_up_proj" || name == "up_proj") return t.w_gu;
   if (name == "down_proj") return t.w_down;
+  if (name == "router") return t.w_router;  // MoE (moe_storage's names)
+  if (name == "shared_expert.gate_up_proj") return t.w_sh_gu;
+  if (name == "shared_expert.down_proj") return t.w_sh_down;
+  if (name == "shared_expert_gate") return t.w_sh_gate;
+  if (name.rfind("experts.", 0) == 0) {  // experts.<e>.gate_up_proj | experts.<e>.down_proj
+    const size_t dot = name.find('.', 8);
+    const std::string idx = name.substr(8, dot == std::string::npos ? 0 : dot - 8);
+    const std::string leaf = dot == std::string::npos ? "" : name.substr(dot + 1);
+    if (!idx.empty() && idx.find_first_not_of("0123456789") == std::string::npos) {
+      const size_t e = std::stoul(idx);
+      if (e < t.w_exp_gu.size() && leaf == "gate_up_proj") return t.w_exp_gu[e];
+      if (e < t.w_exp_down.size() && leaf == "down_proj") return t.w_exp_down[e];
+    }
+  }
   throw nb::value_error(("no packed matrix " + name).c_str());
+}
+
+// weight_storage of an MoE block: the attention half's, the router's, then per expert e
+// experts.e.gate_up_proj and experts.e.down_proj, then the shared expert's (when present).
+nb::list moe_storage(const TransformerModel& t) {
+  nb::list out = blocks::has_attention(t.cfg)
+                     ? storage_list({{"qkv_proj", &t.w_qkv}, {"o_proj", &t.w_o}})
+                     : nb::list();
+  const auto add = [&](const std::string& name, const ops::PackedMatrix& pm) {
+    for (nb::handle h : storage_list({{"", &pm}})) out.append(nb::make_tuple(name, h[1], h[2]));
+  };
+  add("router", t.w_router);
+  for (size_t e = 0; e < t.w_exp_gu.size(); ++e) {
+    add("experts." + std::to_string(e) + ".gate_up_proj", t.w_exp_gu[e]);
+    add("experts." + std::to_string(e) + ".down_proj", t.w_exp_down[e]);
+  }
+  if (t.cfg.shared_intermediate > 0) {
+    add("shared_expert.gate_up_proj", t.w_sh_gu);
+    add("shared_expert.down_proj", t.w_sh_down);
+    add("shared_expert_gate", t.w_sh_gate);
+  }
+  return out;
 }
 
 }  // namespace
@@ -49,6 +85,7 @@ void bind_transformer(nb::module_& m) {
       .def_prop_ro("weight_storage",
                    [](const TransformerModel& t) {
                      const char* gu = ops::mlp_is_gated(t.cfg.mlp) ? "gate_up_proj" : "up_proj";
+                     if (t.moe()) return moe_storage(t);
                      if (!blocks::has_mlp(t.cfg))
                        return storage_list({{"qkv_proj", &t.w_qkv}, {"o_proj", &t.w_o}});
                      if (!blocks::has_attention(t.cfg))

@@ -354,8 +354,9 @@ class ResidentWeights(Mapping):
     ----------
     small : dict of str to ndarray
         The tensors kept as they are.
-    layout : dict of str to (str, int, int, tuple)
-        Packed tensors: name -> (packed matrix, first row, end row, shape).
+    layout : dict of str to (str or tuple of str, int, int, tuple)
+        Packed tensors: name -> (packed matrix, first row, end row, shape); a tuple of packed
+        matrices means the same rows of each, concatenated (an MoE block's stacked experts).
     core : object
         The compiled block (``unpack(matrix, r0, r1)``).
     """
@@ -372,7 +373,10 @@ class ResidentWeights(Mapping):
         if arr is not None:
             return arr
         matrix, r0, r1, shape = self._layout[name]
-        out = self._core.unpack(matrix, r0, r1).reshape(shape)
+        if isinstance(matrix, tuple):
+            out = np.concatenate([self._core.unpack(m, r0, r1) for m in matrix]).reshape(shape)
+        else:
+            out = self._core.unpack(matrix, r0, r1).reshape(shape)
         out.flags.writeable = False
         return out
 

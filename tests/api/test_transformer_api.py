@@ -705,6 +705,10 @@ def test_get_params(block):
         "norm_placement",
         "block_parts",
         "numeric_profile",
+        "num_experts",
+        "num_experts_per_tok",
+        "norm_topk_prob",
+        "shared_expert",
     }
     assert (p["n_kv_heads"], p["head_dim"], p["rope_dim"]) == (2, 8, 8)
     assert all(type(p[k]) is int for k in ("n_kv_heads", "head_dim", "rope_dim"))

@@ -19,6 +19,7 @@ import sys
 import numpy as np
 import pytest
 from reference.mamba2_ref import mamba2_ref, prepare
+from reference.moe_ref import moe_mlp_ref
 from reference.transformer_ref import transformer_ref
 
 import exactblocks as eb
@@ -37,6 +38,8 @@ PINNED = {
         "prefill_r3_hd24": "b777a087c555041dabf0781bd0a2beaf8eb1e126ab2b474a960f50e6345a452d",
         "prefill_r4_hd40_window": "83e6f5f00fcb60e12ed5be1a84ff2b7a7cbe5e4af1bd0e77b7875bb24852e666",  # noqa: E501
         "prefill_r1_hd16": "3977ceb8d49bf555160bd8c07bbac11dc1f13f433679d2e698c705103a395fc8",
+        # the MoE MLP (SPEC 4.8): an MLP-only block, top-2 renormalised, and a shared expert
+        "moe_mlp": "c8ed843e1712c0364ab9b30b71ed1bfc3e0d63ca58aa1948a0f804606935b830",
     },
 }
 
@@ -266,3 +269,29 @@ def test_digests_with_every_region_in_pieces(threads, piece_ns):
     assert got == [pinned[n] for n in sorted(SCAN_CASES)] + [
         pinned[n] for n in sorted(PREFILL_CASES)
     ]
+
+
+def test_moe_mlp_digest():
+    d, e, it, sit = 32, 5, 32, 32
+    shapes = {
+        "post_attention_layernorm.weight": (d,),
+        "router.weight": (e, d),
+        "experts.gate_up_proj": (e, 2 * it, d),
+        "experts.down_proj": (e, d, it),
+        "shared_expert.gate_proj.weight": (sit, d),
+        "shared_expert.up_proj.weight": (sit, d),
+        "shared_expert.down_proj.weight": (d, sit),
+        "shared_expert_gate.weight": (1, d),
+    }
+    w = det_transformer_weights(shapes)
+    w["router.weight"] = w["router.weight"] * np.float32(8.0)  # routing far from ties
+    x = det((2, 9, d), 97, scale=2.0)
+    opts = dict(block_parts="mlp", num_experts=e, num_experts_per_tok=2, norm_topk_prob=True,
+                shared_expert=True)  # fmt: skip
+    blk = eb.TransformerBlockInference(w, **opts)
+    y = blk.forward(x, lengths=[9, 4])
+    for b, n in enumerate([9, 4]):  # the pinned bits are also close to the float64 reference
+        ref, _ = moe_mlp_ref(w, x[b, :n], 2, True)
+        assert np.max(np.abs(y[b, :n] - ref)) <= 1e-5 * max(1.0, np.max(np.abs(ref)))
+    got = digest(y)
+    assert got == PINNED[eb.arithmetic_version()]["moe_mlp"], got

@@ -80,6 +80,46 @@ def family_configs():
             "Qwen3Config",
             _common(head_dim=32, use_sliding_window=True, sliding_window=5, max_window_layers=1),
         ),
+        "qwen3_moe": (  # 8 experts, top-2 renormalised; layer 1 dense (mlp_only_layers)
+            "Qwen3MoeConfig",
+            _common(
+                num_hidden_layers=3,
+                head_dim=16,
+                num_experts=8,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                norm_topk_prob=True,
+                mlp_only_layers=[1],
+            ),
+        ),
+        "qwen3_moe_top3": (  # top-3 of 6 experts, not renormalised, every layer sparse
+            "Qwen3MoeConfig",
+            _common(
+                num_experts=6, num_experts_per_tok=3, moe_intermediate_size=48, norm_topk_prob=False
+            ),
+        ),
+        "qwen2_moe": (  # shared expert; layer 1 dense; q/k/v biases
+            "Qwen2MoeConfig",
+            _common(
+                num_hidden_layers=3,
+                num_experts=6,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=48,
+                norm_topk_prob=False,
+                mlp_only_layers=[1],
+            ),
+        ),
+        "olmoe": (  # q/k norms over all heads, top-2 of 6, not renormalised
+            "OlmoeConfig",
+            _common(num_experts=6, num_experts_per_tok=2, intermediate_size=32),
+        ),
+        "mixtral": (  # top-2 of 4 renormalised, sliding window 6 on every layer
+            "MixtralConfig",
+            _common(
+                num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=6
+            ),  # fmt: skip
+        ),
         "mamba2": (
             "Mamba2Config",
             dict(
@@ -208,7 +248,11 @@ FAMILIES = list(family_configs())
 N_BLOCKS = {"granitemoehybrid": 6}
 
 #: test name -> the family ``load_model`` reports (default: the test name itself).
-FAMILY_OF = {"llama_variant": "llama", "stablelm_parallel": "stablelm"}
+FAMILY_OF = {
+    "llama_variant": "llama",
+    "stablelm_parallel": "stablelm",
+    "qwen3_moe_top3": "qwen3_moe",
+}
 
 #: Families whose HF init leaves norm weights and biases constant (ones/zeros): the test
 #: spreads them so that a swapped norm, a missing bias or a wrong (1 + w) shows.

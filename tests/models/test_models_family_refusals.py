@@ -107,3 +107,45 @@ def test_unsupported_rope(config, match):
 )
 def test_other_field_refusals(config, match):
     _refused(config, match)
+
+
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        (
+            {"model_type": "qwen3_moe", "capacity_factor": 1.25},
+            r"'capacity_factor'=1.25 is not supported by the qwen3_moe family: the MoE block "
+            r"routes every token",
+        ),
+        (
+            {"model_type": "mixtral", "router_jitter_noise": 0.01},
+            r"'router_jitter_noise'=0.01 is not supported by the mixtral family",
+        ),
+        (
+            {"model_type": "olmoe", "n_group": 4},
+            r"'n_group'=4 is not supported by the olmoe family",
+        ),
+        (
+            {"model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 5},
+            r"num_experts_per_tok=5 exceeds the 4 experts \(num_experts\)",
+        ),
+        (
+            {"model_type": "mixtral", "num_experts": 4, "num_local_experts": 8},
+            r"num_experts=4 and num_local_experts=8 disagree",
+        ),
+        (
+            {"model_type": "olmoe", "clip_qkv": 8.0},
+            r"'clip_qkv'=8.0 is not supported by the olmoe family",
+        ),
+        (
+            {"model_type": "qwen3_moe", "use_sliding_window": True},
+            r"'use_sliding_window'=True is not supported by the qwen3_moe family yet",
+        ),
+        (
+            {"model_type": "qwen3_moe", "mlp_only_layers": [99]},
+            r"'mlp_only_layers'=\[99\] must list layer indices in \[0, 24\)",
+        ),
+    ],
+)
+def test_moe_options_the_blocks_cannot_follow(config, match):
+    _refused(config, match)

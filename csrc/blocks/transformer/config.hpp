@@ -22,11 +22,18 @@
 //     pre_feedforward_layernorm (d,) the norm on the MLP input           [sandwich]
 //     post_feedforward_layernorm (d,) the norm on the MLP output         [sandwich, post]
 //   Every block norm has a .bias (d,) too when norm_bias.
+//   MoE MLP half (num_experts > 0; SPEC 4.8), in place of gate/up/down_proj (IT = the expert
+//   width):
+//     router.weight (E, d); experts.gate_up_proj (E, 2 IT, d) and experts.down_proj (E, d, IT):
+//     expert e is the e-th (2 IT, d) = [gate_e; up_e] / (d, IT) slice (HF 5.x's stacking);
+//     shared_expert.{gate,up}_proj.weight (SIT, d), shared_expert.down_proj.weight (d, SIT) and
+//     shared_expert_gate.weight (1, d) when shared_intermediate SIT > 0 (Qwen2-MoE).
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "ops/activations.hpp"
+#include "ops/moe.hpp"
 #include "ops/norm.hpp"
 #include "ops/rope.hpp"
 
@@ -106,6 +113,14 @@ struct TransformerConfig {
   bool qkv_bias = false, o_bias = false;
   ops::MlpKind mlp = ops::kSwiGlu;
   bool mlp_bias = false;
+  // Mixture of experts (SPEC 4.8, ops/moe.hpp): num_experts 0 = the dense MLP above. Else the
+  // MLP half is the MoE MLP with experts of `intermediate` width and kind `mlp` (gated, no
+  // biases), num_experts_per_tok chosen per token, norm_topk_prob renormalising their weights,
+  // and a shared expert of width shared_intermediate (0 = none) with its sigmoid gate.
+  int64_t num_experts = 0, num_experts_per_tok = 0;
+  bool norm_topk_prob = false;
+  ops::RouterKind router = ops::kRouterSoftmax;
+  int64_t shared_intermediate = 0;
   // Storage, not arithmetic: whether the packer may pick a compact exact format (the bits are
   // those of float32 panels either way; tests build a block both ways and compare).
   bool compact_weights = true;

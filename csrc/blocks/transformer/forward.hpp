@@ -21,6 +21,7 @@
 #include "ops/activations.hpp"
 #include "ops/attention/plan.hpp"
 #include "ops/gemm/driver.hpp"
+#include "ops/moe.hpp"
 #include "ops/norm.hpp"
 #include "ops/rope.hpp"
 
@@ -71,9 +72,11 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
   float* rope_scratch = ws.floats(8, sz(n_slots, rope_floats));
   // The GEMMs' per-thread rebuild scratch, reserved before any state write (nothing allocates
   // inside a parallel region).
+  const ops::MoeMlp moe = mdl.moe_mlp();
   const int64_t gemm_floats = std::max(
       {ops::gemm_scratch_floats<V>(mdl.w_qkv, M), ops::gemm_scratch_floats<V>(mdl.w_o, M),
-       ops::gemm_scratch_floats<V>(mdl.w_gu, M), ops::gemm_scratch_floats<V>(mdl.w_down, M)});
+       ops::gemm_scratch_floats<V>(mdl.w_gu, M), ops::gemm_scratch_floats<V>(mdl.w_down, M),
+       mdl.moe() ? ops::moe_scratch_floats<V>(moe, M) : int64_t{0}});
   float* gemm_scratch = ws.op_scratch(sz(n_slots, gemm_floats));
   // A whole-model call (call.undo set) saves the cache slots it overwrites, each (row, KV head)
   // task its own, just before writing them: registered here, before the first write, since
@@ -210,11 +213,15 @@ void transformer_forward(const TransformerModel& mdl, const TransformerCall& cal
     // 8-9. u = act(g) * up (or act(up)) of h2 = [N_mlp_in](x1); y = x1 + m * [N_mlp_out](Wd u)
     // parallel placement: hn still holds N_attn_in(x), the MLP's input too
     const bool mlp_reads_hn = n_mi.on() || c.norm_placement == kNormParallel;
-    ops::gemm<V>(mlp_reads_hn ? hn : x1, M, d, mdl.w_gu, gu, n_gu, nt, gemm_scratch);
-    parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
-      for (int64_t m = b0; m < b1; ++m) ops::mlp_combine<V>(c.mlp, &gu[m * n_gu], it, &u[m * it]);
-    });
-    ops::gemm<V>(u, M, it, mdl.w_down, y, d, nt, gemm_scratch);
+    if (mdl.moe()) {  // the MoE MLP (ops/moe.hpp): float slots 16.., int slots 8..
+      ops::moe_mlp<V>(moe, mlp_reads_hn ? hn : x1, M, y, nt, ws, 16, 8, gemm_scratch);
+    } else {
+      ops::gemm<V>(mlp_reads_hn ? hn : x1, M, d, mdl.w_gu, gu, n_gu, nt, gemm_scratch);
+      parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
+        for (int64_t m = b0; m < b1; ++m) ops::mlp_combine<V>(c.mlp, &gu[m * n_gu], it, &u[m * it]);
+      });
+      ops::gemm<V>(u, M, it, mdl.w_down, y, d, nt, gemm_scratch);
+    }
     if (n_mo.on() || scaled_residual) {
       parallel_for(M, nt, [&](int64_t b0, int64_t b1, int) {
         for (int64_t m = b0; m < b1; ++m) {

@@ -62,7 +62,68 @@ void build_rope(TransformerModel& m, const TransformerConfig& c) {
   }
 }
 
+// Expert e's slice of a stacked (E, rows, k_in) tensor: float32 rows, or GGUF blocks.
+ops::MatrixSource expert_slice(const WeightMap& w, const std::string& name, int64_t e, int64_t rows,
+                               int64_t k_in) {
+  ops::MatrixSource s = need_matrix(w, name, rows);
+  if (s.blocks != nullptr) {
+    const int64_t row_bytes = k_in / ops::ggml_block_size(s.type) * ops::ggml_type_size(s.type);
+    s.blocks += e * rows * row_bytes;
+  } else {
+    s.f32 += e * rows * k_in;
+  }
+  return s;
+}
+
+void pack_moe(TransformerModel& m, const WeightMap& w, const TransformerConfig& c) {
+  const int64_t d = c.d_model, it = c.intermediate, n_e = c.num_experts;
+  EB_CHECK(ops::mlp_is_gated(c.mlp) && !c.mlp_bias, "MoE experts are gated MLPs without biases");
+  EB_CHECK(c.num_experts_per_tok >= 1 && c.num_experts_per_tok <= n_e, "bad num_experts_per_tok");
+  const bool cw = c.compact_weights;
+  m.w_router = ops::pack_sources({need_matrix(w, "router.weight", n_e)}, d, {nullptr}, cw);
+  m.w_exp_gu.reserve(static_cast<size_t>(n_e));
+  m.w_exp_down.reserve(static_cast<size_t>(n_e));
+  for (int64_t e = 0; e < n_e; ++e) {
+    // expert e's [gate_e; up_e]: rows [2 e IT, 2 (e + 1) IT) of the stack, one matrix
+    m.w_exp_gu.push_back(ops::pack_sources({expert_slice(w, "experts.gate_up_proj", e, 2 * it, d)},
+                                           d, {nullptr}, cw));
+    m.w_exp_down.push_back(
+        ops::pack_sources({expert_slice(w, "experts.down_proj", e, d, it)}, it, {nullptr}, cw));
+  }
+  const int64_t sit = c.shared_intermediate;
+  if (sit > 0) {
+    m.w_sh_gu = ops::pack_sources({need_matrix(w, "shared_expert.gate_proj.weight", sit),
+                                   need_matrix(w, "shared_expert.up_proj.weight", sit)},
+                                  d, {nullptr, nullptr}, cw);
+    m.w_sh_down = ops::pack_sources({need_matrix(w, "shared_expert.down_proj.weight", d)}, sit,
+                                    {nullptr}, cw);
+    m.w_sh_gate =
+        ops::pack_sources({need_matrix(w, "shared_expert_gate.weight", 1)}, d, {nullptr}, cw);
+  }
+}
+
 }  // namespace
+
+ops::MoeMlp TransformerModel::moe_mlp() const {
+  ops::MoeMlp e;
+  e.router = &w_router;
+  e.gu = w_exp_gu.data();
+  e.down = w_exp_down.data();
+  e.n_experts = cfg.num_experts;
+  e.top_k = cfg.num_experts_per_tok;
+  e.d = cfg.d_model;
+  e.it = cfg.intermediate;
+  e.mlp = cfg.mlp;
+  e.router_kind = cfg.router;
+  e.norm_topk = cfg.norm_topk_prob;
+  if (cfg.shared_intermediate > 0) {
+    e.shared_gu = &w_sh_gu;
+    e.shared_down = &w_sh_down;
+    e.shared_gate = &w_sh_gate;
+    e.it_shared = cfg.shared_intermediate;
+  }
+  return e;
+}
 
 TransformerModel::TransformerModel(const TransformerConfig& c, const WeightMap& w) : cfg(c) {
   FpEnvGuard guard;  // the RoPE table, (1 + w) and the packer's checks: the caller's FTZ/rounding
@@ -109,7 +170,9 @@ TransformerModel::TransformerModel(const TransformerConfig& c, const WeightMap& 
     if (np == kNormSandwich) n_mlp_in = block_norm(w, "pre_feedforward_layernorm", c);
     if (np == kNormSandwich || np == kNormPost)
       n_mlp_out = block_norm(w, "post_feedforward_layernorm", c);
-    if (ops::mlp_is_gated(c.mlp)) {
+    if (c.num_experts > 0) {
+      pack_moe(*this, w, c);
+    } else if (ops::mlp_is_gated(c.mlp)) {
       w_gu = ops::pack_sources(
           {need_matrix(w, "gate_proj.weight", it), need_matrix(w, "up_proj.weight", it)}, d,
           {maybe_weight(w, "gate_proj.bias"), maybe_weight(w, "up_proj.bias")}, c.compact_weights);
@@ -117,8 +180,9 @@ TransformerModel::TransformerModel(const TransformerConfig& c, const WeightMap& 
       w_gu = ops::pack_sources({need_matrix(w, "up_proj.weight", it)}, d,
                                {maybe_weight(w, "up_proj.bias")}, c.compact_weights);
     }
-    w_down = ops::pack_sources({need_matrix(w, "down_proj.weight", d)}, it,
-                               {maybe_weight(w, "down_proj.bias")}, c.compact_weights);
+    if (c.num_experts == 0)
+      w_down = ops::pack_sources({need_matrix(w, "down_proj.weight", d)}, it,
+                                 {maybe_weight(w, "down_proj.bias")}, c.compact_weights);
   }
 }
 

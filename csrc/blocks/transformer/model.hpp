@@ -39,6 +39,13 @@ struct TransformerModel {
   ops::PackedMatrix w_o;     // o_proj                     (d_model, QW)          attention half
   ops::PackedMatrix w_gu;    // [gate_proj; up_proj] or [up_proj]  ((2|1) IT, d_model)  MLP half
   ops::PackedMatrix w_down;  // down_proj                  (d_model, IT)          MLP half
+  // MoE MLP half (cfg.num_experts > 0), in place of w_gu / w_down: the router, per expert e
+  // [gate_e; up_e] (2 IT, d_model) and down_e (d_model, IT); the shared expert (Qwen2-MoE).
+  ops::PackedMatrix w_router;  // (num_experts, d_model)
+  std::vector<ops::PackedMatrix> w_exp_gu, w_exp_down;
+  ops::PackedMatrix w_sh_gu, w_sh_down, w_sh_gate;
+  bool moe() const { return cfg.num_experts > 0; }
+  ops::MoeMlp moe_mlp() const;  // the op's view of the matrices above
 
   // weights: canonical short names -> contiguous float32 data (shapes checked by Python).
   TransformerModel(const TransformerConfig& c, const WeightMap& weights);

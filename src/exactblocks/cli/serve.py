@@ -17,7 +17,7 @@ import os
 import socket
 import sys
 
-from exactblocks.text import TOOL_CALL_PARSERS
+from exactblocks.serve import TOOL_CALL_PARSERS
 
 from .common import FlagError, load, non_negative_int
 from .models import resolve

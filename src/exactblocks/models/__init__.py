@@ -11,8 +11,9 @@ logprobs shared with the server and ``exactblocks.ray``; :mod:`~exactblocks.mode
 
 A family is one file (``models/<family>.py``): its HF config mapping and its GGUF record (keys
 and tensor renames), listed once in :mod:`~exactblocks.models.registry` (``FAMILIES``): llama,
-mistral, qwen2, qwen3, gemma2, gemma3, olmo2, smollm3, granite, phi3, stablelm, starcoder2
-(decoders sharing ``_decoder``), mamba2, and the hybrids nemotron_h and granitemoehybrid
+mistral, qwen2, qwen3, gemma2, gemma3, olmo2, smollm3, granite, phi3, stablelm, starcoder2 and
+the mixtures of experts qwen3_moe, qwen2_moe, olmoe, mixtral (decoders sharing ``_decoder``;
+MoE config fields ``moe_config``), mamba2, and the hybrids nemotron_h and granitemoehybrid
 (sharing ``_hybrid``). docs/adding-a-family.md shows how to add one.
 """
 

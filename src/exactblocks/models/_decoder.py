@@ -35,6 +35,7 @@ the rows of the block's per-head ``self_attn.q_norm``)::
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ._config import ConfigFieldError, ConfigReader
@@ -136,6 +137,23 @@ class DecoderSpec:
         The file stores ``qkv_proj`` / ``gate_up_proj`` (Phi-3); the block splits them.
     renames : tuple of (str, str)
         ``(block name prefix, file name prefix)`` pairs inside a layer (StarCoder2's MLP).
+    num_experts, num_experts_per_tok : int
+        Routed experts of an MoE MLP and the experts chosen per token (0 = dense model).
+    norm_topk_prob : bool
+        The chosen experts' weights are renormalised (HF ``norm_topk_prob``).
+    moe_intermediate : int
+        Each expert's intermediate width (HF ``moe_intermediate_size``).
+    moe_layers : tuple of int
+        The layers whose MLP is the MoE MLP; the others are dense (``intermediate``).
+    shared_intermediate : int
+        The width of the shared expert of every MoE layer (Qwen2-MoE), 0 = none.
+    moe_files : tuple of str
+        How checkpoint files name an MoE layer's tensors: the module prefix (its router is
+        ``<prefix>gate.weight``, expert e's matrices ``<prefix>experts.e.<leaf>.weight``) and
+        the gate, up and down leaves (Mixtral: ``block_sparse_moe.``, ``w1``, ``w3``, ``w2``).
+    stacked_experts : bool
+        The source holds transformers 5's in-memory stacks (``mlp.experts.gate_up_proj``) rather
+        than one tensor per expert (checkpoint files); set by :meth:`for_tensors`.
     """
 
     family: str
@@ -173,6 +191,14 @@ class DecoderSpec:
     fused_qkv: bool = False
     fused_gate_up: bool = False
     renames: tuple = ()
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    norm_topk_prob: bool = False
+    moe_intermediate: int = 0
+    moe_layers: tuple = ()
+    moe_files: tuple = ("mlp.", "gate_proj", "up_proj", "down_proj")
+    shared_intermediate: int = 0
+    stacked_experts: bool = False
 
     embed_name = "model.embed_tokens.weight"
     norm_name = "model.norm.weight"
@@ -223,12 +249,18 @@ class DecoderSpec:
             "rope_dim": (0 if layer in self.nope_layers else self.rope_dim, None),
         }
         out.update({k: v for k, (v, default) in optional.items() if v != default})
+        if layer in self.moe_layers:
+            out.update(num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
+                       norm_topk_prob=self.norm_topk_prob)  # fmt: skip
+            if self.shared_intermediate:
+                out["shared_expert"] = True
         if layer in self.nope_layers:
             out["rope_scaling"] = None
         return out
 
-    def _block_tensors(self) -> list[tuple[str, tuple]]:
-        """The block's tensors (HF spelling) and shapes for these options."""
+    def _block_tensors(self, layer: int = -1) -> list[tuple[str, tuple]]:
+        """The block's tensors (HF spelling) and shapes for these options (layer ``layer``'s:
+        its MoE MLP in place of the dense one when it is one of ``moe_layers``)."""
         qw, kw = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         qk_norm = {  # (q_norm, k_norm) shapes per qk_norm_scope (check_shapes)
             "head": ((self.head_dim,), (self.head_dim,)),
@@ -246,6 +278,11 @@ class DecoderSpec:
             "mlp_bias": self.mlp_bias,
         }
         sizes = {"d": self.d_model, "QW": qw, "KW": kw, "IT": self.intermediate}
+        if layer in self.moe_layers:
+            options["num_experts"] = self.num_experts
+            options["shared_expert"] = self.shared_intermediate > 0
+            it = self.moe_intermediate
+            sizes.update(E=self.num_experts, IT=it, IT2=2 * it, SIT=self.shared_intermediate, ONE=1)
         return block_tensors(
             options, sizes, qk_norm, fused_qkv=self.fused_qkv, fused_gate_up=self.fused_gate_up
         )
@@ -256,12 +293,29 @@ class DecoderSpec:
                 return theirs + block_name[len(ours) :]
         return block_name
 
+    def for_tensors(self, names) -> DecoderSpec:
+        """This spec for a source holding tensors ``names``: an MoE model given as a
+        transformers object or its ``state_dict()`` holds the experts stacked."""
+        if not self.moe_layers:
+            return self
+        stacked = any(n.endswith(".mlp.experts.gate_up_proj") for n in names)
+        return dataclasses.replace(self, stacked_experts=stacked)
+
     def layer_tensors(self, layer: int) -> list[TensorSpec]:
-        """The tensors of layer ``layer`` under their full HF names."""
+        """The tensors of layer ``layer`` under their full HF names (an MoE layer's experts
+        one by one and the router under ``moe_files``' names, as checkpoints store them)."""
         p = self.layer_prefix.format(layer)
         out = []
-        for name, shape in self._block_tensors():
+        for name, shape in self._block_tensors(layer):
             fname = self._file_name(name)
+            if name in _MOE_STACKS and not self.stacked_experts:
+                for e in range(shape[0]):
+                    out += [
+                        TensorSpec(p + n, rows) for n, rows in self._expert_files(name, e, shape)
+                    ]
+                continue
+            if name == _ROUTER and not self.stacked_experts:
+                fname = self.moe_files[0] + "gate.weight"
             if self.qk_norm_scope == "per_head_weights" and len(shape) == 2 and "_norm" in name:
                 # StableLmLayerNormPerHead: one LayerNorm module per head, ``norms.H.weight``
                 stem = fname[: -len(".weight")]
@@ -309,15 +363,37 @@ class DecoderSpec:
 
         p = self.layer_prefix.format(layer)
         weights = {}
-        for name, shape in self._block_tensors():
+        for name, shape in self._block_tensors(layer):
             fname = p + self._file_name(name)
-            if self.qk_norm_scope == "per_head_weights" and len(shape) == 2 and "_norm" in name:
+            if name in _MOE_STACKS and not self.stacked_experts:  # stacked once at load
+                weights[name] = self._stack_experts(tensors, p, name, shape)
+            elif name == _ROUTER and not self.stacked_experts:
+                weights[name] = tensors[p + self.moe_files[0] + "gate.weight"]
+            elif self.qk_norm_scope == "per_head_weights" and len(shape) == 2 and "_norm" in name:
                 stem = fname[: -len(".weight")]
                 rows = [tensors[f"{stem}.norms.{h}.weight"] for h in range(shape[0])]
                 weights[name] = np.stack(rows)  # one (head_dim,) row per head, once at load
             else:
                 weights[name] = tensors[fname]
         return TransformerBlockInference(weights, **self.block_options(layer, max_positions))
+
+    def _expert_files(self, name: str, e: int, shape: tuple) -> list[tuple[str, tuple]]:
+        """Expert e's file tensors (name inside the layer, shape) of a stack ``name``."""
+        prefix, gate, up, down = self.moe_files
+        leaves = (gate, up) if name == "mlp.experts.gate_up_proj" else (down,)
+        rows = shape[1] // len(leaves)
+        return [(f"{prefix}experts.{e}.{leaf}.weight", (rows, shape[2])) for leaf in leaves]
+
+    def _stack_experts(self, tensors: dict, p: str, name: str, shape: tuple):
+        """The (E, rows, cols) float32 stack of a layer's per-expert file tensors."""
+        import numpy as np
+
+        out = np.empty(shape, dtype=np.float32)
+        for e in range(shape[0]):
+            parts = [np.asarray(tensors[p + n], dtype=np.float32)
+                     for n, _ in self._expert_files(name, e, shape)]  # fmt: skip
+            out[e] = np.concatenate(parts, axis=0)
+        return out
 
     def final_norm(self) -> dict:
         """The final norm's kind, epsilon and bias flag (``HeadConfig`` fields)."""
@@ -329,6 +405,15 @@ class DecoderSpec:
             "logits_scaling": self.logits_scaling,
             "logit_softcap": 0.0 if self.logit_softcap is None else self.logit_softcap,
         }
+
+
+# -- MoE experts: one tensor per expert in checkpoints, one stack in the block ------------------
+
+#: The block's MoE tensors in HF spelling: transformers 5's in-memory stacks (``gate_up_proj`` =
+#: [gate_e; up_e] per expert) and the router; checkpoint files (and transformers 5's
+#: ``save_pretrained``) store each expert's matrices apart (``DecoderSpec.moe_files``).
+_MOE_STACKS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+_ROUTER = "mlp.gate.weight"
 
 
 # -- config fields every decoder family reads the same way ---------------------------------------

@@ -629,13 +629,16 @@ def _build(spec, resolved, eos_ids, tensors, tokenizer, max_positions, origin, s
     aliases = getattr(spec, "prefix_aliases", ())  # (saved prefix, in-memory prefix)
     if aliases and not any(n.startswith(ours) for n in tensors for ours, _ in aliases):
         tensors = _Renamed(tensors, dict(aliases))
+    # the tensor names of this source (an MoE model's experts: stacked in memory, one by one in
+    # files); the model keeps `spec` itself, so its fingerprint does not depend on the source
+    source_spec = spec.for_tensors(tensors) if hasattr(spec, "for_tensors") else spec
     held = layers_held(spec.layer_prefix, tensors) if spec.n_layers > _LAYERS_READ_FIRST else 0
     if spec.n_layers > max(held, _LAYERS_READ_FIRST):  # before every layer's tensors are listed
         raise ValueError(
             f"load_model: the config states num_hidden_layers={spec.n_layers} but {origin} "
             f"holds the tensors of {held} layer{'s' if held != 1 else ''}"
         )
-    layer_specs = [spec.layer_tensors(i) for i in range(spec.n_layers)]
+    layer_specs = [source_spec.layer_tensors(i) for i in range(spec.n_layers)]
     expected = {t.name: t for ts in layer_specs for t in ts}
     expected.update({t.name: t for t in spec.top_tensors()})
     names = set(tensors)
@@ -736,7 +739,7 @@ def _build(spec, resolved, eos_ids, tensors, tokenizer, max_positions, origin, s
         arrays = {t.name: tensors[t.name] for t in ts if t.name in names}
         try:
             with _building(f"building layer {i} of {origin}"):
-                built = spec.build_layer(i, arrays, max_positions)
+                built = source_spec.build_layer(i, arrays, max_positions)
             blocks.extend(built if isinstance(built, list) else [built])  # hybrids: 1-2 blocks
         except (TypeError, ValueError) as exc:
             text = _named_in_file(str(exc), tensors, spec.layer_prefix.format(i), arrays)

@@ -27,6 +27,7 @@ from .engine import (
     SamplingParams,
     TokenEvent,
 )
+from .tools import TOOL_CALL_PARSERS
 
 __all__ = [
     "Engine",
@@ -37,6 +38,7 @@ __all__ = [
     "QueueFull",
     "RequestHandle",
     "SamplingParams",
+    "TOOL_CALL_PARSERS",
     "TokenEvent",
     "create_app",
 ]

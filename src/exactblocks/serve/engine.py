@@ -179,7 +179,8 @@ class Engine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.counters = collections.Counter()
-        self.sums = collections.Counter()
+        # counts (ints) and float seconds; a key starts at 0 on its first +=, as in a Counter
+        self.sums: collections.defaultdict[str, float] = collections.defaultdict(int)
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> Engine:

@@ -22,6 +22,7 @@ from .._state import PRIVATE_TOKEN
 from .._validation import check_int, format_shape
 from .._weights import canonical_copy, check_weight, packed_layout, resolve_names
 from .config import (
+    DENSE_OPTIONS,
     MAX_POSITIONS_LIMIT,
     OPTIONS,
     check_options,
@@ -29,6 +30,7 @@ from .config import (
     resolve,
     rope_set_for,
 )
+from .moe import is_moe
 from .session import TransformerDecodeSession
 from .state import TransformerState, _check_counters, _check_readable, _state_type_error
 from .weights import HF_PREFIXES, SHORT_TO_HF, check_names, check_shapes, fold_spellings
@@ -74,7 +76,7 @@ def _build(raw: dict, where: str, weights=None, canonical=None):
         weights_c = arrs  # the canonical ones: private, read-only and checked finite
     return make_impl(
         _CLS,
-        OPTIONS,
+        OPTIONS if is_moe(opts) else DENSE_OPTIONS,  # a dense block's fingerprint is unchanged
         raw,
         opts,
         sizes,
@@ -82,8 +84,30 @@ def _build(raw: dict, where: str, weights=None, canonical=None):
         core_mod,
         core_config(core_mod, opts, sizes),
         core_mod.TransformerCore,
-        packed_layout(_PACKED, arrs),
+        _moe_layout(arrs, sizes) if is_moe(opts) else packed_layout(_PACKED, arrs),
     )
+
+
+def _moe_layout(arrs: dict, sizes: dict) -> dict:
+    """Where an MoE block's matrices live in the core (ResidentWeights): the attention half's
+    as a dense block's, the router, each expert's gate|up and down, the shared expert's. No
+    float32 copy of an expert is kept; a lookup rebuilds the stack from the packed experts."""
+    out = packed_layout(_PACKED[:2], arrs)
+    e, it = arrs["router.weight"].shape[0], sizes["intermediate"]
+    out["router.weight"] = ("router", 0, e)
+    out["experts.gate_up_proj"] = (tuple(f"experts.{x}.gate_up_proj" for x in range(e)), 0, 2 * it)
+    out["experts.down_proj"] = (
+        tuple(f"experts.{x}.down_proj" for x in range(e)),
+        0,
+        sizes["d_model"],
+    )
+    sit = sizes.get("shared_intermediate", 0)
+    if sit:
+        out["shared_expert.gate_proj.weight"] = ("shared_expert.gate_up_proj", 0, sit)
+        out["shared_expert.up_proj.weight"] = ("shared_expert.gate_up_proj", sit, 2 * sit)
+        out["shared_expert.down_proj.weight"] = ("shared_expert.down_proj", 0, sizes["d_model"])
+        out["shared_expert_gate.weight"] = ("shared_expert_gate", 0, 1)
+    return out
 
 
 class TransformerBlockInference(BlockCommon):
@@ -97,8 +121,9 @@ class TransformerBlockInference(BlockCommon):
     StableLM 2 12B parallel), Starcoder2, OLMo 2, SmolLM3 (RoPE and NoPE layers), Granite, Phi3
     (fused projections, longrope), Llama with yarn, the attention and MLP blocks of Nemotron-H
     and the dense layers of GraniteMoeHybrid (Granite-4.0-H; its Mamba layers' mixer is
-    :class:`Mamba2BlockInference`). Not covered: MoE layers, Falcon-H1's parallel hybrid,
-    Zamba2's shared block.
+    :class:`Mamba2BlockInference`), and the MoE layers of Qwen3-MoE, Qwen2-MoE (shared expert),
+    OLMoE and Mixtral (SPEC.md 4.8). Not covered: GraniteMoe and Nemotron-H expert layers,
+    Falcon-H1's parallel hybrid, Zamba2's shared block.
 
     Parameters
     ----------
@@ -237,13 +262,30 @@ class TransformerBlockInference(BlockCommon):
         MLP options on an attention half are refused.
     numeric_profile : {None, 'fp32'}, default=None
         float32 weights and arithmetic (the only profile in v1).
+    num_experts : int, default=0
+        0 = the dense MLP; E >= 1: the MLP half is a mixture of E experts (SPEC.md 4.8): a
+        router ``router.weight`` (E, d) (HF ``mlp.gate.weight``), softmax, the top
+        ``num_experts_per_tok`` (equal values: the lower expert index first), each a gated
+        ``mlp`` without biases whose [gate; up] rows are ``experts.gate_up_proj`` (E, 2*IT, d)
+        and down ``experts.down_proj`` (E, d, IT) (HF ``mlp.experts.*``, transformers 5's
+        stacking); the outputs summed weighted in increasing expert index. Only the chosen
+        experts run, each on the tokens that chose it. gate/up/down_proj are then absent.
+    num_experts_per_tok : int or None, default=None
+        Experts chosen per token, in [1, num_experts] (required with num_experts).
+    norm_topk_prob : bool, default=False
+        Divide the chosen experts' weights by their sum (Qwen2/3-MoE, OLMoE option; Mixtral
+        always).
+    shared_expert : bool, default=False
+        A gated MLP on every token (``shared_expert.{gate,up,down}_proj.weight``, (SIT, d) /
+        (d, SIT)), added as ``sigmoid(shared_expert_gate.weight @ h) * shared(h)`` (Qwen2-MoE).
 
     Attributes
     ----------
     d_model, n_heads, n_kv_heads, head_dim, intermediate, window, rope_theta, rope_scaling,
     rope_dim, max_positions, qkv_bias, o_bias, norm, norm_eps, norm_bias, mlp, mlp_bias, qk_norm,
     qk_norm_scope, attn_softcap, query_pre_attn_scalar, attn_scale, residual_multiplier,
-    norm_placement, block_parts, numeric_profile : read-only
+    norm_placement, block_parts, numeric_profile, num_experts, num_experts_per_tok,
+    norm_topk_prob, shared_expert : read-only
         The resolved configuration (assignment raises AttributeError; use ``set_params``).
     fingerprint : str
         32 lowercase hex digits (XXH3-128) over the class, ``arithmetic_version()``, the resolved

@@ -30,8 +30,9 @@ from .._validation import (
     describe_type,
     fmt_int,
 )
+from .moe import MOE_OPTIONS, check_moe_combinations, is_moe
 
-__all__ = ["OPTIONS", "check_options", "core_config", "resolve", "rope_set_for"]
+__all__ = ["DENSE_OPTIONS", "OPTIONS", "check_options", "core_config", "resolve", "rope_set_for"]
 
 MAX_POSITIONS_LIMIT = 1 << 24  # positions are exact in binary32 below 2^24 (SPEC.md 4.4)
 # Upper bound of the integer options (n_heads, n_kv_heads, head_dim, window, rope_dim). Sizes
@@ -447,6 +448,10 @@ OPTIONS: tuple[Option, ...] = (
         canonical=lambda v: "fp32",  # None and 'fp32' are the same arithmetic
     ),
 )
+#: The options of every block before the MoE ones: a dense block's fingerprint spells these
+#: only, so that it stays what it was before the MoE options existed (block.py).
+DENSE_OPTIONS = OPTIONS
+OPTIONS = OPTIONS + MOE_OPTIONS
 
 
 # --------------------------------------------------------------------------------------------
@@ -550,6 +555,7 @@ def check_options(raw: Mapping, where: str) -> dict:
     """
     o = check_all(OPTIONS, raw, where)
     _check_combinations(o, where)
+    check_moe_combinations(o, where, GATED_MLPS)
     return o
 
 
@@ -744,4 +750,6 @@ def core_config(core_mod, opts: Mapping, sizes: Mapping):
         for k, v in fields.items():
             setattr(cfg, k, v)
     cfg.attn_scale = scale_of(opts)
+    if is_moe(opts):
+        cfg.shared_intermediate = sizes.get("shared_intermediate", 0)
     return cfg

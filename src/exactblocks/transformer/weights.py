@@ -25,6 +25,7 @@ import numpy as np
 from .._validation import check_array, format_shape
 from .._weights import Presence, Tensor, check_key_set, expected_names, used_with
 from .config import GATED_MLPS
+from .moe import is_moe
 
 __all__ = [
     "HF_PREFIXES",
@@ -42,6 +43,10 @@ def _attn(o) -> bool:
 
 def _mlp(o) -> bool:
     return o["block_parts"] != "attention"
+
+
+def _dense(o) -> bool:  # the dense MLP's gate/up/down (an MoE block has experts instead)
+    return _mlp(o) and not is_moe(o)
 
 
 def _flag(option: str, note: str = "", half=_attn) -> Presence:
@@ -80,17 +85,20 @@ _QF_W, _QF_B = _norm(
     lambda o: _mlp(o) and o["norm_placement"] in ("sandwich", "post"),
 )
 _ATTN = Presence("an attention half (block_parts 'full' or 'attention')", _attn)
-_MLP = Presence("an MLP half (block_parts 'full' or 'mlp')", _mlp)
+_MLP = Presence("an MLP half without experts (block_parts 'full' or 'mlp', num_experts=0)", _dense)
+_MOE = Presence("num_experts >= 1 (an MoE MLP half)", is_moe)
+_SHARED = Presence("shared_expert=True", lambda o: is_moe(o) and o.get("shared_expert", False))
 _QKV_BIAS = _flag("qkv_bias")
 _O_BIAS = _flag("o_bias")
 _QK_NORM = _flag("qk_norm")
-_MLP_BIAS = _flag("mlp_bias", half=_mlp)
+_MLP_BIAS = _flag("mlp_bias", half=_dense)
 _GATED = Presence(
-    "a gated mlp ('swiglu', 'geglu', 'geglu_tanh')", lambda o: _mlp(o) and o["mlp"] in GATED_MLPS
+    "a gated mlp ('swiglu', 'geglu', 'geglu_tanh')",
+    lambda o: _dense(o) and o["mlp"] in GATED_MLPS,
 )
 _GATED_BIAS = Presence(
     "a gated mlp with mlp_bias=True",
-    lambda o: _mlp(o) and o["mlp"] in GATED_MLPS and o["mlp_bias"],
+    lambda o: _dense(o) and o["mlp"] in GATED_MLPS and o["mlp_bias"],
 )
 
 # SPEC.md 4.2: short (canonical, mojolearn's) name, HF decoder-layer state_dict() name, shape,
@@ -120,6 +128,27 @@ TENSORS: tuple[Tensor, ...] = (
     Tensor("up_proj.bias", "mlp.up_proj.bias", ("IT",), _MLP_BIAS),
     Tensor("down_proj.weight", "mlp.down_proj.weight", ("d", "IT"), _MLP),
     Tensor("down_proj.bias", "mlp.down_proj.bias", ("d",), _MLP_BIAS),
+    # MoE MLP half (SPEC.md 4.8): HF Qwen3MoeSparseMoeBlock's state_dict() (transformers 5.x
+    # stacks the experts: expert e is row block e; its gate is the first IT rows of the 2 IT)
+    Tensor("router.weight", "mlp.gate.weight", ("E", "d"), _MOE),
+    Tensor("experts.gate_up_proj", "mlp.experts.gate_up_proj", ("E", "IT2", "d"), _MOE),
+    Tensor("experts.down_proj", "mlp.experts.down_proj", ("E", "d", "IT"), _MOE),
+    Tensor(
+        "shared_expert.gate_proj.weight",
+        "mlp.shared_expert.gate_proj.weight",
+        ("SIT", "d"),
+        _SHARED,
+    ),  # fmt: skip
+    Tensor(
+        "shared_expert.up_proj.weight", "mlp.shared_expert.up_proj.weight", ("SIT", "d"), _SHARED
+    ),  # fmt: skip
+    Tensor(
+        "shared_expert.down_proj.weight",
+        "mlp.shared_expert.down_proj.weight",
+        ("d", "SIT"),
+        _SHARED,
+    ),  # fmt: skip
+    Tensor("shared_expert_gate.weight", "mlp.shared_expert_gate.weight", ("ONE", "d"), _SHARED),
 )
 SHORT_TO_HF: dict[str, str] = {t.name: t.hf for t in TENSORS}
 HF_PREFIXES = ("self_attn.", "mlp.")
@@ -375,6 +404,13 @@ def _looks_like(by_short: dict, o: dict, spell, where: str) -> None:
                 "layers, the dense half of a Granite-4.0-H Mamba layer)",
                 "block_parts='mlp' (its norm is post_attention_layernorm.weight or norm.weight)",
             )
+    if "router.weight" in have and not is_moe(o):
+        e = getattr(by_short["router.weight"], "shape", (0,))[0]
+        refuse(
+            "an MoE layer (router.weight and stacked experts: Qwen3-MoE, Qwen2-MoE, OLMoE, "
+            "Mixtral)",
+            f"num_experts={e} and num_experts_per_tok (HF num_experts_per_tok)",
+        )
     if "q_norm.weight" in have and not o["qk_norm"]:
         q = getattr(by_short["q_norm.weight"], "shape", ())
         scope = {1: "'head' (Qwen3, Gemma 3) or 'all_heads' (OLMo 2)", 2: "'per_head_weights'"}
@@ -471,7 +507,10 @@ def check_shapes(arrs: dict, o: dict, spell, where: str) -> dict:
             f"n_kv_heads*head_dim={n_kv}*{head_dim} ({kv_src}, {hd_src})",
         )
         dims["HD"] = (head_dim, hd_src)
-    if _mlp(o):
+    shared = 0
+    if is_moe(o):
+        it, shared = _moe_dims(arrs, o, dims, name, rank, where)
+    elif _mlp(o):
         ur, _ = rank("up_proj.weight", 2)
         if ur == 0:
             raise ValueError(
@@ -488,7 +527,9 @@ def check_shapes(arrs: dict, o: dict, spell, where: str) -> dict:
         exp = tuple(dims[s][0] for s in spec)
         got = arrs[n].shape
         if got != exp:
-            axes = ("rows", "columns") if len(spec) == 2 else ("length",)
+            axes = {1: ("length",), 2: ("rows", "columns")}.get(
+                len(spec), ("experts", "rows", "columns")
+            )
             src = "; ".join(f"{ax} = {dims[s][1]}" for ax, s in zip(axes, spec))
             raise ValueError(
                 f"{where}: {name(n)} has shape {format_shape(got)}; expected "
@@ -496,7 +537,38 @@ def check_shapes(arrs: dict, o: dict, spell, where: str) -> dict:
             )
     if "q_norm.weight" in arrs:
         _check_qk_norm_shapes(arrs, o, dims, name, where)
-    return {"d_model": d, "head_dim": head_dim, "n_kv_heads": n_kv, "intermediate": it}
+    out = {"d_model": d, "head_dim": head_dim, "n_kv_heads": n_kv, "intermediate": it}
+    if is_moe(o):
+        out["shared_intermediate"] = shared
+    return out
+
+
+def _moe_dims(arrs: dict, o: dict, dims: dict, name, rank, where: str) -> tuple[int, int]:
+    """The MoE shape symbols (E, IT, IT2, SIT, ONE) into ``dims``; returns (IT, SIT)."""
+    e, it2, _ = rank("experts.gate_up_proj", 3)
+    n = o["num_experts"]
+    if e != n or it2 == 0 or it2 % 2:
+        raise ValueError(
+            f"{where}: {name('experts.gate_up_proj')} has shape "
+            f"{format_shape(arrs['experts.gate_up_proj'].shape)}; "
+            f"expected (num_experts={n}, 2*intermediate, d_model) with intermediate >= 1 (each "
+            "expert's gate rows then its up rows)"
+        )
+    it = it2 // 2
+    src = f"the experts' intermediate={it} (half the rows of {name('experts.gate_up_proj')})"
+    dims["E"] = (n, f"num_experts={n} (argument)")
+    dims["IT"] = (it, src)
+    dims["IT2"] = (it2, src)
+    dims["ONE"] = (1, "the shared expert gate's single output")
+    shared = 0
+    if o["shared_expert"]:
+        sr, _ = rank("shared_expert.up_proj.weight", 2)
+        if sr == 0:
+            raise ValueError(f"{where}: {name('shared_expert.up_proj.weight')} has 0 rows")
+        shared = sr
+        dims["SIT"] = (sr, f"shared_intermediate={sr} (rows of "
+                           f"{name('shared_expert.up_proj.weight')})")  # fmt: skip
+    return it, shared
 
 
 _SCOPE_USE = {
