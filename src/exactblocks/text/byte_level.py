@@ -17,6 +17,7 @@ __all__ = [
     "PRE_TOKENIZER_SPLITS",
     "byte_level_pre_tokenizer",
     "bytes_to_unicode",
+    "known_pre_tokenizer",
 ]
 
 # The split regexes of transformers 5.23 (integrations/gguf/gguf_tokenizer_mapping.py
@@ -109,6 +110,37 @@ LLAMA_CPP_PRE_TOKENIZERS = frozenset(
 #: (:data:`LLAMA_CPP_PRE_TOKENIZERS`) and the keys of transformers' table
 #: (:data:`PRE_TOKENIZER_SPLITS`, :data:`DIGITS_FIRST`). Any other is refused.
 KNOWN_PRE_TOKENIZERS = LLAMA_CPP_PRE_TOKENIZERS | frozenset(PRE_TOKENIZER_SPLITS) | DIGITS_FIRST
+
+
+def known_pre_tokenizer(pre: str | None, where: str) -> str | None:
+    """A file's ``tokenizer.ggml.pre``, checked: one of :data:`KNOWN_PRE_TOKENIZERS`, or None
+    (absent or empty: llama.cpp reads an empty value as none).
+
+    Parameters
+    ----------
+    pre : str or None
+    where : str
+        The message prefix (the reader and the file).
+
+    Returns
+    -------
+    str or None
+
+    Raises
+    ------
+    ValueError
+        A value neither llama.cpp nor transformers knows (llama.cpp refuses the file: "unknown
+        pre-tokenizer type"), naming the field and the accepted values.
+    """
+    if not pre:
+        return None
+    if pre not in KNOWN_PRE_TOKENIZERS:
+        known = ", ".join(map(repr, sorted(KNOWN_PRE_TOKENIZERS)))
+        raise ValueError(
+            f"{where}: tokenizer.ggml.pre={pre!r} is not a pre-tokenizer llama.cpp or "
+            f"transformers knows (expected one of {known}, or no field)"
+        )
+    return pre
 
 
 def byte_level_pre_tokenizer(pre: str | None):

@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 
 from .byte_level import (
-    KNOWN_PRE_TOKENIZERS,
     PRE_TOKENIZER_SPLITS,
     byte_level_pre_tokenizer,
     bytes_to_unicode,
+    known_pre_tokenizer,
 )
 from .chat_template import apply_chat_template, check_chat_template
 from .gguf_fields import TokenizerFields
@@ -254,13 +254,7 @@ class GGUFTokenizer:
                 f"GGUFTokenizer.from_gguf: tokenizer.ggml.model is {model!r}; "
                 "only byte-level BPE ('gpt2') and SentencePiece ('llama') are supported"
             )
-        pre = f.string("tokenizer.ggml.pre") or None  # (llama.cpp: empty = none)
-        if pre is not None and pre not in KNOWN_PRE_TOKENIZERS:
-            known = ", ".join(map(repr, sorted(KNOWN_PRE_TOKENIZERS)))
-            raise ValueError(
-                f"{f.where}: tokenizer.ggml.pre={pre!r} is not a pre-tokenizer llama.cpp or "
-                f"transformers knows (expected one of {known}, or no field)"
-            )
+        pre = known_pre_tokenizer(f.string("tokenizer.ggml.pre"), f.where)
         tokens = f.strings("tokenizer.ggml.tokens", required=True)
         n = len(tokens)
         merges = f.strings("tokenizer.ggml.merges")
