@@ -186,3 +186,70 @@ def test_generate_stop_of_another_type_is_a_type_error_naming_stop(tiny):
         == model.generate([1, 2], max_new_tokens=2, stop=["zz", 5]).ids
     )
     assert SamplingParams(max_tokens=1, stop=["a", "b"]).stop == ("a", "b")
+
+
+@pytest.mark.parametrize("rows", [300, 50])
+def test_a_tokenizer_larger_than_the_embedding_is_refused(tiny, tmp_path, rows):
+    """The tiny tokenizer has 320 tokens: an embedding of fewer rows leaves its ids from there
+    on without an embedding (they would fail only when generate met them)."""
+    from safetensors.numpy import load_file, save_file
+
+    m = _copy(tiny("llama")[0], tmp_path)
+    tensors = load_file(str(m / "model.safetensors"))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in tensors:
+            tensors[name] = np.ascontiguousarray(tensors[name][:rows])
+    save_file(tensors, str(m / "model.safetensors"), metadata={"format": "pt"})
+    _edit_config(m, vocab_size=rows)
+    with pytest.raises(ValueError) as info:
+        exactblocks.load_model(str(m))
+    message = str(info.value)
+    for needle in (str(m), "tokenizer.json", "has 320 tokens", "'model.embed_tokens.weight' in",
+                   f"has {rows} rows", f"ids {rows}..319"):  # fmt: skip
+        assert needle in message, message
+
+
+def test_an_embedding_larger_than_the_tokenizer_loads(tiny, tmp_path):
+    """Padded embedding rows (HF's usual layout: vocab_size rounded up) are kept."""
+    from safetensors.numpy import load_file, save_file
+
+    m = _copy(tiny("llama")[0], tmp_path)
+    tensors = load_file(str(m / "model.safetensors"))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in tensors:
+            tensors[name] = np.concatenate([tensors[name], tensors[name][:16]])
+    save_file(tensors, str(m / "model.safetensors"), metadata={"format": "pt"})
+    _edit_config(m, vocab_size=336)
+    model = exactblocks.load_model(str(m))
+    assert model.vocab_size == 336 and model.tokenizer.vocab_size == 320
+
+
+@pytest.mark.parametrize(
+    ("file", "value", "needles"),
+    [
+        ("config.json", 10**6, ["config.json", "'eos_token_id'=1000000", "[0, 320)"]),
+        ("config.json", [2, 320], ["config.json", "'eos_token_id'=[2, 320]", "[0, 320)"]),
+        ("config.json", "</s>", ["config.json", "'eos_token_id'='</s>'", "not a token id"]),
+        ("generation_config.json", 10**6, ["generation_config.json", "=1000000", "[0, 320)"]),
+        ("generation_config.json", "</s>", ["generation_config.json", "'</s>'", "not a token"]),
+    ],
+    ids=["config-1e6", "config-list", "config-str", "generation-1e6", "generation-str"],
+)
+@pytest.mark.parametrize("generation_config", [None, {"eos_token_id": 2}])
+def test_an_eos_token_id_outside_the_vocabulary_is_refused(
+    tiny, tmp_path, file, value, needles, generation_config
+):
+    """Not dropped from the stop set (before, 10**6 left model.eos_token_ids unchanged), and
+    checked in config.json also when generation_config.json's id is the one used."""
+    m = _copy(tiny("llama")[0], tmp_path)
+    if generation_config is not None:
+        (m / "generation_config.json").write_text(json.dumps(generation_config))
+    path = m / file
+    cfg = json.loads(path.read_text()) if path.exists() else {}
+    cfg["eos_token_id"] = value
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as info:
+        exactblocks.load_model(str(m))
+    message = str(info.value)
+    for needle in (str(m), *needles):
+        assert needle in message, message

@@ -29,9 +29,11 @@ _LAYER = {"attn_q": (D, D), "attn_k": (D, D), "attn_v": (D, D), "attn_output": (
           "ffn_norm": (D,)}  # fmt: skip
 
 
-def write_llama(path, *, n_layers=2, keys=None, drop=(), tensor_types=None) -> str:
+def write_llama(path, *, n_layers=2, keys=None, drop=(), tensor_types=None, tensors=None) -> str:
     """A tiny llama GGUF of ``n_layers`` layers; ``keys`` overrides or adds metadata (a value
-    of type str, float, bool or int; ints of 2**32 and more are written as uint64)."""
+    of type str, bytes (a string's raw bytes), float, bool, int or a list of ints; ints of
+    2**32 and more are written as uint64); ``tensors`` replaces tensors by name (an array, or
+    None to leave the tensor out)."""
     gguf = require("gguf", "the gguf package writes the file")
     w = gguf.GGUFWriter(str(path), "llama")
     meta = {
@@ -47,8 +49,10 @@ def write_llama(path, *, n_layers=2, keys=None, drop=(), tensor_types=None) -> s
     for key, value in meta.items():
         if key in drop:
             continue
-        if isinstance(value, str):  # (add_string skips an empty string)
+        if isinstance(value, (str, bytes)):  # (add_string skips an empty string)
             w.add_key_value(key, value, gguf.GGUFValueType.STRING)
+        elif isinstance(value, list):
+            w.add_array(key, value)
         elif isinstance(value, bool):
             w.add_bool(key, value)
         elif isinstance(value, float):
@@ -59,14 +63,18 @@ def write_llama(path, *, n_layers=2, keys=None, drop=(), tensor_types=None) -> s
             w.add_uint32(key, value)
     if "tokenizer.ggml.model" not in meta:
         w.add_tokenizer_model("gpt2")
-    w.add_token_list([f"t{i}" for i in range(VOCAB)])
+    if "tokenizer.ggml.tokens" not in meta:
+        w.add_token_list([f"t{i}" for i in range(VOCAB)])
     rng = np.random.default_rng(0)
-    tensors = {"token_embd.weight": (VOCAB, D), "output_norm.weight": (D,)}
+    shapes = {"token_embd.weight": (VOCAB, D), "output_norm.weight": (D,)}
     for n in range(n_layers):
         for kind, shape in _LAYER.items():
-            tensors[f"blk.{n}.{kind}.weight"] = shape
-    for name, shape in tensors.items():
-        w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+            shapes[f"blk.{n}.{kind}.weight"] = shape
+    for name, shape in shapes.items():
+        array = rng.standard_normal(shape).astype(np.float32)
+        array = (tensors or {}).get(name, array)
+        if array is not None:
+            w.add_tensor(name, array)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -202,3 +210,79 @@ def test_a_layer_past_the_count_and_a_missing_count(tmp_path):
     refused(write_llama(tmp_path / "a.gguf", drop=("llama.block_count",)), "'llama.block_count'")
     path = write_llama(tmp_path / "b.gguf", n_layers=3, keys={"llama.block_count": 2})
     refused(path, "'blk.2.", "names layer 2, but the file has 2")
+
+
+@pytest.mark.parametrize(
+    ("tensors", "needles"),
+    [
+        ({"blk.1.ffn_down.weight": None}, ["lacks tensors ['blk.1.ffn_down.weight']"]),
+        (
+            {"blk.0.attn_q.weight": np.zeros((D, D + 1), np.float32)},
+            ["tensor 'blk.0.attn_q.weight'", "has shape (8, 9)", "implies (8, 8)"],
+        ),
+        (
+            {"blk.0.attn_norm.weight": np.ones((D, 1), np.float32)},
+            ["tensor 'blk.0.attn_norm.weight'", "has shape (8, 1)", "implies (8,)"],
+        ),
+        (
+            {"blk.0.attn_q.weight": np.full((D, D), np.nan, np.float32)},
+            ["layer 0", "tensor 'blk.0.attn_q.weight' must be finite", "nan"],
+        ),
+        (
+            {"blk.1.ffn_down.weight": np.full((D, FF), np.inf, np.float32)},
+            ["layer 1", "tensor 'blk.1.ffn_down.weight' must be finite", "inf"],
+        ),
+        (
+            {"output_norm.weight": np.full((D,), np.nan, np.float32)},
+            ["tensor 'output_norm.weight' holds nan"],
+        ),
+    ],
+    ids=["missing", "shape", "rank", "nan", "inf", "top-nan"],
+)
+def test_a_bad_tensor_is_named_as_the_file_names_it(tmp_path, tensors, needles):
+    """Not by the HF name it is read under (``model.layers.1.mlp.down_proj.weight``), which the
+    file does not hold."""
+    message = refused(write_llama(tmp_path / "m.gguf", tensors=tensors), "m.gguf", *needles)
+    assert "model." not in message and "weights[" not in message, message
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("llama.block_count", [2, 2]),
+        ("llama.embedding_length", [8, 8]),
+        ("llama.context_length", [64]),
+    ],
+)
+def test_an_array_where_one_count_is_expected_is_not_a_count(tmp_path, key, value):
+    refused(write_llama(tmp_path / "m.gguf", keys={key: value}), f"{key}={value!r} is not a count",
+            "not an array")  # fmt: skip
+
+
+def test_a_token_list_longer_than_the_embedding_is_refused(tmp_path):
+    """llama.cpp requires one ``token_embd`` row per token; the ids past the rows could be
+    encoded but not embedded."""
+    gguf = require("gguf", "the gguf package writes the file")
+    path = str(tmp_path / "m.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    for key, value in (("block_count", 1), ("context_length", 64), ("embedding_length", D),
+                       ("feed_forward_length", FF), ("attention.head_count", HEADS)):  # fmt: skip
+        w.add_uint32(f"llama.{key}", value)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    tokens = ["a", "b", "c", "ab", "abc", "bc"] + [f"x{i}" for i in range(VOCAB)]
+    w.add_token_list(tokens)
+    w.add_token_merges(["a b", "ab c", "b c"])
+    rng = np.random.default_rng(0)
+    shapes = {"token_embd.weight": (VOCAB, D), "output_norm.weight": (D,)}
+    shapes.update({f"blk.0.{kind}.weight": shape for kind, shape in _LAYER.items()})
+    for name, shape in shapes.items():
+        w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    rows = f"'token_embd.weight' in {path} has {VOCAB} rows"
+    refused(path, "tokenizer.ggml.tokens", f"has {VOCAB + 6} tokens", rows,
+            f"ids {VOCAB}..{VOCAB + 5}")  # fmt: skip

@@ -105,6 +105,58 @@ def test_a_known_tokenizer_kind_without_a_builder_still_loads(tmp_path):
     assert model.tokenizer is None and len(model.blocks) == 2
 
 
+# a byte-level vocabulary that builds (tokens and merges), in the tiny file's 32 rows
+_BPE = {
+    "tokenizer.ggml.tokens": ["a", "b", "ab"] + [f"t{i}" for i in range(29)],
+    "tokenizer.ggml.merges": ["a b"],
+}
+
+
+@pytest.mark.parametrize("pre", ["no-such-pre", "gpt2", "Qwen2"])
+def test_an_unknown_pre_tokenizer_is_refused(tmp_path, pre):
+    """llama.cpp refuses a tokenizer.ggml.pre it does not know ("unknown pre-tokenizer
+    type"); so does the loader, rather than splitting the text with a regex the model may not
+    have been trained with."""
+    path = write_llama(tmp_path / "m.gguf", keys={**_BPE, "tokenizer.ggml.pre": pre})
+    message = refused(path, repr(path), f"tokenizer.ggml.pre={pre!r}", "'qwen2'", "'gpt-2'",
+                      "'smollm'", "or no field")  # fmt: skip
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("pre", ["gpt-2", "default", "deepseek-llm", "qwen2", "smollm", ""])
+def test_a_known_or_empty_pre_tokenizer_loads(tmp_path, pre):
+    path = write_llama(tmp_path / "m.gguf", keys={**_BPE, "tokenizer.ggml.pre": pre})
+    model = exactblocks.load_model(path)
+    assert model.tokenizer is not None and model.tokenizer.encode("ab") == [2]
+
+
+@pytest.mark.parametrize(
+    ("key", "raw", "offset"),
+    [
+        ("tokenizer.chat_template", b"{{ messages[0].content }}\xff", 25),
+        ("tokenizer.chat_template", b"\xc3(", 0),
+        ("tokenizer.ggml.pre", b"qwen\x80", 4),
+    ],
+)
+def test_a_string_field_that_is_not_utf8_is_refused(tmp_path, key, raw, offset):
+    """Not read with replacement characters in place of the bad bytes."""
+    path = write_llama(tmp_path / "m.gguf", keys={**_BPE, key: raw})
+    refused(path, repr(path), f"{key} is not valid UTF-8", f"offset {offset}", "expected UTF-8")
+
+
+def test_a_string_field_that_is_not_utf8_is_refused_through_gguf_reader(tmp_path):
+    """The same refusal when the tokenizer is read through gguf.GGUFReader."""
+    from models_helpers import require
+
+    gguf = require("gguf", "gguf.GGUFReader reads the file")
+    from exactblocks.text import GGUFTokenizer
+
+    raw = b"{{ messages[0].content }}\xff"
+    path = write_llama(tmp_path / "m.gguf", keys={**_BPE, "tokenizer.chat_template": raw})
+    with pytest.raises(ValueError, match="tokenizer.chat_template is not valid UTF-8"):
+        GGUFTokenizer.from_gguf(gguf.GGUFReader(path))
+
+
 @pytest.mark.parametrize("arch", ["nemotron_h", "granitehybrid"])
 def test_a_zero_head_count_is_named_not_a_division_by_zero(tmp_path, arch):
     """The hybrids' readers divided embedding_length by head_count before checking it (an

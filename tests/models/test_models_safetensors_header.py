@@ -79,3 +79,24 @@ def test_overlapping_tensor_data_is_refused(tmp_path):
     path = write(tmp_path / "alias.safetensors", same, DATA)
     with pytest.raises(ValueError, match="overlap"):
         read_header(path)
+
+
+@pytest.mark.parametrize("metadata", [5, "pt", [["format", "pt"]], {"format": 5}, {"a": None}])
+def test_metadata_that_is_not_a_map_of_strings_is_refused(tmp_path, metadata):
+    """The format's ``__metadata__`` is a str -> str map; the safetensors library refuses any
+    other (the oracle, when installed), and so does the reader."""
+    header = {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}
+    path = write(tmp_path / "meta.safetensors", {**header, "__metadata__": metadata}, DATA[:16])
+    shown = re.escape(repr(metadata))
+    with pytest.raises(ValueError, match=re.escape(repr(path)) + f": __metadata__={shown} is not"):
+        read_header(path)
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        return
+    with pytest.raises(Exception):  # noqa: B017, PT011 (the library's own error type)
+        with safe_open(path, "np"):
+            pass
+    ok = write(tmp_path / "ok.safetensors", {**header, "__metadata__": {"format": "pt"}}, DATA[:16])
+    with safe_open(ok, "np") as f:  # (the library does read the well-formed one)
+        assert f.metadata() == {"format": "pt"}

@@ -63,6 +63,7 @@ def read_header(path: str) -> tuple[dict, int]:
         If ``path`` is not a file.
     ValueError
         If the file is shorter than its header says, the header is not the format's JSON, a
+        ``__metadata__`` is not a map of strings to strings, a
         tensor's shape or offsets are not non-negative integers, its offsets do not match its
         dtype and shape, its bytes lie past the end of the file (a truncated download), or two
         tensors' bytes overlap: the message names the file and the tensor.
@@ -90,6 +91,14 @@ def read_header(path: str) -> tuple[dict, int]:
     if not isinstance(header, dict):
         raise ValueError(f"safetensors: the header of {path!r} is not a JSON object")
     base = 8 + n
+    meta = header.get("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        shown = repr(meta)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise ValueError(
+            f"safetensors: {path!r}: __metadata__={shown} is not a map of strings to strings "
+            "(the format's metadata)"
+        )
     out = {}
     for name, info in header.items():
         if name == "__metadata__":

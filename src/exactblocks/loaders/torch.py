@@ -118,10 +118,14 @@ class ArraySource(Mapping):
     release : callable or None, default=None
         Called by the model builder after each layer is packed (a memory-mapped file drops the
         pages already copied from its resident set; see :meth:`release`).
+    names : Mapping of str to str or None, default=None
+        Array name -> the name the file gives the tensor (a GGUF's ``blk.0.attn_q.weight`` for
+        ``model.layers.0.self_attn.q_proj.weight``), for messages (:meth:`name_in_file`).
     """
 
-    def __init__(self, arrays, origin: str, release=None):
+    def __init__(self, arrays, origin: str, release=None, names=None):
         self._a = dict(arrays)
+        self._names = dict(names or {})
         self._shapes: dict = {}  # of forgotten arrays
         self.origin = origin
         self._release = release
@@ -169,6 +173,11 @@ class ArraySource(Mapping):
     def where(self, name: str) -> str:
         """Where array ``name`` comes from (for messages)."""
         return self.origin
+
+    def name_in_file(self, name: str) -> str:
+        """The name the file gives tensor ``name`` (``name`` itself when the file names it so),
+        for messages."""
+        return self._names.get(name, name)
 
     def same_storage(self, a: str, b: str) -> bool:
         """Whether ``a`` and ``b`` are the same array (a tied head)."""

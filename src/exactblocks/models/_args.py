@@ -57,29 +57,39 @@ def _as_ids(ids, where: str, name: str = "ids") -> np.ndarray:
 
 
 def _eos_from(config: Mapping, generation_config: Mapping | None,
-              gen_where: str = "generation_config.json") -> tuple[int, ...]:  # fmt: skip
+              gen_where: str = "generation_config.json",
+              vocab_size: int | None = None) -> tuple[int, ...]:  # fmt: skip
     """Default stop ids: generation_config.json's eos_token_id, else the config's (as HF).
 
     A value that is not an id, a list of ids or null is refused (ValueError naming the field
-    and the file it is in), never dropped."""
+    and the file it is in), never dropped; so is an id outside ``[0, vocab_size)`` when the
+    vocabulary size is given. Both files' values are checked, the one used and the other."""
+    from ._config import ConfigFieldError
+
+    found = None
     for src, where in ((generation_config or {}, gen_where), (config, None)):
         v = src.get("eos_token_id")
-        if v is not None:
-            vals = v if isinstance(v, (list, tuple)) else [v]
-            if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in vals):
-                if where is None:
-                    from ._config import ConfigFieldError
-
-                    raise ConfigFieldError(
-                        "{0} is not a token id (expected an integer >= 0, a list of them or null)",
-                        [("eos_token_id", "'eos_token_id'", v)],
-                    )
-                raise ValueError(
-                    f"load_model: {where} field 'eos_token_id'={v!r} is not a token id "
-                    "(expected an integer >= 0, a list of them or null)"
-                )
-            return tuple(int(i) for i in vals)
-    return ()
+        if v is None:
+            continue
+        vals = v if isinstance(v, (list, tuple)) else [v]
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in vals):
+            expected = "an integer >= 0, a list of them or null"
+            what = "is not a token id"
+        elif vocab_size is not None and not all(i < vocab_size for i in vals):
+            expected = f"token ids in [0, {vocab_size}): the model's vocabulary"
+            what = "is outside the vocabulary"
+        else:
+            found = tuple(int(i) for i in vals) if found is None else found
+            continue
+        if where is None:
+            raise ConfigFieldError(
+                "{0} " + what + " (expected " + expected + ")",
+                [("eos_token_id", "'eos_token_id'", v)],
+            )
+        raise ValueError(
+            f"load_model: {where} field 'eos_token_id'={v!r} {what} (expected {expected})"
+        )
+    return () if found is None else found
 
 
 def _frozen_json(value: Any) -> Any:

@@ -33,7 +33,7 @@ import numpy as np
 from exactblocks._validation import FormatError
 from exactblocks.loaders.gguf import check_type, dequantize, gguf_field, unpermute_qk
 
-__all__ = ["GGUFArch", "blocks_held", "config_key_label", "read_arch"]
+__all__ = ["GGUFArch", "blocks_held", "config_key_label", "file_names", "read_arch"]
 
 _MISSING = object()
 
@@ -65,6 +65,9 @@ _COUNTS = {
     "ssm.conv_kernel": 1,
     "ssm.time_step_rank": 1,
 }
+# the counts llama.cpp reads one per layer (``get_key_or_arr``): only these may be arrays
+_PER_LAYER = ("feed_forward_length", "attention.head_count", "attention.head_count_kv",
+              "attention.sliding_window_pattern")  # fmt: skip
 # keys that are real numbers, true/false, or text
 _REALS = ("epsilon", "freq_base", "freq_base_swa", "scale", "factor", "softcapping",
           "attn_factor", "scale_linear")  # fmt: skip
@@ -136,6 +139,12 @@ class _Keys:
         full = f"{self.arch}.{key}"
         if key in _COUNTS:
             low = _COUNTS[key] if minimum is None else minimum
+            if isinstance(value, list) and key not in _PER_LAYER:
+                raise FormatError(
+                    "load_gguf_model",
+                    f"{full}={_shown(value)} is not a count (expected one integer in "
+                    f"[{low}, {MAX_COUNT}], not an array)",
+                )
             for v in value if isinstance(value, list) else [value]:
                 if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= MAX_COUNT:
                     raise FormatError(
@@ -576,6 +585,34 @@ def _ssm_map(prefix: str) -> dict:
 
 def _has_any(names, suffix: str) -> bool:
     return any(n.startswith("blk.") and n.endswith("." + suffix) for n in names)
+
+
+def file_names(entry: GGUFArch, n_layers: int) -> dict[str, str]:
+    """HF tensor name -> the name the GGUF file gives it (``model.layers.1.mlp.down_proj.weight``
+    -> ``blk.1.ffn_down.weight``): how a tensor of a GGUF is named in a message, missing ones
+    included.
+
+    Parameters
+    ----------
+    entry : GGUFArch
+        The file's family record (its ``block`` and ``top`` renames, inverted).
+    n_layers : int
+        The file's ``block_count``.
+
+    Returns
+    -------
+    dict of str to str
+        Names a family's ``finish`` makes from several tensors (Granite-4.0-H's joined gate and
+        up) are not in it: they keep their HF name.
+    """
+    out = {}
+    for n in range(n_layers):
+        prefix = entry.layer_prefix.format(n)
+        for ours, hf in entry.block.items():
+            out.setdefault(prefix + hf, f"blk.{n}.{ours}")
+    for ours, hf in entry.top.items():
+        out.setdefault(hf, ours)
+    return out
 
 
 def read_arch(reader, entry: GGUFArch, direct: bool = False) -> tuple[dict, dict]:

@@ -98,8 +98,9 @@ def _core_arg(value):
     return value.core_arg() if isinstance(value, QuantizedMatrix) else value
 
 
-def _check_finite(name: str, arr) -> None:
-    """Every value finite (GGUF blocks: every binary16 scale finite, else the values are read)."""
+def _check_finite(name: str, arr, where: str) -> None:
+    """Every value finite (GGUF blocks: every binary16 scale finite, else the values are read);
+    ``where`` is the file, for the message."""
     if isinstance(arr, QuantizedMatrix):
         try:
             arr.check_finite(name, "load_model")
@@ -109,7 +110,52 @@ def _check_finite(name: str, arr) -> None:
     bad = ~np.isfinite(arr)
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"load_model: tensor {name!r} holds {float(arr[idx])!r} at index {idx}")
+        raise ValueError(
+            f"load_model: tensor {name!r} holds {float(arr[idx])!r} at index {idx} in {where}; "
+            "expected finite values"
+        )
+
+
+def _in_file(tensors, names):
+    """The name (or list of names) the source's file gives tensors ``names`` (a GGUF's
+    ``blk.N.*`` names; an HF source's names are the file's own)."""
+    shown = getattr(tensors, "name_in_file", None)
+    if shown is None:
+        return names
+    return shown(names) if isinstance(names, str) else [shown(n) for n in names]
+
+
+def _named_in_file(text: str, tensors, prefix: str, layer_names) -> str:
+    """A block's message about ``weights['<name>']`` of one layer, with the tensor named as
+    the file names it (``tensor 'blk.0.attn_q.weight'``) where that differs."""
+    for full in layer_names:
+        shown = _in_file(tensors, full)
+        if shown != full and full.startswith(prefix):
+            text = text.replace(f"weights[{full[len(prefix) :]!r}]", f"tensor {shown!r}")
+    return text
+
+
+def _check_vocabulary(tokenizer, spec, tensors, origin: str) -> None:
+    """Refuse a tokenizer with more tokens than the embedding has rows: its ids from the
+    embedding's row count on could be encoded but not embedded (llama.cpp refuses such a GGUF:
+    ``token_embd`` must have one row per token). A larger embedding (padded rows) is HF's
+    usual layout and is kept."""
+    n = getattr(tokenizer, "vocab_size", None)
+    if tokenizer is None or not isinstance(n, int) or n <= spec.vocab_size:
+        return
+    from exactblocks.text import GGUFTokenizer
+
+    source = (
+        "tokenizer.ggml.tokens"
+        if isinstance(tokenizer, GGUFTokenizer)
+        else "tokenizer.json, with its added tokens"
+    )
+    embed = _in_file(tensors, spec.embed_name)
+    raise ValueError(
+        f"load_model: {origin}: the tokenizer ({source}) has {n} tokens but {embed!r} in "
+        f"{tensors.where(spec.embed_name)} has {spec.vocab_size} rows; expected at least one "
+        f"row per token (ids {spec.vocab_size}..{n - 1} would have no embedding)"
+    )
 
 
 def _read_json(path: str, what: str) -> dict:
@@ -335,7 +381,7 @@ def _load_gguf(path: str, max_positions) -> Model:
     from exactblocks.loaders.torch import ArraySource
     from exactblocks.text import GGUFTokenizer, UnsupportedTokenizerError
 
-    from ._gguf import config_key_label
+    from ._gguf import config_key_label, file_names
     from .registry import gguf_arch
 
     # the extension first: a missing build or an unavailable EXACTBLOCKS_ISA is reported as
@@ -367,7 +413,8 @@ def _load_gguf(path: str, max_positions) -> Model:
     arch = gguf_field(reader, "general.architecture")
     changes = gguf_arch(arch).spec_changes
     label = config_key_label(reader, arch)
-    source = ArraySource(arrays, path, release)
+    names = file_names(gguf_arch(arch), cfg["num_hidden_layers"])
+    source = ArraySource(arrays, path, release, names=names)
     del reader, arrays
     return build_model(cfg, source, tokenizer=tokenizer, max_positions=max_positions,
                        origin=path, spec_changes=changes,
@@ -433,6 +480,9 @@ class _Renamed(Mapping):
     def where(self, name):
         return self._src.where(self._to_src[name])
 
+    def name_in_file(self, name):
+        return _in_file(self._src, self._to_src.get(name, name))
+
     def same_storage(self, a, b):
         same = getattr(self._src, "same_storage", None)
         return bool(same and same(self._to_src[a], self._to_src[b]))
@@ -489,7 +539,10 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
                     f"holds the tensors of {held} layer{'s' if held != 1 else ''}"
                 )
         spec, resolved = family.spec_from_config(config)
-        eos_ids = _eos_from(resolved, generation_config)
+        gen_file = "generation_config.json"
+        if isinstance(origin, str) and os.path.isdir(origin):  # (a folder: its file, by path)
+            gen_file = repr(os.path.join(origin, gen_file))
+        eos_ids = _eos_from(resolved, generation_config, gen_file, vocab_size=spec.vocab_size)
     except ConfigFieldError as exc:
         if config_origin is None:
             raise
@@ -600,7 +653,8 @@ def _build(spec, resolved, eos_ids, tensors, tokenizer, max_positions, origin, s
         more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
         raise ValueError(
             f"load_model: {origin} holds tensors the {spec.family} config does not account for: "
-            f"{unknown[:5]}{more} (config disagrees with the tensors, or another architecture)"
+            f"{_in_file(tensors, unknown[:5])}{more} (config disagrees with the tensors, or "
+            "another architecture)"
         )
     missing = sorted(n for n, t in expected.items() if t.required and n not in names)
     if missing:
@@ -611,15 +665,15 @@ def _build(spec, resolved, eos_ids, tensors, tokenizer, max_positions, origin, s
             else ""
         )
         raise ValueError(
-            f"load_model: {origin} lacks tensors {missing[:5]}{more} that the {spec.family} "
-            f"config requires{hint}"
+            f"load_model: {origin} lacks tensors {_in_file(tensors, missing[:5])}{more} that the "
+            f"{spec.family} config requires{hint}"
         )
     for name in sorted(names & set(expected)):
         got, want = tuple(tensors.shape(name)), tuple(expected[name].shape)
         if got != want:
             raise ValueError(
-                f"load_model: tensor {name!r} in {tensors.where(name)} has shape {got}; the "
-                f"config implies {want}{_sized_by(name, spec)}"
+                f"load_model: tensor {_in_file(tensors, name)!r} in {tensors.where(name)} has "
+                f"shape {got}; the config implies {want}{_sized_by(name, spec)}"
             )
     head_stored = spec.head_name in names
     tied_same = (
@@ -631,8 +685,9 @@ def _build(spec, resolved, eos_ids, tensors, tokenizer, max_positions, origin, s
         a, b = _float32(tensors[spec.embed_name]), _float32(tensors[spec.head_name])
         if not np.array_equal(a.view(np.uint32), b.view(np.uint32)):
             raise ValueError(
-                f"load_model: tie_word_embeddings is true but {spec.head_name!r} differs from "
-                f"{spec.embed_name!r} in {origin}; refusing to pick one"
+                f"load_model: tie_word_embeddings is true but "
+                f"{_in_file(tensors, spec.head_name)!r} differs from "
+                f"{_in_file(tensors, spec.embed_name)!r} in {origin}; refusing to pick one"
             )
         del a, b
     if not spec.tie_embeddings and tied_same:
@@ -654,7 +709,10 @@ def _build(spec, resolved, eos_ids, tensors, tokenizer, max_positions, origin, s
         norm_b = np.ascontiguousarray(tensors[spec.norm_bias_name], dtype=np.float32)
         checked.append((spec.norm_bias_name, norm_b))
     for name, arr in checked:
-        _check_finite(name, arr)
+        _check_finite(
+            _in_file(tensors, name), arr, tensors.where(name) if name in names else origin
+        )
+    _check_vocabulary(tokenizer, spec, tensors, origin)
 
     # 2. the head: final norm + vocabulary projection in the core (first: the peak RSS is
     # then the packed head plus the file pages of the vocabulary matrix, released after)
@@ -684,7 +742,8 @@ def _build(spec, resolved, eos_ids, tensors, tokenizer, max_positions, origin, s
                 built = source_spec.build_layer(i, arrays, max_positions)
             blocks.extend(built if isinstance(built, list) else [built])  # hybrids: 1-2 blocks
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"load_model: layer {i} of {origin}: {exc}") from exc
+            text = _named_in_file(str(exc), tensors, spec.layer_prefix.format(i), arrays)
+            raise ValueError(f"load_model: layer {i} of {origin}: {text}") from exc
         del arrays
         forget([t.name for t in ts])  # a source holding copies (GGUF's un-permuted q/k) frees them
         release()  # a memory-mapped source drops the pages this layer was packed from

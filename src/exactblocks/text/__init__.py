@@ -14,6 +14,8 @@ docs/text.md says which tokenizers and pre-tokenizers are supported and what eac
 
 from .byte_level import (
     DIGITS_FIRST,
+    KNOWN_PRE_TOKENIZERS,
+    LLAMA_CPP_PRE_TOKENIZERS,
     PRE_TOKENIZER_SPLITS,
     byte_level_pre_tokenizer,
     bytes_to_unicode,
@@ -40,6 +42,8 @@ from .tool_calls import (
 
 __all__ = [
     "DIGITS_FIRST",
+    "KNOWN_PRE_TOKENIZERS",
+    "LLAMA_CPP_PRE_TOKENIZERS",
     "PRE_TOKENIZER_SPLITS",
     "TOOL_CALL_PARSERS",
     "Detokenizer",

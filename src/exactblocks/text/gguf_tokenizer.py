@@ -32,7 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from .byte_level import PRE_TOKENIZER_SPLITS, byte_level_pre_tokenizer, bytes_to_unicode
+from .byte_level import (
+    PRE_TOKENIZER_SPLITS,
+    byte_level_pre_tokenizer,
+    bytes_to_unicode,
+    known_pre_tokenizer,
+)
 from .chat_template import apply_chat_template, check_chat_template
 from .gguf_fields import TokenizerFields
 from .spm_merges import spm_merges
@@ -232,7 +237,9 @@ class GGUFTokenizer:
             If a ``tokenizer.*`` field is malformed: of the wrong kind (an id stored as a
             string, an array of another type), an id outside the vocabulary, an array of
             another length than the vocabulary, a merge that is not two tokens or names a
-            string that is not a token; or if the chat template fails to render a one-message
+            string that is not a token, a string that is not UTF-8 (the chat template), a
+            byte-level ``tokenizer.ggml.pre`` outside :data:`~exactblocks.text.
+            KNOWN_PRE_TOKENIZERS`; or if the chat template fails to render a one-message
             conversation. The message names the file, the field and what was expected.
         """
         from exactblocks.loaders.gguf import open_gguf
@@ -247,7 +254,7 @@ class GGUFTokenizer:
                 f"GGUFTokenizer.from_gguf: tokenizer.ggml.model is {model!r}; "
                 "only byte-level BPE ('gpt2') and SentencePiece ('llama') are supported"
             )
-        pre = f.string("tokenizer.ggml.pre")
+        pre = known_pre_tokenizer(f.string("tokenizer.ggml.pre"), f.where)
         tokens = f.strings("tokenizer.ggml.tokens", required=True)
         n = len(tokens)
         merges = f.strings("tokenizer.ggml.merges")

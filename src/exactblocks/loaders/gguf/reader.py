@@ -194,6 +194,13 @@ class GGUFFile:
     ----------
     path : str or os.PathLike
 
+    Attributes
+    ----------
+    invalid_utf8 : dict of str to int
+        The string fields (not arrays) whose bytes are not valid UTF-8 -> the offset of the first
+        invalid byte; their value is decoded with U+FFFD in its place (consumers that need the
+        text, such as the tokenizer's fields, refuse them naming the field).
+
     Raises
     ------
     ValueError
@@ -222,12 +229,19 @@ class GGUFFile:
             pos += n
             return out
 
-        def string():
+        def string(key=None):
+            """One string; the value of field ``key`` is checked to be UTF-8."""
             nonlocal pos
             need(8)
             (n,) = u64(raw, pos)
             need(8 + n)
-            out = raw[pos + 8 : pos + 8 + n].decode("utf-8", errors="replace")
+            chunk = raw[pos + 8 : pos + 8 + n]
+            try:
+                out = chunk.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                out = chunk.decode("utf-8", errors="replace")
+                if key is not None:
+                    self.invalid_utf8[key] = exc.start
             pos += 8 + n
             return out
 
@@ -275,6 +289,7 @@ class GGUFFile:
                 )
             return code
 
+        self.invalid_utf8: dict = {}
         self.fields: dict = {  # GGUFReader's pseudo-fields of the header
             "GGUF.version": _LeanField(version, [4]),
             "GGUF.tensor_count": _LeanField(n_tensors, [10]),
@@ -305,7 +320,7 @@ class GGUFFile:
                     )
                 self.fields[key] = _LeanField(items, [kind, sub])
             elif kind == _GGUF_STRING:
-                self.fields[key] = _LeanField(string(), [kind])
+                self.fields[key] = _LeanField(string(key), [kind])
             else:
                 self.fields[key] = _LeanField(unpack(_GGUF_SCALARS[kind])[0], [kind])
 
