@@ -313,7 +313,7 @@ class GrammarMatcher:
         """Start computing the next :meth:`allowed` on ``executor`` (a
         ``concurrent.futures.Executor``); :meth:`allowed` then waits for it. The mask depends
         only on the tokens consumed so far, so where it is computed changes nothing."""
-        if self._future is None and not self.done:
+        if self._future is None and self._first is None and not self.done:
             self._future = executor.submit(self._compute)
 
     def allowed(self) -> np.ndarray:
