@@ -283,3 +283,33 @@ def test_refusal_messages_are_one_line(smol):
         gen.matcher.consume(smol.tokenizer.encode("zz", add_special_tokens=False)[0])
     msg = str(info.value)
     assert msg.startswith("the grammar does not allow token ") and "\n" not in msg, msg
+
+
+def test_a_row_past_its_grammar_limits_ends_alone_in_a_batch(smol):
+    deep = Grammar.json_schema(ENDLESS_AFTER_A_CHOICE)
+    prompt = chat(smol, "Give JSON.")
+    kinds = [Grammar.json_schema(PERSON), deep, None]
+    gens = [
+        smol.generation(prompt, SamplingParams(max_tokens=16, temperature=0.9, seed=i, grammar=k))
+        for i, k in enumerate(kinds)
+    ]
+    run_batch(smol, gens, max_rows=3)
+    assert gens[1].finish_reason == "error" and gens[1].error == (
+        "the grammar exceeded llguidance's limits at token 2 of the generation: parser error: "
+        "Too many items (limit 50000; ff_tokens); try avoiding single-byte/short lexemes"
+    )
+    for i in (0, 2):  # the others: what they are alone
+        alone = smol.generate(prompt, max_new_tokens=16, temperature=0.9, seed=i,
+                              grammar=kinds[i])  # fmt: skip
+        assert gens[i].ids == alone.ids and gens[i].error is None
+    # Ray Data's Generate: the row's error column, the job goes on
+    import exactblocks.ray as ebray
+
+    batch = {"prompt": np.asarray(["Give JSON.", "Give JSON too."], dtype=object),
+             "seed": np.asarray([0, 1])}  # fmt: skip
+    out = ebray.Generate(smol, max_new_tokens=8, temperature=1.0, grammar=deep)(batch)
+    for i in range(2):
+        assert out["finish_reason"][i] == "error", out
+        assert out["error"][i].startswith(
+            f"exactblocks.ray.Generate: row {i} of the batch: the grammar exceeded"
+        )
