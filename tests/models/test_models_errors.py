@@ -361,3 +361,16 @@ def test_a_wrong_shaped_expert_stack_names_its_fields(tiny):
         "rows: hidden_size=64, columns: moe_intermediate_size=32)"
     )):  # fmt: skip
         exactblocks.load_model(hf)
+
+
+@pytest.mark.parametrize("family", ["olmoe", "mixtral"])
+def test_a_stray_moe_intermediate_size_is_ignored_as_hf_ignores_it(tiny, tmp_path, family):
+    """OlmoeConfig and MixtralConfig have no moe_intermediate_size: their experts are
+    intermediate_size wide whatever else config.json holds."""
+    folder, _ = tiny(family)
+    m = _copy(folder, tmp_path)
+    _edit_config(m, moe_intermediate_size=48)
+    ids = [[1, 2, 3, 4]]
+    got = exactblocks.load_model(str(m)).forward(ids)
+    want = exactblocks.load_model(str(folder)).forward(ids)
+    assert np.array_equal(np.asarray(got).view(np.uint32), np.asarray(want).view(np.uint32))

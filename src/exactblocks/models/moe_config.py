@@ -39,7 +39,12 @@ def _integer(c: ConfigReader, key: str, minimum: int = 1) -> int:
 _COUNT_KEYS = ("num_experts", "num_local_experts")  # HF aliases of one field
 
 
-def moe_keys(raw: Mapping, resolved: Mapping) -> tuple[str, str]:
+# the families whose experts are intermediate_size wide (HF's config has no
+# moe_intermediate_size: a stray one in config.json is ignored there, so here too)
+_WIDTH_IS_INTERMEDIATE = ("mixtral", "olmoe")
+
+
+def moe_keys(raw: Mapping, resolved: Mapping, family: str) -> tuple[str, str]:
     """The config fields that hold the expert count and each expert's width.
 
     Parameters
@@ -48,18 +53,20 @@ def moe_keys(raw: Mapping, resolved: Mapping) -> tuple[str, str]:
         The config as given (config.json).
     resolved : Mapping
         The config over the family's defaults (``ConfigReader.resolved``).
+    family : str
+        The family (``"qwen3_moe"``, ``"qwen2_moe"``, ``"olmoe"``, ``"mixtral"``).
 
     Returns
     -------
     tuple of (str, str)
         The expert count's field as the config spells it (``num_experts`` or
         ``num_local_experts``; the defaults' spelling when the config gives neither) and the
-        width's (``moe_intermediate_size`` when present, else ``intermediate_size``: Mixtral,
-        OLMoE).
+        width's: ``intermediate_size`` for Mixtral and OLMoE (HF ``MixtralConfig``,
+        ``OlmoeConfig``), ``moe_intermediate_size`` otherwise.
     """
     given = [k for k in _COUNT_KEYS if raw.get(k) is not None]
     count = given[0] if given else next((k for k in _COUNT_KEYS if k in resolved), _COUNT_KEYS[0])
-    wide = "moe_intermediate_size" if "moe_intermediate_size" in resolved else "intermediate_size"
+    wide = "intermediate_size" if family in _WIDTH_IS_INTERMEDIATE else "moe_intermediate_size"
     return count, wide
 
 
@@ -88,7 +95,7 @@ def moe_sized_by(name: str, spec, raw: Mapping, resolved: Mapping) -> list[str] 
         ``shared_expert_intermediate_size`` in place of the width, its gate (1,
         ``hidden_size``).
     """
-    count, wide = moe_keys(raw, resolved)
+    count, wide = moe_keys(raw, resolved, spec.family)
     d, it, sit = f"hidden_size={spec.d_model}", f"{wide}={spec.moe_intermediate}", None
     prefix, gate, up, down = spec.moe_files
     if name.endswith(("mlp.gate.weight", "." + prefix + "gate.weight")):
@@ -123,8 +130,8 @@ def moe_fields(
     ----------
     c : ConfigReader
         The family's reader; ``num_local_experts`` (or its HF alias ``num_experts``),
-        ``num_experts_per_tok``, ``moe_intermediate_size`` (else ``intermediate_size``: Mixtral,
-        OLMoE), and, when the defaults have them, ``mlp_only_layers`` and
+        ``num_experts_per_tok``, ``moe_intermediate_size`` (``intermediate_size`` in Mixtral
+        and OLMoE: :func:`moe_keys`), and, when the defaults have them, ``mlp_only_layers`` and
         ``decoder_sparse_step`` (Qwen2/3-MoE: layer i is sparse iff i is not in
         mlp_only_layers and (i + 1) % decoder_sparse_step == 0).
     n_layers : int
@@ -148,7 +155,7 @@ def moe_fields(
         :data:`~exactblocks.transformer.moe.MOE_UNSUPPORTED` set.
     """
     _refuse_unsupported(c)
-    key, wide = moe_keys(c.raw, c.resolved)
+    key, wide = moe_keys(c.raw, c.resolved, c.family)
     if (
         all(c.raw.get(k) is not None for k in _COUNT_KEYS)
         and c.raw["num_local_experts"] != c.raw["num_experts"]
