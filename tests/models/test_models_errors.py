@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -253,3 +254,123 @@ def test_an_eos_token_id_outside_the_vocabulary_is_refused(
     message = str(info.value)
     for needle in (str(m), *needles):
         assert needle in message, message
+
+
+# an MoE tensor of the wrong shape names the config field that sizes it: the expert width
+# (moe_intermediate_size, or intermediate_size in Mixtral and OLMoE), the expert count as the
+# config spells it, Qwen2-MoE's shared_expert_intermediate_size (dense layers: intermediate_size)
+_H = "hidden_size=64"
+_MOE_SHAPES = [
+    ("qwen3_moe", "mlp.experts.3.gate_proj", (32, 64), "moe_intermediate_size=32", _H),
+    ("qwen3_moe", "mlp.experts.0.up_proj", (32, 64), "moe_intermediate_size=32", _H),
+    ("qwen3_moe", "mlp.experts.7.down_proj", (64, 32), _H, "moe_intermediate_size=32"),
+    ("qwen3_moe", "mlp.gate", (8, 64), "num_local_experts=8", _H),
+    ("qwen3_moe", "mlp.gate_proj", (128, 64), "intermediate_size=128", _H),
+    ("qwen2_moe", "mlp.experts.1.gate_proj", (32, 64), "moe_intermediate_size=32", _H),
+    ("qwen2_moe", "mlp.experts.5.down_proj", (64, 32), _H, "moe_intermediate_size=32"),
+    ("qwen2_moe", "mlp.gate", (6, 64), "num_experts=6", _H),
+    (
+        "qwen2_moe",
+        "mlp.shared_expert.gate_proj",
+        (48, 64),
+        "shared_expert_intermediate_size=48",
+        _H,
+    ),
+    ("qwen2_moe", "mlp.shared_expert.up_proj", (48, 64), "shared_expert_intermediate_size=48", _H),
+    (
+        "qwen2_moe",
+        "mlp.shared_expert.down_proj",
+        (64, 48),
+        _H,
+        "shared_expert_intermediate_size=48",
+    ),
+    ("qwen2_moe", "mlp.shared_expert_gate", (1, 64), None, _H),
+    ("olmoe", "mlp.experts.2.gate_proj", (32, 64), "intermediate_size=32", _H),
+    ("olmoe", "mlp.experts.2.down_proj", (64, 32), _H, "intermediate_size=32"),
+    ("olmoe", "mlp.gate", (6, 64), "num_experts=6", _H),
+    ("mixtral", "block_sparse_moe.experts.1.w1", (32, 64), "intermediate_size=32", _H),
+    ("mixtral", "block_sparse_moe.experts.1.w3", (32, 64), "intermediate_size=32", _H),
+    ("mixtral", "block_sparse_moe.experts.1.w2", (64, 32), _H, "intermediate_size=32"),
+    ("mixtral", "block_sparse_moe.gate", (4, 64), "num_local_experts=4", _H),
+]
+
+
+@pytest.mark.parametrize("family, tensor, shape, rows, columns", _MOE_SHAPES)
+def test_a_wrong_shaped_moe_tensor_names_the_field_that_sizes_it(
+    tiny, tmp_path, family, tensor, shape, rows, columns
+):
+    from safetensors.numpy import load_file, save_file
+
+    m = _copy(tiny(family)[0], tmp_path)
+    layer = 1 if tensor == "mlp.gate_proj" else 0  # (qwen3_moe's layer 1 is dense)
+    name = f"model.layers.{layer}.{tensor}.weight"
+    weights = load_file(m / "model.safetensors")
+    assert weights[name].shape == shape  # the tiny model's own shape: the config's
+    weights[name] = weights[name][:-1]  # one row short
+    save_file(weights, m / "model.safetensors", metadata={"format": "pt"})
+    bad = (shape[0] - 1, shape[1])
+    hint = f"columns: {columns}" if rows is None else f"rows: {rows}, columns: {columns}"
+    want = f"has shape {bad}; the config implies {shape} ({hint})"
+    with pytest.raises(ValueError, match=f"tensor '{re.escape(name)}' .*{re.escape(want)}$"):
+        exactblocks.load_model(str(m))
+
+
+@pytest.mark.parametrize(
+    "family, field, tensor, hint",
+    [  # the first tensor (by name) the edited field leaves the wrong shape
+        ("qwen3_moe", "moe_intermediate_size", "mlp.experts.0.down_proj",
+         "(64, 32); the config implies (64, 48) (rows: hidden_size=64, columns: "
+         "moe_intermediate_size=48)"),
+        ("qwen2_moe", "shared_expert_intermediate_size", "mlp.shared_expert.down_proj",
+         "(64, 48); the config implies (64, 40) (rows: hidden_size=64, columns: "
+         "shared_expert_intermediate_size=40)"),
+        ("olmoe", "intermediate_size", "mlp.experts.0.down_proj",
+         "(64, 32); the config implies (64, 40) (rows: hidden_size=64, columns: "
+         "intermediate_size=40)"),
+        ("mixtral", "intermediate_size", "block_sparse_moe.experts.0.w1",
+         "(32, 64); the config implies (40, 64) (rows: intermediate_size=40, columns: "
+         "hidden_size=64)"),
+    ],
+)  # fmt: skip
+def test_an_moe_width_edited_in_config_json_is_named(tiny, tmp_path, family, field, tensor, hint):
+    m = _copy(tiny(family)[0], tmp_path)
+    _edit_config(m, **{field: 40 if field != "moe_intermediate_size" else 48})
+    want = f"tensor 'model.layers.0.{tensor}.weight' in {m / 'model.safetensors'} has shape {hint}"
+    with pytest.raises(ValueError, match=f"^load_model: {re.escape(want)}$"):
+        exactblocks.load_model(str(m))
+
+
+def test_a_wrong_shaped_expert_stack_names_its_fields(tiny):
+    """A transformers object holds each layer's experts stacked (experts, rows, columns)."""
+    import copy
+
+    torch = pytest.importorskip("torch")
+    hf = copy.deepcopy(tiny("qwen3_moe")[1])
+    experts = hf.model.layers[0].mlp.experts
+    assert tuple(experts.gate_up_proj.shape) == (8, 64, 64)
+    experts.gate_up_proj = torch.nn.Parameter(experts.gate_up_proj.detach()[:, :-1])
+    with pytest.raises(ValueError, match=re.escape(
+        "has shape (8, 63, 64); the config implies (8, 64, 64) (experts: num_local_experts=8, "
+        "rows: 2 * moe_intermediate_size = 2 * 32, columns: hidden_size=64)"
+    )):  # fmt: skip
+        exactblocks.load_model(hf)
+    experts.gate_up_proj = torch.nn.Parameter(torch.zeros(8, 64, 64))
+    experts.down_proj = torch.nn.Parameter(experts.down_proj.detach()[:, :, :-1])
+    with pytest.raises(ValueError, match=re.escape(
+        "has shape (8, 64, 31); the config implies (8, 64, 32) (experts: num_local_experts=8, "
+        "rows: hidden_size=64, columns: moe_intermediate_size=32)"
+    )):  # fmt: skip
+        exactblocks.load_model(hf)
+
+
+@pytest.mark.parametrize("family", ["olmoe", "mixtral"])
+def test_a_stray_moe_intermediate_size_is_ignored_as_hf_ignores_it(tiny, tmp_path, family):
+    """OlmoeConfig and MixtralConfig have no moe_intermediate_size: their experts are
+    intermediate_size wide whatever else config.json holds."""
+    folder, _ = tiny(family)
+    m = _copy(folder, tmp_path)
+    _edit_config(m, moe_intermediate_size=48)
+    ids = [[1, 2, 3, 4]]
+    got = exactblocks.load_model(str(m)).forward(ids)
+    want = exactblocks.load_model(str(folder)).forward(ids)
+    assert np.array_equal(np.asarray(got).view(np.uint32), np.asarray(want).view(np.uint32))

@@ -33,7 +33,7 @@ def write_llama(path, *, n_layers=2, keys=None, drop=(), tensor_types=None, tens
     """A tiny llama GGUF of ``n_layers`` layers; ``keys`` overrides or adds metadata (a value
     of type str, bytes (a string's raw bytes), float, bool, int or a list of ints; ints of
     2**32 and more are written as uint64); ``tensors`` replaces tensors by name (an array, or
-    None to leave the tensor out)."""
+    None to leave the tensor out) and adds the names a llama has not."""
     gguf = require("gguf", "the gguf package writes the file")
     w = gguf.GGUFWriter(str(path), "llama")
     meta = {
@@ -74,6 +74,9 @@ def write_llama(path, *, n_layers=2, keys=None, drop=(), tensor_types=None, tens
         array = rng.standard_normal(shape).astype(np.float32)
         array = (tensors or {}).get(name, array)
         if array is not None:
+            w.add_tensor(name, array)
+    for name, array in (tensors or {}).items():  # tensors a llama does not have
+        if name not in shapes and array is not None:
             w.add_tensor(name, array)
     w.write_header_to_file()
     w.write_kv_data_to_file()

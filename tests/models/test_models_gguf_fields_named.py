@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 from test_models_gguf_bounds import patch_tensor_info, refused, write_llama
 
@@ -182,3 +183,37 @@ def test_a_zero_head_count_is_named_not_a_division_by_zero(tmp_path, arch):
     message = refused(path, repr(path), f"{arch}.embedding_length=8 is not divisible by "
                       f"{arch}.attention.head_count=0")  # fmt: skip
     assert "division" not in message
+
+
+def _mixtral_as_llama() -> dict:
+    """The tensors llama.cpp's convert_hf_to_gguf.py writes for a Mixtral (arch llama): a router
+    and stacked experts in place of each layer's dense MLP (4 experts of width 16)."""
+    rng = np.random.default_rng(2)
+    out = {}
+    for n in range(2):
+        out.update({f"blk.{n}.ffn_{k}.weight": None for k in ("gate", "up", "down")})
+        shapes = {"gate_inp": (4, 8), "gate_exps": (4, 16, 8), "up_exps": (4, 16, 8),
+                  "down_exps": (4, 8, 16)}  # fmt: skip
+        for k, shape in shapes.items():
+            out[f"blk.{n}.ffn_{k}.weight"] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
+@pytest.mark.parametrize("experts", [False, True], ids=["dense_tensors", "expert_tensors"])
+@pytest.mark.parametrize("key", ["llama.expert_count", "llama.expert_used_count"])
+def test_a_gguf_mixture_of_experts_is_refused_naming_the_key(tmp_path, key, experts):
+    """MoE GGUFs are not read yet: the expert key is named before any tensor (not a shape, not
+    an unexpected expert tensor)."""
+    tensors = _mixtral_as_llama() if experts else None
+    path = write_llama(tmp_path / "m.gguf", keys={key: 4}, tensors=tensors)
+    message = refused(path, repr(path), f"{key}=4", "mixtures of experts are not read")
+    assert "has shape" not in message and "unexpected tensor" not in message, message
+
+
+def test_a_gguf_ffn_of_the_wrong_shape_names_the_dense_width(tmp_path):
+    """The MoE labels leave a dense GGUF's tensors as they were: intermediate_size (16)."""
+    rng = np.random.default_rng(1)
+    bad = {"blk.0.ffn_gate.weight": rng.standard_normal((15, 8)).astype(np.float32)}
+    path = write_llama(tmp_path / "m.gguf", tensors=bad)
+    refused(path, "has shape (15, 8); the config implies (16, 8)",
+            "(rows: intermediate_size=16, columns: hidden_size=8)")  # fmt: skip

@@ -56,6 +56,39 @@ def _as_ids(ids, where: str, name: str = "ids") -> np.ndarray:
 # -- the model ----------------------------------------------------------------------------------
 
 
+def _prompt_ids(prompt, tokenizer, vocab_size: int, where: str) -> list[int]:
+    """The token ids of a ``generate`` prompt: text encoded with ``tokenizer``, or 1-D ids.
+
+    Raises
+    ------
+    TypeError
+        Text without a tokenizer, or ids that are not integers.
+    ValueError
+        An empty prompt, ids not 1-D, or an id outside ``[0, vocab_size)`` (named with its
+        position).
+    """
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise TypeError(f"{where}: a text prompt needs a tokenizer; this model has none")
+        prompt_ids = list(tokenizer.encode(prompt))
+    else:
+        arr = _as_ids(prompt, where, "prompt")
+        if arr.ndim != 1:
+            raise ValueError(f"{where}: prompt ids must be 1-D; got shape {arr.shape}")
+        prompt_ids = arr.tolist()
+    if not prompt_ids:
+        raise ValueError(f"{where}: the prompt is empty")
+    ids = np.asarray(prompt_ids, dtype=np.int64)
+    bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+    if bad.size:
+        i = int(bad[0])
+        what = "the encoded prompt" if isinstance(prompt, str) else "prompt"
+        raise ValueError(
+            f"{where}: {what}[{i}]={int(ids[i])} is outside the vocabulary [0, {vocab_size})"
+        )
+    return prompt_ids
+
+
 def _eos_from(config: Mapping, generation_config: Mapping | None,
               gen_where: str = "generation_config.json",
               vocab_size: int | None = None) -> tuple[int, ...]:  # fmt: skip

@@ -453,7 +453,7 @@ def config_key_label(reader, arch: str):
             gguf_key = f"{arch}.{gguf_key}"
         if key == "vocab_size":
             return "vocab_size (the rows of token_embd.weight)"
-        if gguf_key in present:
+        if gguf_key is not None and gguf_key in present:
             return gguf_key
         return f"{shown} (derived from the GGUF metadata)"
 
@@ -605,7 +605,7 @@ def file_names(entry: GGUFArch, n_layers: int) -> dict[str, str]:
         Names a family's ``finish`` makes from several tensors (Granite-4.0-H's joined gate and
         up) are not in it: they keep their HF name.
     """
-    out = {}
+    out: dict[str, str] = {}
     for n in range(n_layers):
         prefix = entry.layer_prefix.format(n)
         for ours, hf in entry.block.items():

@@ -26,6 +26,7 @@ from ._args import _eos_from
 from ._config import ConfigFieldError
 from .head import _HeadRows
 from .model import Model
+from .moe_config import moe_sized_by
 from .registry import family_for_config
 from .state import _PRIVATE
 
@@ -558,7 +559,7 @@ def build_model(config, tensors, *, tokenizer=None, max_positions=None, generati
         if "generation_config" in text:  # (not the config's)
             raise
         raise ValueError(f"load_model: {config_origin[0]!r}: {text[12:]}") from exc
-    return _build(spec, resolved, eos_ids, tensors, tokenizer, max_positions, origin,
+    return _build(spec, (config, resolved), eos_ids, tensors, tokenizer, max_positions, origin,
                   spec_changes)  # fmt: skip
 
 
@@ -578,12 +579,14 @@ _SIZED_BY = (
 )
 
 
-def _sized_by(name: str, spec) -> str:
+def _sized_by(name: str, spec, configs) -> str:
     """`` (rows: <field>=<value>, columns: ...)``: the config fields a tensor's expected shape
     comes from, so a wrong one is traced to its root field ('' when not known: only the
-    decoder families' tensors are listed)."""
+    decoder families' tensors are listed; an MoE layer's: :func:`moe_sized_by`)."""
     if not hasattr(spec, "intermediate"):
         return ""
+    if spec.num_experts and (moe := moe_sized_by(name, spec, *configs)) is not None:
+        return f" ({', '.join(moe)})"
     for pieces, rows, cols in _SIZED_BY:
         if any(p in name for p in pieces):
             parts = []
@@ -606,8 +609,9 @@ def _int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _build(spec, resolved, eos_ids, tensors, tokenizer, max_positions, origin, spec_changes):
-    """:func:`build_model` after the config is read: the tensors checked, then built."""
+def _build(spec, configs, eos_ids, tensors, tokenizer, max_positions, origin, spec_changes):
+    """:func:`build_model` after the config is read: the tensors checked, then built
+    (``configs``: the config as given and over the family's defaults)."""
     from exactblocks import _ext
 
     if spec_changes:
@@ -673,7 +677,7 @@ def _build(spec, resolved, eos_ids, tensors, tokenizer, max_positions, origin, s
         if got != want:
             raise ValueError(
                 f"load_model: tensor {_in_file(tensors, name)!r} in {tensors.where(name)} has "
-                f"shape {got}; the config implies {want}{_sized_by(name, spec)}"
+                f"shape {got}; the config implies {want}{_sized_by(name, spec, configs)}"
             )
     head_stored = spec.head_name in names
     tied_same = (
@@ -762,7 +766,7 @@ def _build(spec, resolved, eos_ids, tensors, tokenizer, max_positions, origin, s
     return Model(
         _PRIVATE,
         spec=spec,
-        config=resolved,
+        config=configs[1],
         blocks=blocks,
         embed=embed,
         head=head,

@@ -25,7 +25,7 @@ import numpy as np
 from exactblocks._validation import check_choice
 
 from .._weights import LazyFingerprint, same_fingerprint
-from ._args import _as_ids, _check_int, _frozen_json
+from ._args import _as_ids, _check_int, _frozen_json, _prompt_ids
 from .errors import layer_error, memory_named
 from .generate import Generation, GenerationStream, SamplingParams, decode_one, split_stop
 from .head import _model_fingerprint
@@ -725,26 +725,7 @@ class Model:
         ``exactblocks.ray`` (``exactblocks.models.generate``, docs/generation.md).
         """
         where = "Model.generate"
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise TypeError(f"{where}: a text prompt needs a tokenizer; this model has none")
-            prompt_ids = list(self.tokenizer.encode(prompt))
-        else:
-            arr = _as_ids(prompt, where, "prompt")
-            if arr.ndim != 1:
-                raise ValueError(f"{where}: prompt ids must be 1-D; got shape {arr.shape}")
-            prompt_ids = arr.tolist()
-        if not prompt_ids:
-            raise ValueError(f"{where}: the prompt is empty")
-        ids = np.asarray(prompt_ids, dtype=np.int64)
-        bad = np.flatnonzero((ids < 0) | (ids >= self.vocab_size))
-        if bad.size:
-            i = int(bad[0])
-            what = "the encoded prompt" if isinstance(prompt, str) else "prompt"
-            raise ValueError(
-                f"{where}: {what}[{i}]={int(ids[i])} is outside the vocabulary "
-                f"[0, {self.vocab_size})"
-            )
+        prompt_ids = _prompt_ids(prompt, self.tokenizer, self.vocab_size, where)
         stop_ids, stop_strs = split_stop(stop, where)
         params = SamplingParams.checked(
             where,

@@ -220,7 +220,8 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
     async def parse(request: Request, cls):
         declared = request.headers.get("content-length", "")
         over = declared.isdigit() and int(declared) > MAX_BODY_BYTES  # refused unparsed
-        parts, size = [], 0
+        parts: list[bytes] = []
+        size = 0
         async for part in request.stream():
             size += len(part)
             if over or size > MAX_BODY_BYTES:
