@@ -275,3 +275,23 @@ PERSON_SCHEMA = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
+
+#: Schemas no finite JSON value satisfies, that llguidance compiles: every value nests without
+#: end (a required property that is the schema itself), and a definition that is only itself.
+ENDLESS_SCHEMAS = {
+    "required self-reference": {
+        "type": "object",
+        "properties": {"x": {"$ref": "#"}},
+        "required": ["x"],
+    },
+    "definition of itself": {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+}
+#: An endless schema that starts with a choice (an array or an object), so nothing is forced
+#: from the start: its first mask is fine and llguidance's limits are hit at the second token.
+ENDLESS_AFTER_A_CHOICE = {
+    "anyOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/O"}],
+    "$defs": {
+        "A": {"type": "array", "items": {"$ref": "#/$defs/A"}, "minItems": 1},
+        "O": {"type": "object", "properties": {"x": {"$ref": "#/$defs/O"}}, "required": ["x"]},
+    },
+}

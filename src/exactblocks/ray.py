@@ -366,9 +366,10 @@ class Generate(_Actor):
     with the tokenizer's chat template and the assistant opener); optional ``seed``,
     ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k`` (null = the default). Output:
     every input column plus ``generated_text`` (str), ``generated_ids`` (list of int64),
-    ``num_generated_tokens`` (int64), ``finish_reason`` (``"length"`` or ``"stop"``),
-    ``generated_logprobs`` (list of float32, with ``logprobs=True``) and ``error`` (None, or
-    why the row was refused). A row's output equals
+    ``num_generated_tokens`` (int64), ``finish_reason`` (``"length"`` or ``"stop"``;
+    ``"error"``: a grammar's matcher failed mid-generation), ``generated_logprobs`` (list of
+    float32, with ``logprobs=True``) and ``error`` (None, or why the row was refused or
+    failed). A row's output equals
     ``load_model(PATH).generate(prompt_ids, ...)`` alone, bit for bit.
     """
 
@@ -451,6 +452,9 @@ class Generate(_Actor):
             except (TypeError, ValueError) as exc:
                 errors[i] = str(exc)
         run_batch(self.model, list(gens.values()), max_rows=self.max_rows)
+        for i, gen in gens.items():  # a grammar's matcher that failed mid-generation
+            if gen.error is not None:
+                errors[i] = f"{self._where}: row {i} of the batch: {gen.error}"
         out = dict(cols)
         out["generated_text"] = _object_array(
             [gens[i].text if i in gens else None for i in range(n)]

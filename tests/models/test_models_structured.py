@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import PERSON_SCHEMA, smollm2_path
+from helpers import ENDLESS_AFTER_A_CHOICE, ENDLESS_SCHEMAS, PERSON_SCHEMA, smollm2_path
 
 import exactblocks
 from exactblocks.models import Grammar, GrammarError, SamplingParams
@@ -225,3 +225,91 @@ def test_sentencepiece_vocabulary_constrains_gemma3():
     out = model.generate(prompt, max_new_tokens=32, grammar=Grammar.json_schema(PERSON))
     assert out.finish_reason == "stop"
     check_person(out.text)
+
+
+@pytest.mark.parametrize("which", sorted(ENDLESS_SCHEMAS))
+def test_a_schema_no_value_satisfies_is_refused_before_any_work(smol, which):
+    g = Grammar.json_schema(ENDLESS_SCHEMAS[which])  # llguidance compiles it
+    needle = {"required self-reference": "Too many items (limit 50000",
+              "definition of itself": "NoExtensionBias"}[which]  # fmt: skip
+    against = (smol.tokenizer, smol.vocab_size, smol.eos_token_ids)
+    for make in (
+        lambda: g.check(*against),
+        lambda: smol.generation([1], SamplingParams(max_tokens=4, grammar=g)),
+        lambda: smol.generate(chat(smol, "Give JSON."), max_new_tokens=4, grammar=g),
+    ):
+        with pytest.raises(GrammarError) as info:
+            make()
+        msg = str(info.value)
+        assert msg.startswith("the grammar cannot start a generation: ") and needle in msg, msg
+        assert "\n" not in msg and "<state>" not in msg, msg  # llguidance's first line only
+        assert info.value.kind == "json_schema" and needle in info.value.detail
+
+
+def test_a_matcher_past_its_limits_mid_generation_fails_in_one_line(smol):
+    g = Grammar.json_schema(ENDLESS_AFTER_A_CHOICE)
+    g.check(smol.tokenizer, smol.vocab_size, smol.eos_token_ids)  # it can start
+    gen = smol.generation([1], SamplingParams(max_tokens=8, grammar=g))
+    first = gen.matcher.allowed()
+    text = {smol.tokenizer.decode([int(i)]) for i in first}
+    assert first.size > 1 and {"[", "{"} <= text  # a choice: nothing forced from the start
+    for seed in range(3):
+        with pytest.raises(GrammarError) as info:
+            smol.generate(chat(smol, "Give JSON."), max_new_tokens=8, grammar=g, seed=seed,
+                          temperature=1.0)  # fmt: skip
+        msg = str(info.value)
+        assert msg == (
+            "the grammar exceeded llguidance's limits at token 2 of the generation: parser "
+            "error: Too many items (limit 50000; ff_tokens); try avoiding single-byte/short "
+            "lexemes"
+        ), msg
+
+
+def test_refusal_messages_are_one_line(smol):
+    # llguidance's messages quote the grammar's line under a caret: kept out
+    with pytest.raises(GrammarError) as info:
+        Grammar.lark("start: missing")
+    assert str(info.value) == (
+        'the Lark grammar is invalid or unsupported: at 1(8): unknown name: "missing"'
+    )
+    with pytest.raises(GrammarError) as info:
+        Grammar.regex("a(")
+    assert str(info.value) == (
+        'the regular expression is invalid or unsupported: at 1(8): invalid regex "a(" (in '
+        "regex): regex parse error: error: unclosed group"
+    )
+    gen = smol.generation([1], SamplingParams(max_tokens=4, grammar=Grammar.lark('start: "ab"')))
+    with pytest.raises(GrammarError) as info:
+        gen.matcher.consume(smol.tokenizer.encode("zz", add_special_tokens=False)[0])
+    msg = str(info.value)
+    assert msg.startswith("the grammar does not allow token ") and "\n" not in msg, msg
+
+
+def test_a_row_past_its_grammar_limits_ends_alone_in_a_batch(smol):
+    deep = Grammar.json_schema(ENDLESS_AFTER_A_CHOICE)
+    prompt = chat(smol, "Give JSON.")
+    kinds = [Grammar.json_schema(PERSON), deep, None]
+    gens = [
+        smol.generation(prompt, SamplingParams(max_tokens=16, temperature=0.9, seed=i, grammar=k))
+        for i, k in enumerate(kinds)
+    ]
+    run_batch(smol, gens, max_rows=3)
+    assert gens[1].finish_reason == "error" and gens[1].error == (
+        "the grammar exceeded llguidance's limits at token 2 of the generation: parser error: "
+        "Too many items (limit 50000; ff_tokens); try avoiding single-byte/short lexemes"
+    )
+    for i in (0, 2):  # the others: what they are alone
+        alone = smol.generate(prompt, max_new_tokens=16, temperature=0.9, seed=i,
+                              grammar=kinds[i])  # fmt: skip
+        assert gens[i].ids == alone.ids and gens[i].error is None
+    # Ray Data's Generate: the row's error column, the job goes on
+    import exactblocks.ray as ebray
+
+    batch = {"prompt": np.asarray(["Give JSON.", "Give JSON too."], dtype=object),
+             "seed": np.asarray([0, 1])}  # fmt: skip
+    out = ebray.Generate(smol, max_new_tokens=8, temperature=1.0, grammar=deep)(batch)
+    for i in range(2):
+        assert out["finish_reason"][i] == "error", out
+        assert out["error"][i].startswith(
+            f"exactblocks.ray.Generate: row {i} of the batch: the grammar exceeded"
+        )

@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import PERSON_SCHEMA
+from helpers import ENDLESS_AFTER_A_CHOICE, ENDLESS_SCHEMAS, PERSON_SCHEMA
 from pydantic import BaseModel, Field
 
 pytest.importorskip("llguidance")
@@ -186,3 +186,59 @@ def test_mask_cost_is_counted_per_constrained_token(srv):
     # one mask per token picked: the grammar ended the row, so no end token was picked
     assert srv.metric("exactblocks_grammar_masks_total") - masks == r.usage.completion_tokens
     assert srv.metric("exactblocks_grammar_mask_seconds_total") > seconds
+
+
+def schema_format(schema) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+def sse_events(text: str) -> list:
+    return [json.loads(line[6:]) for line in text.splitlines()
+            if line.startswith("data: {")]  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("which", sorted(ENDLESS_SCHEMAS))
+def test_a_schema_no_value_satisfies_is_a_400_before_queueing(srv, which, stream):
+    submitted = srv.metric("exactblocks_requests_submitted_total")
+    body = {"model": "smollm2", "messages": MESSAGES, "max_tokens": 8, "stream": stream,
+            "response_format": schema_format(ENDLESS_SCHEMAS[which])}  # fmt: skip
+    status, _, err = srv.request("POST", "/v1/chat/completions", body)
+    assert status == 400, err
+    needle = {"required self-reference": "Too many items (limit 50000",
+              "definition of itself": "NoExtensionBias"}[which]  # fmt: skip
+    e = err["error"]
+    assert e["param"] == "response_format" and e["code"] == "invalid_value", e
+    assert e["message"].startswith("response_format: the grammar cannot start a generation")
+    assert needle in e["message"] and "\n" not in e["message"] and "<state>" not in e["message"]
+    assert srv.metric("exactblocks_requests_submitted_total") == submitted  # never queued
+
+
+def test_a_grammar_past_its_limits_mid_generation_ends_its_row_only(srv):
+    msg = (
+        "the grammar exceeded llguidance's limits at token 2 of the generation: parser error: "
+        "Too many items (limit 50000; ff_tokens); try avoiding single-byte/short lexemes"
+    )
+    deep = {
+        "model": "smollm2",
+        "messages": MESSAGES,
+        "max_tokens": 8,
+        "seed": 0,
+        "temperature": 1.0,
+        "response_format": schema_format(ENDLESS_AFTER_A_CHOICE),
+    }
+    ok = {"model": "smollm2", "messages": MESSAGES, "max_tokens": 24, "seed": 1,
+          "temperature": 0.9, "response_format": FORMAT}  # fmt: skip
+    alone = srv.request("POST", "/v1/chat/completions", ok)[2]["choices"][0]["message"]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futs = [pool.submit(srv.request, "POST", "/v1/chat/completions", b)
+                for b in (deep, ok, {**deep, "stream": True}, ok)]  # fmt: skip
+        (s1, _, e1), (s2, _, r2), (s3, _, t3), (s4, _, r4) = [f.result() for f in futs]
+    assert s1 == 500 and e1["error"]["message"] == msg, e1
+    assert e1["error"]["type"] == "server_error"
+    assert s3 == 200  # streamed: the status line went out first; the last event is the error
+    events = sse_events(t3)
+    assert events[-1]["error"]["message"] == msg and "[DONE]" not in t3, t3
+    # the other rows, batched with the failing ones, are what they are alone
+    assert s2 == s4 == 200
+    assert r2["choices"][0]["message"] == r4["choices"][0]["message"] == alone

@@ -14,9 +14,13 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import sys
 
 import pytest
+from helpers import ENDLESS_SCHEMAS
 from serve_helpers import live_server, require
+
+from exactblocks.serve.tools import _schema_problem
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(HERE, "data", "hermes_tools.jinja"), encoding="utf-8") as f:
@@ -351,3 +355,49 @@ def test_a_template_reading_xml_tools_renders_them(smol):
     assert not ToolSupport(smol.tokenizer, xml, "hermes").renders()  # `tools` alone: unseen
     assert not ToolSupport(smol.tokenizer).renders()  # SmolLM2's own template
     assert ToolSupport(smol.tokenizer).parser is None
+
+
+# -- a tool's parameters that llguidance refuses, or that no value satisfies ------------------
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "schema, code, needle",
+    [
+        (ENDLESS_SCHEMAS["required self-reference"], "invalid_value",
+         "the grammar cannot start a generation: parser error: Too many items (limit 50000"),
+        (ENDLESS_SCHEMAS["definition of itself"], "invalid_value",
+         "the grammar cannot start a generation: NoExtensionBias"),
+        ({"type": "object", "unevaluatedProperties": False}, "unsupported",
+         'the JSON schema is invalid or unsupported: Unimplemented keys: '
+         '["unevaluatedProperties"]'),
+    ],
+)  # fmt: skip
+def test_a_tool_schema_llguidance_cannot_follow_is_a_400_naming_it(tsrv, schema, code, needle,
+                                                                    stream):  # fmt: skip
+    submitted = tsrv.engine.stats().get("requests_submitted", 0)
+    bad = {"type": "function", "function": {"name": "bad", "parameters": schema}}
+    for choice in ("required", {"type": "function", "function": {"name": "bad"}}):
+        body = {"model": "smollm2", "messages": ASK, "max_tokens": 8, "stream": stream,
+                "tools": [WEATHER, bad], "tool_choice": choice}  # fmt: skip
+        status, _, payload = tsrv.request("POST", "/v1/chat/completions", body)
+        assert status == 400, payload
+        err = payload["error"]
+        assert err["param"] == "tools.1.function.parameters" and err["code"] == code, err
+        assert err["message"] == f"tools.1.function.parameters: {needle}" or (
+            err["message"].startswith(f"tools.1.function.parameters: {needle}")
+            and "\n" not in err["message"]
+            and "<state>" not in err["message"]
+        ), err
+    assert tsrv.engine.stats().get("requests_submitted", 0) == submitted
+    # not constrained ("auto"): the schema is never compiled, the request is answered
+    body = {"model": "smollm2", "messages": ASK, "max_tokens": 4, "tools": [WEATHER, bad]}
+    assert tsrv.request("POST", "/v1/chat/completions", body)[0] == 200
+
+
+def test_tool_schemas_are_checked_without_a_fallback(monkeypatch):
+    # jsonschema is a dependency of the serve extra: its absence is an ImportError, never a
+    # schema left unchecked
+    bad = {"type": "object", "properties": {"a": {"type": "nope"}}}
+    assert _schema_problem(bad).startswith("not a valid JSON Schema: ")
+    monkeypatch.setitem(sys.modules, "jsonschema", None)
+    with pytest.raises(ImportError):
+        _schema_problem(bad)

@@ -35,7 +35,7 @@ import numpy as np
 from exactblocks.sampling import logprobs, pick_token
 from exactblocks.text import Detokenizer
 
-from .structured import Grammar
+from .structured import Grammar, GrammarError
 
 __all__ = [
     "MAX_TOP_LOGPROBS",
@@ -355,7 +355,10 @@ class Generation:
     events : list of TokenEvent
         Emitted events so far (the stop string's tokens are never emitted).
     finish_reason : str or None
-        ``"stop"`` or ``"length"`` once finished.
+        ``"stop"`` or ``"length"`` once finished; ``"error"`` when :func:`run_batch` ended the
+        row on its grammar's error.
+    error : str or None
+        That error's message (one line), else None.
     matcher : GrammarMatcher or None
         The grammar's matcher (``params.grammar``), fed every accepted token.
     """
@@ -390,6 +393,7 @@ class Generation:
         self.logprobs: list = []  # per accepted token, when params.logprobs
         self.events: list[TokenEvent] = []
         self.finish_reason: str | None = None
+        self.error: str | None = None
         self._pending: list[tuple[TokenEvent, int]] = []  # (event, end of its text)
         self._carry = ""  # released text not yet attached to an event
 
@@ -698,6 +702,12 @@ def run_batch(model, gens: list[Generation], *, max_rows: int) -> None:
         Fresh generations; each is closed at its end.
     max_rows : int
         Rows of the state (slots), >= 1.
+
+    Notes
+    -----
+    A row whose grammar's matcher fails (:class:`~exactblocks.models.structured.GrammarError`:
+    past llguidance's limits) ends with ``finish_reason`` ``"error"`` and its ``error``; the
+    other rows go on undisturbed.
     """
     if not gens:
         return
@@ -719,8 +729,11 @@ def run_batch(model, gens: list[Generation], *, max_rows: int) -> None:
         logits = model.forward(ids, state, lengths=lens, logits="last")
         for s in np.flatnonzero(lens).tolist():
             g = slot[s]
-            token = g.pick(logits[s])
-            g.accept(token, logits[s])
+            try:
+                token = g.pick(logits[s])
+                g.accept(token, logits[s])
+            except GrammarError as exc:  # this row's matcher past its limits: this row only
+                g.error, g.finish_reason = str(exc), "error"
             if g.finished:
                 g.close()
                 slot[s] = None

@@ -36,8 +36,17 @@ __all__ = ["JSON_LAYOUT", "Grammar", "GrammarError", "GrammarMatcher"]
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+def _one_line(message) -> str:
+    """An llguidance message on one line: its parser-state dump (``<state>...``) and its
+    source excerpts (indented lines: the grammar's line, a caret) dropped, the rest joined."""
+    text = str(message).split("<state>")[0].split("<grammar>")[0]
+    kept = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln[:1].isspace()]
+    return " ".join(kept)
+
+
 class GrammarError(ValueError):
-    """A grammar or JSON schema llguidance refuses (invalid, or a feature it does not support).
+    """A grammar or JSON schema llguidance refuses (invalid, or a feature it does not support),
+    a grammar no text can follow, or a matcher past llguidance's limits.
 
     Attributes
     ----------
@@ -88,7 +97,7 @@ class Grammar:
         if is_error:
             what = {"json_schema": "JSON schema", "json_object": "JSON object grammar",
                     "lark": "Lark grammar", "regex": "regular expression"}[kind]  # fmt: skip
-            detail = messages[0].strip() if messages else "rejected"
+            detail = _one_line(messages[0]) if messages else "rejected"
             raise GrammarError(f"the {what} is invalid or unsupported: {detail}", kind, detail)
         return cls(kind, source, name)
 
@@ -131,7 +140,9 @@ class Grammar:
             source = ll.LLMatcher.grammar_from_json_schema(json.dumps(schema),
                                                            defaults=dict(JSON_LAYOUT))  # fmt: skip
         except ValueError as exc:
-            raise GrammarError(f"the JSON schema is invalid: {exc}", "json_schema") from None
+            detail = _one_line(exc)
+            raise GrammarError(f"the JSON schema is invalid: {detail}", "json_schema",
+                               detail) from None  # fmt: skip
         return cls._checked("json_schema", source, name)
 
     @classmethod
@@ -179,8 +190,33 @@ class Grammar:
 
     def matcher(self, tokenizer, vocab_size: int, eos_token_ids, *,
                 allow_eos: bool = True) -> GrammarMatcher:  # fmt: skip
-        """A fresh :class:`GrammarMatcher` of this grammar for one sequence."""
+        """A fresh :class:`GrammarMatcher` of this grammar for one sequence (checked against
+        the tokenizer as :meth:`check` does; GrammarError when it fails)."""
         return GrammarMatcher(self, tokenizer, vocab_size, eos_token_ids, allow_eos=allow_eos)
+
+    def check(self, tokenizer, vocab_size: int, eos_token_ids) -> None:
+        """Check that a generation can start under this grammar with ``tokenizer``.
+
+        What every :meth:`matcher` checks when it is made (so ``Model.generate`` refuses the
+        grammar before any forward pass); the server calls it while it checks a request,
+        before queueing it.
+
+        Parameters
+        ----------
+        tokenizer : GGUFTokenizer or HFTokenizer
+        vocab_size : int
+        eos_token_ids : sequence of int
+
+        Raises
+        ------
+        GrammarError
+            llguidance's matcher fails on the grammar, on its first mask or on the text the
+            grammar forces from the start (its fast-forward tokens), within llguidance's
+            default limits (``LLParserLimits``); or no token may start the text. A schema
+            whose every value nests without end (a required property that is ``{"$ref":
+            "#"}``) fails so. The message is llguidance's, on one line.
+        """
+        GrammarMatcher(self, tokenizer, vocab_size, eos_token_ids)
 
 
 class GrammarMatcher:
@@ -202,7 +238,8 @@ class GrammarMatcher:
     ImportError
         llguidance is not installed.
     GrammarError
-        The grammar fails against this tokenizer.
+        The grammar fails against this tokenizer (:meth:`Grammar.check`): the matcher, its
+        first mask or the text forced from the start fails, or no token may start the text.
 
     Attributes
     ----------
@@ -230,13 +267,37 @@ class GrammarMatcher:
         self._allow_eos = bool(allow_eos)
         self._m = ll.LLMatcher(ll_tokenizer(tokenizer, vocab_size, eos_token_ids),
                                grammar.source, log_level=0)  # fmt: skip
-        if self._m.is_error():
-            raise GrammarError(f"the grammar failed: {self._m.get_error()}", grammar.kind)
         self._bits = np.zeros((self.vocab_size + 31) // 32, np.int32)
         self._future = None
         self.mask_seconds = 0.0
         self.wait_seconds = 0.0
         self.masks = 0
+        self._consumed = 0
+        self._first = self._start()
+
+    def _refuse(self, matcher) -> GrammarError:
+        detail = _one_line(matcher.get_error()) or "no token may start the text"
+        return GrammarError(f"the grammar cannot start a generation: {detail}",
+                            self.grammar.kind, detail)  # fmt: skip
+
+    def _start(self) -> np.ndarray:
+        """The first mask, after checking the matcher and the text forced from the start (on a
+        copy: the model still picks every token itself)."""
+        if self._m.is_error():
+            raise self._refuse(self._m)
+        first = self._compute(refuse=True)
+        if first.size == 0 and not self._m.is_accepting():
+            raise self._refuse(self._m)
+        forced = self._m.deep_copy()
+        ff = forced.compute_ff_tokens()
+        if not forced.is_error() and ff:
+            forced.consume_tokens(ff)
+            if not forced.is_error():
+                bits = np.zeros_like(self._bits)
+                forced.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        if forced.is_error():
+            raise self._refuse(forced)
+        return first
 
     @property
     def done(self) -> bool:
@@ -252,7 +313,7 @@ class GrammarMatcher:
         """Start computing the next :meth:`allowed` on ``executor`` (a
         ``concurrent.futures.Executor``); :meth:`allowed` then waits for it. The mask depends
         only on the tokens consumed so far, so where it is computed changes nothing."""
-        if self._future is None and not self.done:
+        if self._future is None and self._first is None and not self.done:
             self._future = executor.submit(self._compute)
 
     def allowed(self) -> np.ndarray:
@@ -260,9 +321,14 @@ class GrammarMatcher:
 
         Raises
         ------
-        ValueError
-            The matcher is in an error state (a token it refused was consumed).
+        GrammarError
+            The matcher failed: past llguidance's limits (a grammar that nests without end
+            beyond what :meth:`Grammar.check` sees), or after a token it refused. The message
+            is one line: the token it failed at and llguidance's message.
         """
+        if self._first is not None:  # computed (and checked) when the matcher was made
+            first, self._first = self._first, None
+            return first
         t0 = time.perf_counter()
         future, self._future = self._future, None
         try:
@@ -270,11 +336,20 @@ class GrammarMatcher:
         finally:
             self.wait_seconds += time.perf_counter() - t0
 
-    def _compute(self) -> np.ndarray:
+    def _limits(self) -> GrammarError:
+        detail = _one_line(self._m.get_error())
+        return GrammarError(
+            f"the grammar exceeded llguidance's limits at token {self._consumed + 1} of the "
+            f"generation: {detail}",
+            self.grammar.kind,
+            detail,
+        )
+
+    def _compute(self, refuse: bool = False) -> np.ndarray:
         t0 = time.perf_counter()
         self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         if self._m.is_error():
-            raise ValueError(f"the grammar's matcher failed: {self._m.get_error()}")
+            raise self._refuse(self._m) if refuse else self._limits()
         words = np.flatnonzero(self._bits)
         if words.size * 8 < self._bits.size:  # few allowed (most steps): expand those words only
             rows, cols = np.nonzero(
@@ -296,13 +371,20 @@ class GrammarMatcher:
 
         Raises
         ------
-        ValueError
-            The grammar does not allow ``token`` here.
+        GrammarError
+            The grammar does not allow ``token`` here (the message is one line); a token the
+            last mask allowed that fails is past llguidance's limits (as :meth:`allowed`).
         """
         if self._future is not None:  # a prefetch nobody read: let it finish, drop it
             future, self._future = self._future, None
             future.exception()
-        if not self._m.consume_token(int(token)):
-            raise ValueError(
-                f"the grammar does not allow token {int(token)} here: {self._m.get_error()}"
-            )
+        self._first = None
+        t = int(token)
+        was_allowed = 0 <= t < self.vocab_size and bool((self._bits[t >> 5] >> (t & 31)) & 1)
+        if not self._m.consume_token(t):
+            if was_allowed:
+                raise self._limits()
+            detail = _one_line(self._m.get_error())
+            raise GrammarError(f"the grammar does not allow token {t} here: {detail}",
+                               self.grammar.kind, detail)  # fmt: skip
+        self._consumed += 1

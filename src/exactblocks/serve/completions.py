@@ -284,13 +284,27 @@ def add_routes(app: FastAPI, h: SimpleNamespace, model_name: str, fingerprint: s
 
 
 def _tool_grammar(model, treq) -> Grammar:
-    """The grammar of a constrained tool choice (:meth:`ToolRequest.grammar` compiled), and the
-    model's llguidance tokenizer built once; 400 naming ``tools`` when refused."""
-    grammar = grammar_or_400(lambda: Grammar.lark(treq.grammar()), "tools")
+    """The grammar of a constrained tool choice (:meth:`ToolRequest.grammar` compiled) checked
+    against the model's tokenizer (its llguidance tokenizer built once); 400 naming
+    ``tools.N.function.parameters`` for a tool's schema that llguidance refuses or that cannot
+    start a generation, ``tools`` for the whole grammar."""
     if model.tokenizer is None or not model.eos_token_ids:
         raise APIError(400, "tool_choice needs a model with a tokenizer and an end token",
                        param="tool_choice", code="unsupported")  # fmt: skip
-    ll_tokenizer(model.tokenizer, model.vocab_size, model.eos_token_ids)
+    against = (model.tokenizer, model.vocab_size, model.eos_token_ids)
+    ll_tokenizer(*against)
+    for i, tool in enumerate(treq.tools):
+        fn = tool["function"]
+        schema = fn.get("parameters")
+        if schema is None or treq.function not in (None, fn["name"]):
+            continue
+        grammar_or_400(lambda s=schema: _checked(Grammar.json_schema(s), against),
+                       f"tools.{i}.function.parameters")  # fmt: skip
+    return grammar_or_400(lambda: _checked(Grammar.lark(treq.grammar()), against), "tools")
+
+
+def _checked(grammar: Grammar, against: tuple) -> Grammar:
+    grammar.check(*against)
     return grammar
 
 

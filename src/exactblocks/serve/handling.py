@@ -43,7 +43,7 @@ from .engine import (
     TokenEvent,
 )
 from .protocol import APIError, error_body
-from .structured import grammar_of_response_format
+from .structured import grammar_of_response_format, grammar_or_400
 
 MAX_BODY_BYTES = 4 * 2**20
 #: A body over MAX_BODY_BYTES is read and discarded up to this many bytes before the 413 is
@@ -271,8 +271,11 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
                 raise APIError(400, "response_format needs a model with a tokenizer and an "
                                "end token", param="response_format",
                                code="unsupported")  # fmt: skip
-            # the model's llguidance tokenizer: built once (about 0.3 s), then cached
+            # the model's llguidance tokenizer: built once (about 0.3 s), then cached; a
+            # grammar that cannot start a generation with it is refused here (400)
             await off_loop(ll_tokenizer, tok, model.vocab_size, model.eos_token_ids)
+            await off_loop(grammar_or_400, lambda: grammar.check(tok, model.vocab_size,
+                           model.eos_token_ids), "response_format")  # fmt: skip
         return grammar
 
     def params_of(body, n_prompt, max_tokens, logprobs, top, prompt_param,

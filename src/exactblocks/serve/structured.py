@@ -15,6 +15,7 @@ takes milliseconds to compile), so a refused schema never reaches the engine.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from exactblocks.models import Grammar, GrammarError
 
@@ -26,27 +27,31 @@ __all__ = ["grammar_of_response_format", "grammar_or_400"]
 _UNSUPPORTED = ("unimplemented", "not supported", "unknown format", "unsupported")
 
 
-def grammar_or_400(build: Callable[[], Grammar], param: str) -> Grammar:
+def grammar_or_400(build: Callable[[], Any], param: str) -> Any:
     """``build()``, with a refused grammar answered as OpenAI's 400 naming ``param``.
 
     Parameters
     ----------
     build : callable
-        Returns a Grammar, e.g. ``lambda: Grammar.json_schema(schema)`` or
-        ``lambda: Grammar.lark(text)``.
+        Builds or checks a grammar, e.g. ``lambda: Grammar.json_schema(schema)``,
+        ``lambda: Grammar.lark(text)`` or ``lambda: grammar.check(tokenizer, vocab_size,
+        eos_token_ids)`` (:meth:`~exactblocks.models.Grammar.check`: a grammar that cannot
+        start a generation).
     param : str
-        The request field named in the error (``"response_format"``, ``"tools"``).
+        The request field named in the error (``"response_format"``, ``"tools"``,
+        ``"tools.0.function.parameters"``).
 
     Returns
     -------
-    Grammar
+    object
+        What ``build`` returns.
 
     Raises
     ------
     APIError
         400, ``param`` set, code ``"unsupported"`` for a feature llguidance does not implement
         (``unevaluatedProperties``, an unknown ``format``, look-around in a pattern), else
-        ``"invalid_value"``; the message is llguidance's.
+        ``"invalid_value"``; the message is one line, llguidance's first.
     """
     try:
         return build()
