@@ -273,7 +273,7 @@ class GrammarMatcher:
         self.wait_seconds = 0.0
         self.masks = 0
         self._consumed = 0
-        self._first = self._start()
+        self._first: np.ndarray | None = self._start()
 
     def _refuse(self, matcher) -> GrammarError:
         detail = _one_line(matcher.get_error()) or "no token may start the text"

@@ -9,6 +9,7 @@ logprobs' and echo's shapes (``exactblocks.serve.echo``), the app (``exactblocks
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -298,7 +299,7 @@ def _tool_grammar(model, treq) -> Grammar:
         schema = fn.get("parameters")
         if schema is None or treq.function not in (None, fn["name"]):
             continue
-        grammar_or_400(lambda s=schema: _checked(Grammar.json_schema(s), against),
+        grammar_or_400(functools.partial(_checked_schema, schema, against),
                        f"tools.{i}.function.parameters")  # fmt: skip
     return grammar_or_400(lambda: _checked(Grammar.lark(treq.grammar()), against), "tools")
 
@@ -306,6 +307,10 @@ def _tool_grammar(model, treq) -> Grammar:
 def _checked(grammar: Grammar, against: tuple) -> Grammar:
     grammar.check(*against)
     return grammar
+
+
+def _checked_schema(schema: dict, against: tuple) -> Grammar:
+    return _checked(Grammar.json_schema(schema), against)
 
 
 def _render_chat(tok, messages: list, chat_template: str | None, variables: dict) -> list[int]:
