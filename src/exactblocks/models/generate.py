@@ -418,8 +418,10 @@ class Generation:
         Raises
         ------
         ValueError
-            Non-finite logits, or a temperature too small for them (:func:`pick_token`); a
-            grammar that allows no token (its matcher failed).
+            Non-finite logits, or a temperature too small for them (:func:`pick_token`).
+        GrammarError
+            The grammar's matcher failed, or allows no token here (a ValueError too, so that
+            :func:`run_batch` and the server end this row only).
         """
         p = self.params
         if self.matcher is None:
@@ -427,7 +429,8 @@ class Generation:
                               rng=self.rng)  # fmt: skip
         allowed = self.matcher.allowed()
         if allowed.size == 0:
-            raise ValueError("the grammar allows no token here (its matcher failed)")
+            raise GrammarError("the grammar allows no token here (its matcher failed)",
+                               p.grammar.kind if p.grammar is not None else "")  # fmt: skip
         i = pick_token(np.ascontiguousarray(logits[allowed]), temperature=p.temperature,
                        top_k=p.top_k, top_p=p.top_p, rng=self.rng)  # fmt: skip
         return int(allowed[i])
