@@ -32,8 +32,9 @@ enum RouterKind : int { kRouterSoftmax = 0 };
 // w (top_k,) their weights. softmax: m = max l (exact in any order), e_j = exp(l_j - m),
 // Z = L16(e), p_j = e_j / Z (the library's exp and order, as the attention softmax). Follows HF
 // Qwen3MoeTopKRouter.forward (transformers 5.23): softmax in float32, torch.topk, then
-// /= sum when norm_topk_prob. torch.topk's order between equal values is not documented; the
-// lower-index rule is ours, and the tests check HF agrees on tied logits.
+// /= sum when norm_topk_prob. torch.topk's order between exactly equal values is its own
+// (on CPU not the lower index): the lower-index rule is ours (SPEC 4.8), tested on tied logits
+// against a float64 reference, not against HF.
 template <class V>
 void moe_route_row(const float* l, int64_t n_experts, int64_t top_k, bool norm_topk, float* p,
                    int64_t* idx, float* w) {
