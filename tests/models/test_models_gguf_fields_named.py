@@ -206,8 +206,11 @@ def _mixtral_as_llama() -> dict:
         # expert_count >= 1 makes the file Mixtral's, which needs expert_used_count
         ("llama.expert_count", "has no 'llama.expert_used_count' field"),
         # a dense Llama stating experts used
-        ("llama.expert_used_count", "llama.expert_used_count=4 is not supported (expected 0 "
-         "without llama.expert_count >= 1"),
+        (
+            "llama.expert_used_count",
+            "llama.expert_used_count=4 is not supported (expected 0 "
+            "without llama.expert_count >= 1",
+        ),
     ],  # fmt: skip
 )
 def test_a_gguf_expert_key_alone_is_refused_naming_the_key(tmp_path, key, message, experts):

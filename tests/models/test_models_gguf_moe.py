@@ -32,7 +32,14 @@ import warnings
 
 import numpy as np
 import pytest
-from models_helpers import TORCH_THREADS, bits, family_configs, hf_logits, perturb_constants, require
+from models_helpers import (
+    TORCH_THREADS,
+    bits,
+    family_configs,
+    hf_logits,
+    perturb_constants,
+    require,
+)
 from test_models_gguf_archs import _bpe_tokenizer, _rewrite, _spm_tokenizer, converter_path
 
 import exactblocks
@@ -176,8 +183,9 @@ def _dequantized_folder(converted, tmp_path):
             for ours, theirs in (("attn_q", "self_attn.q_proj"), ("attn_k", "self_attn.k_proj"),
                                  ("attn_v", "self_attn.v_proj"),
                                  ("attn_output", "self_attn.o_proj")):  # fmt: skip
-                if f"blk.{n}.{ours}.weight" in deq:
-                    sd[p + theirs + ".weight"].copy_(torch.from_numpy(deq[f"blk.{n}.{ours}.weight"]))
+                w = deq.get(f"blk.{n}.{ours}.weight")
+                if w is not None:
+                    sd[p + theirs + ".weight"].copy_(torch.from_numpy(w))
             gate, up = (deq.get(f"blk.{n}.ffn_{k}_exps.weight") for k in ("gate", "up"))
             down = deq.get(f"blk.{n}.ffn_down_exps.weight")
             experts = model.model.layers[n].mlp.experts
@@ -224,27 +232,56 @@ def _refused(path, *pieces):
 @pytest.mark.parametrize(
     "arch, change, pieces",
     [
-        ("qwen3moe", dict(drop=("blk.1.ffn_up_exps.weight",)),
-         ["lacks tensors", "blk.1.ffn_up_exps.weight"]),
-        ("qwen2moe", dict(drop=("blk.0.ffn_gate_inp_shexp.weight",)),
-         ["lacks tensors", "blk.0.ffn_gate_inp_shexp.weight"]),
-        ("mixtral", dict(drop=("blk.0.ffn_gate_inp.weight",)),
-         ["lacks tensors", "blk.0.ffn_gate_inp.weight"]),
-        ("olmoe", dict(drop=("olmoe.expert_used_count",)),
-         ["has no 'olmoe.expert_used_count' field"]),
-        ("mixtral", dict(drop=("llama.expert_used_count",)),
-         ["has no 'llama.expert_used_count' field"]),
-        ("qwen3moe", dict(drop=("qwen3moe.expert_used_count",),
-                          add_keys={"qwen3moe.expert_used_count": 9}),
-         ["qwen3moe.expert_used_count=9 exceeds qwen3moe.expert_count=8"]),
-        ("qwen2moe", dict(add_keys={"qwen2moe.expert_gating_func": 2}),
-         ["qwen2moe.expert_gating_func=2 is not supported", "sigmoid"]),
-        ("qwen3moe", dict(add_keys={"qwen3moe.expert_weights_norm": False}),
-         ["qwen3moe.expert_weights_norm=False is not supported", "renormalises"]),
-        ("mixtral", dict(add_keys={"llama.expert_shared_feed_forward_length": 16}),
-         ["llama.expert_shared_feed_forward_length=16 is not supported"]),
-        ("olmoe", dict(add_keys={"olmoe.expert_group_count": 2}),
-         ["olmoe.expert_group_count=2 is not supported", "grouped routing"]),
+        (
+            "qwen3moe",
+            dict(drop=("blk.1.ffn_up_exps.weight",)),
+            ["lacks tensors", "blk.1.ffn_up_exps.weight"],
+        ),
+        (
+            "qwen2moe",
+            dict(drop=("blk.0.ffn_gate_inp_shexp.weight",)),
+            ["lacks tensors", "blk.0.ffn_gate_inp_shexp.weight"],
+        ),
+        (
+            "mixtral",
+            dict(drop=("blk.0.ffn_gate_inp.weight",)),
+            ["lacks tensors", "blk.0.ffn_gate_inp.weight"],
+        ),
+        (
+            "olmoe",
+            dict(drop=("olmoe.expert_used_count",)),
+            ["has no 'olmoe.expert_used_count' field"],
+        ),
+        (
+            "mixtral",
+            dict(drop=("llama.expert_used_count",)),
+            ["has no 'llama.expert_used_count' field"],
+        ),
+        (
+            "qwen3moe",
+            dict(drop=("qwen3moe.expert_used_count",), add_keys={"qwen3moe.expert_used_count": 9}),
+            ["qwen3moe.expert_used_count=9 exceeds qwen3moe.expert_count=8"],
+        ),
+        (
+            "qwen2moe",
+            dict(add_keys={"qwen2moe.expert_gating_func": 2}),
+            ["qwen2moe.expert_gating_func=2 is not supported", "sigmoid"],
+        ),
+        (
+            "qwen3moe",
+            dict(add_keys={"qwen3moe.expert_weights_norm": False}),
+            ["qwen3moe.expert_weights_norm=False is not supported", "renormalises"],
+        ),
+        (
+            "mixtral",
+            dict(add_keys={"llama.expert_shared_feed_forward_length": 16}),
+            ["llama.expert_shared_feed_forward_length=16 is not supported"],
+        ),
+        (
+            "olmoe",
+            dict(add_keys={"olmoe.expert_group_count": 2}),
+            ["olmoe.expert_group_count=2 is not supported", "grouped routing"],
+        ),
     ],  # fmt: skip
 )
 def test_a_bad_moe_file_is_refused_by_name(converted, tmp_path, arch, change, pieces):

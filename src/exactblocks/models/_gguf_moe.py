@@ -97,13 +97,15 @@ def moe_config(k, *, n_ff: int, width_key: str | None, shared: bool) -> dict:
         )
     gating = k.get("expert_gating_func")
     if gating is not None and gating != _SOFTMAX:
-        k.fail("expert_gating_func", gating, f"1 (softmax; {_GATING.get(gating, 'unknown')} "
-               f"routing is not supported, and llama.cpp's {a} graph routes by softmax)")  # fmt: skip
+        kind = _GATING.get(gating, "unknown")
+        k.fail("expert_gating_func", gating, f"1 (softmax; {kind} routing is not supported, "
+               f"and llama.cpp's {a} graph routes by softmax)")  # fmt: skip
     norm = NORM_TOPK[a]
     stated = k.get("expert_weights_norm")
     if stated is not None and stated is not norm:
+        does = "renormalises" if norm else "does not renormalise"
         k.fail("expert_weights_norm", stated, f"{norm} or absent: llama.cpp's {a} graph "
-               f"{'renormalises' if norm else 'does not renormalise'} the top-k weights")  # fmt: skip
+               f"{does} the top-k weights")  # fmt: skip
     scale = k.get("expert_weights_scale")
     if scale is not None and scale not in (0.0, 1.0):
         k.fail("expert_weights_scale", scale, "0 or 1: no scale on the experts' weights")

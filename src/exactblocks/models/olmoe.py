@@ -109,9 +109,14 @@ GGUF = GGUFArch(
     "OlmoeForCausalLM",
     "olmoe",
     _gguf_config,
-    {**_ATTN, **_ATTN_BIAS, **_PRE_NORMS, **MOE_BLOCK,
-     "attn_q_norm.weight": "self_attn.q_norm.weight",
-     "attn_k_norm.weight": "self_attn.k_norm.weight"},  # fmt: skip
+    {
+        **_ATTN,
+        **_ATTN_BIAS,
+        **_PRE_NORMS,
+        **MOE_BLOCK,
+        "attn_q_norm.weight": "self_attn.q_norm.weight",
+        "attn_k_norm.weight": "self_attn.k_norm.weight",
+    },
     _TOP,
     convert=moe_convert,
     finish=stack_experts,

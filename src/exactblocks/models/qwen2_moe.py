@@ -129,8 +129,13 @@ GGUF = GGUFArch(
     "Qwen2MoeForCausalLM",
     "qwen2_moe",
     _gguf_config,
-    {**_ATTN, **{k: v for k, v in _ATTN_BIAS.items() if k != "attn_output.bias"},
-     **_PRE_NORMS, **MOE_BLOCK, **SHARED_BLOCK},  # fmt: skip
+    {
+        **_ATTN,
+        **{k: v for k, v in _ATTN_BIAS.items() if k != "attn_output.bias"},
+        **_PRE_NORMS,
+        **MOE_BLOCK,
+        **SHARED_BLOCK,
+    },
     _TOP,
     convert=moe_convert,
     finish=stack_experts,
