@@ -25,22 +25,27 @@ All four are converted to F32 in one converter process, Qwen3-MoE also to Q8_0, 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import warnings
 
 import numpy as np
 import pytest
 from models_helpers import (
-    TORCH_THREADS,
     bits,
     family_configs,
     hf_logits,
     perturb_constants,
     require,
 )
-from test_models_gguf_archs import _bpe_tokenizer, _rewrite, _spm_tokenizer, converter_path
+from test_models_gguf_archs import (
+    _ids,
+    _load,
+    _rewrite,
+    add_tokenizer,
+    assert_close_to_hf,
+    assert_greedy_and_decode,
+    conversion_root,
+)
 
 import exactblocks
 
@@ -86,23 +91,13 @@ def _hf_model(arch: str):
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     """arch -> (folder, F32 gguf, HF model); ``"q8_0"`` -> the Qwen3-MoE Q8_0 file."""
-    torch = require("torch", "torch runs the HF oracle")
-    torch.set_num_threads(TORCH_THREADS)
-    conv = converter_path()
-    root = tmp_path_factory.mktemp("gguf_moe")
-    bpe = str(root / "bpe_tokenizer")
-    os.makedirs(bpe)
-    _bpe_tokenizer(bpe)
+    conv, root, bpe = conversion_root(tmp_path_factory, "gguf_moe")
     out, jobs = {}, []
     for arch in ARCHS:
         folder = str(root / arch)
         model = _hf_model(arch)
         model.save_pretrained(folder)
-        if arch == "mixtral":  # conversion/llama.py reads a SentencePiece model first
-            _spm_tokenizer(folder)
-        else:
-            for name in os.listdir(bpe):
-                shutil.copy(os.path.join(bpe, name), folder)
+        add_tokenizer(folder, arch == "mixtral", bpe)  # conversion/llama.py: SentencePiece
         path = os.path.join(folder, "m.gguf")
         jobs += [folder, path, "f32"]
         out[arch] = (folder, path, model)
@@ -116,51 +111,19 @@ def converted(tmp_path_factory):
     return out
 
 
-def _load(path):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return exactblocks.load_model(path)
-
-
-def _ids(shape, seed=1, vocab=320):
-    return np.random.default_rng(seed).integers(0, vocab, shape)
-
-
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_logits_close_to_hf_and_equal_to_folder(converted, arch):
     folder, path, hf = converted[arch]
     model = _load(path)
     assert model.family == ARCHS[arch][0]
     assert model.config["num_experts_per_tok"] == 2
-    ids = _ids((2, 16))
-    got = model.forward(ids)
-    want = hf_logits(hf, ids)
-    print(f"{arch}: max |logit - HF| = {float(np.abs(got - want).max()):.3g}")
-    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
-    assert np.array_equal(bits(got), bits(exactblocks.load_model(folder).forward(ids)))
+    assert_close_to_hf(model, hf, arch, folder)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_greedy_generate_equals_hf_and_decode_equals_prefill(converted, arch):
-    import torch
-
     _, path, hf = converted[arch]
-    model = _load(path)
-    prompt = [3, 17, 250, 41, 99, 8]
-    with torch.no_grad():
-        ref = hf.generate(
-            torch.tensor([prompt]), do_sample=False, max_new_tokens=8, min_new_tokens=8
-        )[0, len(prompt) :].tolist()
-        lg = hf(torch.tensor([prompt + ref]), use_cache=False).logits[0, len(prompt) - 1 : -1]
-        top2 = torch.topk(lg, 2).values
-        assert float((top2[:, 0] - top2[:, 1]).min()) > 1e-4, "ill-conditioned seed"
-    assert model.generate(prompt, max_new_tokens=8, stop=()).ids == ref
-
-    ids = _ids((2, 10), seed=2)
-    full = model.forward(ids)
-    st = model.allocate_state(2, 10)
-    parts = [model.forward(ids[:, :4], st)] + [model.step(ids[:, t], st) for t in range(4, 10)]
-    assert np.array_equal(bits(np.concatenate(parts, axis=1)), bits(full))
+    assert_greedy_and_decode(_load(path), hf, 8, 10)
 
 
 def _dequantized_folder(converted, tmp_path):

@@ -18,12 +18,24 @@ converter writes: experts stacked as (experts, rows, cols), no routing key).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from exactblocks._validation import FormatError
 from exactblocks._weights import QuantizedMatrix
 
-__all__ = ["MOE_BLOCK", "NORM_TOPK", "SHARED_BLOCK", "moe_config", "moe_convert", "stack_experts"]
+from ._gguf import _common, _has, _rope
+
+__all__ = [
+    "MOE_BLOCK",
+    "NORM_TOPK",
+    "SHARED_BLOCK",
+    "moe_config",
+    "moe_convert",
+    "qwen_moe_config",
+    "stack_experts",
+]
 
 #: llama.cpp's routed-expert tensors inside ``blk.N.`` -> HF names (``mlp.experts.gate_proj`` /
 #: ``up_proj`` are joined by :func:`stack_experts` into the block's ``experts.gate_up_proj``)
@@ -120,6 +132,22 @@ def moe_config(k, *, n_ff: int, width_key: str | None, shared: bool) -> dict:
     return out
 
 
+def qwen_moe_config(k, names, *, shared: bool) -> dict:
+    """src/models/qwen3moe.cpp (``shared=False``) and qwen2moe.cpp (``shared=True``): the
+    common keys and RoPE, q/k/v biases when the file holds them (Qwen3-MoE's
+    ``attention_bias``, Qwen2-MoE's ``qkv_bias``), every layer an MoE layer of
+    ``expert_feed_forward_length`` wide experts (:func:`moe_config`), Qwen2-MoE's shared
+    expert."""
+    c = _common(k, names, eps_key="rms_norm_eps", experts=True)
+    c.update(_rope(k, c["head_dim"]))
+    bias = "qkv_bias" if shared else "attention_bias"
+    c.update({"hidden_act": "silu", "use_sliding_window": False, "decoder_sparse_step": 1,
+              "mlp_only_layers": [], bias: _has(names, "attn_q.bias")})  # fmt: skip
+    c.update(moe_config(k, n_ff=c["intermediate_size"], width_key="expert_feed_forward_length",
+                        shared=shared))  # fmt: skip
+    return c
+
+
 def moe_convert(name: str, w, config: dict):
     """The router and the shared expert's gate as HF holds them: float32 (a quantised router,
     which llama.cpp's quantiser never writes, is dequantised: the block takes it as float32)
@@ -163,7 +191,9 @@ def stack_experts(tensors: dict, config: dict) -> dict:
             both = np.concatenate(
                 [gate.blocks.reshape(e, it, row), up.blocks.reshape(e, it, row)], axis=1
             )
-            joined = QuantizedMatrix(gate.ggml_type, both.reshape(e * 2 * it, row), (e, 2 * it, d))
+            joined: Any = QuantizedMatrix(
+                gate.ggml_type, both.reshape(e * 2 * it, row), (e, 2 * it, d)
+            )
         else:
             parts = [x.dequantize() if isinstance(x, QuantizedMatrix) else x for x in (gate, up)]
             joined = np.concatenate([np.asarray(p, dtype=np.float32) for p in parts], axis=1)

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from ._config import ConfigReader
 from ._decoder import DecoderSpec, heads_and_dims, rope_fields
-from ._gguf import _ATTN, _ATTN_BIAS, _PRE_NORMS, _TOP, GGUFArch, _common, _has, _Keys, _rope
+from ._gguf import _ATTN, _ATTN_BIAS, _PRE_NORMS, _TOP, GGUFArch, _Keys
 from ._gguf_moe import (
     MOE_BLOCK,
     MOE_REQUIRED,
     SHARED_BLOCK,
     SHARED_REQUIRED,
-    moe_config,
     moe_convert,
+    qwen_moe_config,
     stack_experts,
 )
 from .moe_config import moe_fields
@@ -115,13 +115,7 @@ def _gguf_config(k: _Keys, names) -> dict:
     ``feed_forward_length / expert_used_count``) plus the shared expert of
     ``expert_shared_feed_forward_length`` (default ``feed_forward_length``) behind its sigmoid
     gate; softmax routing, top-k not renormalised (fixed in llama.cpp's graph)."""
-    c = _common(k, names, eps_key="rms_norm_eps", experts=True)
-    c.update(_rope(k, c["head_dim"]))
-    c.update(hidden_act="silu", use_sliding_window=False, decoder_sparse_step=1,
-             mlp_only_layers=[], qkv_bias=_has(names, "attn_q.bias"))  # fmt: skip
-    c.update(moe_config(k, n_ff=c["intermediate_size"], width_key="expert_feed_forward_length",
-                        shared=True))  # fmt: skip
-    return c
+    return qwen_moe_config(k, names, shared=True)
 
 
 GGUF = GGUFArch(

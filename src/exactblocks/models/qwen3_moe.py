@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from ._config import ConfigReader
 from ._decoder import DecoderSpec, heads_and_dims, rope_fields
-from ._gguf import _GLU, _QWEN_BLOCK, _TOP, GGUFArch, _common, _has, _Keys, _rope
-from ._gguf_moe import MOE_BLOCK, MOE_REQUIRED, moe_config, moe_convert, stack_experts
+from ._gguf import _GLU, _QWEN_BLOCK, _TOP, GGUFArch, _Keys
+from ._gguf_moe import MOE_BLOCK, MOE_REQUIRED, moe_convert, qwen_moe_config, stack_experts
 from .moe_config import moe_fields
 
 __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
@@ -101,13 +101,7 @@ def _gguf_config(k: _Keys, names) -> dict:
     ``expert_feed_forward_length`` wide experts (llama.cpp's default when absent:
     ``feed_forward_length / expert_used_count``), softmax routing, top-k renormalised (fixed in
     llama.cpp's graph: ``norm_topk_prob=True`` whatever the HF checkpoint said)."""
-    c = _common(k, names, eps_key="rms_norm_eps", experts=True)
-    c.update(_rope(k, c["head_dim"]))
-    c.update(hidden_act="silu", use_sliding_window=False, decoder_sparse_step=1,
-             mlp_only_layers=[], attention_bias=_has(names, "attn_q.bias"))  # fmt: skip
-    c.update(moe_config(k, n_ff=c["intermediate_size"], width_key="expert_feed_forward_length",
-                        shared=False))  # fmt: skip
-    return c
+    return qwen_moe_config(k, names, shared=False)
 
 
 GGUF = GGUFArch(
