@@ -17,6 +17,8 @@ All four are converted to F32 in one converter process, Qwen3-MoE also to Q8_0, 
   those of the saved model with every weight replaced by its Q8_0 value (gguf's dequantisation),
   within 2e-4 of HF run on those values (the oracle: against the unquantised HF model there is
   no tight bound, as a rounded router logit may pick another expert; the distance is printed);
+- Mixtral's expert stacks rewritten as Q4_0/Q8_0 blocks (gate and up of one type: kept as
+  blocks; of two types: float32): bit for bit the file with their dequantised values;
 - the refusals: a missing expert tensor or key (named, with the file), expert_used_count above
   expert_count (both named), a gating function or renormalisation the file states and
   llama.cpp's graph for the architecture does not follow.
@@ -48,6 +50,8 @@ from test_models_gguf_archs import (
 )
 
 import exactblocks
+from exactblocks._weights import QuantizedMatrix
+from exactblocks.models.loading import load_gguf_model
 
 RTOL = ATOL = 2e-4
 BPE_VOCAB = 49152
@@ -177,6 +181,37 @@ def test_q8_0_experts_stay_packed_and_equal_their_dequantised_values(converted, 
     np.testing.assert_allclose(got, hf_logits(deq, ids), rtol=RTOL, atol=ATOL)
     err = float(np.abs(got - hf_logits(hf, ids)).max())
     print(f"q8_0: max |logit - unquantised HF| = {err:.3g}")  # information only (see above)
+
+
+@pytest.mark.parametrize(
+    "types",
+    [("Q4_0", "Q4_0", "Q8_0"), ("Q4_0", "Q8_0", "Q4_0")],
+    ids=["gate_up_one_type", "gate_up_two_types"],
+)
+def test_quantised_expert_stacks_equal_their_dequantised_values(converted, tmp_path, types):
+    """Mixtral's layer-0 expert stacks rewritten as GGUF blocks (gate, up, down types): the
+    logits equal, bit for bit, those of the same file with those tensors as the float32 values
+    gguf dequantises them to. One type for gate and up keeps them blocks (regrouped per
+    expert); two types take the float32 path."""
+    gguf = require("gguf", "the gguf package quantises the stacks")
+    src = converted["mixtral"][1]
+    names = [f"blk.0.ffn_{k}_exps.weight" for k in ("gate", "up", "down")]
+    qtypes = {n: getattr(gguf.GGMLQuantizationType, t) for n, t in zip(names, types)}
+    quantised = _rewrite(src, str(tmp_path / "q.gguf"), quantize=qtypes)
+    reader = gguf.GGUFReader(quantised)
+    deq = {t.name: gguf.dequantize(t.data, t.tensor_type) for t in reader.tensors
+           if t.name in qtypes}  # fmt: skip
+    assert all(a.ndim == 3 for a in deq.values())
+    _, held, _ = load_gguf_model(quantised, direct=True)
+    stack = held["model.layers.0.mlp.experts.gate_up_proj"]
+    assert isinstance(stack, QuantizedMatrix) == (types[0] == types[1])
+    assert stack.shape == (4, 64, 64) and isinstance(held["model.layers.0.mlp.experts.down_proj"],
+                                                     QuantizedMatrix)  # fmt: skip
+    reference = _rewrite(src, str(tmp_path / "f.gguf"), drop=tuple(names), add_tensors=deq)
+    ids = _ids((2, 12))
+    got = _load(quantised).forward(ids)
+    assert np.array_equal(bits(got), bits(_load(reference).forward(ids)))
+    assert not np.array_equal(bits(got), bits(_load(src).forward(ids)))  # the values changed
 
 
 # -- refusals: a converted file with one thing changed ------------------------------------------
