@@ -12,6 +12,7 @@ does not: a particular block's table and shape checks (``transformer/weights.py`
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -230,24 +231,27 @@ def check_key_set(
 
 
 class QuantizedMatrix:
-    """A 2-D weight matrix as GGUF blocks, handed to a block or the output head unconverted.
+    """A weight matrix as GGUF blocks, handed to a block or the output head unconverted.
 
     The core packs the blocks straight into its compact format (``ops/gemm/pack.cpp``
     ``pack_sources``) and keeps no reference to them; the float32 values it computes from are,
     bit for bit, those of ``gguf.quants.dequantize`` (:meth:`dequantize`). Accepted for the
-    projection matrices of a block (``*proj.weight``) and the output head; anywhere else a
-    float32 array is needed.
+    projection matrices of a block (``*proj.weight``), an MoE block's stacked experts
+    (``experts.gate_up_proj``, ``experts.down_proj``: 3-D, one matrix per expert, packed one
+    by one) and the output head; anywhere else a float32 array is needed.
 
     Parameters
     ----------
     ggml_type : int
         ``gguf.GGMLQuantizationType`` value: Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7), Q8_0 (8),
         Q4_K (12), Q5_K (13) or Q6_K (14).
-    blocks : ndarray of uint8, shape (rows, row_bytes)
+    blocks : ndarray of uint8, shape (rows, row_bytes) or (experts * rows, row_bytes)
         The tensor's bytes as the file stores them (a read-only memory-map view is fine: it is
-        read while the core packs and not kept).
+        read while the core packs and not kept); a stack holds expert e's rows at
+        ``[e * rows, (e + 1) * rows)`` (llama.cpp's ``ffn_*_exps`` layout).
     shape : tuple of int
-        ``(rows, cols)`` in torch's [out, in] layout; cols a multiple of the type's block size.
+        ``(rows, cols)`` in torch's [out, in] layout, or ``(experts, rows, cols)`` for a stack;
+        cols a multiple of the type's block size.
 
     Raises
     ------
@@ -262,7 +266,13 @@ class QuantizedMatrix:
 
         core = _ext.core()
         bs, ts = core.gguf_block_layout(int(ggml_type))
-        rows, cols = (int(s) for s in shape)
+        if len(shape) not in (2, 3):
+            raise ValueError(
+                f"QuantizedMatrix: shape {tuple(shape)} is neither (rows, cols) nor "
+                "(experts, rows, cols)"
+            )
+        dims = tuple(int(s) for s in shape)
+        rows, cols = math.prod(dims[:-1]), dims[-1]
         if bs == 0:
             raise ValueError(f"QuantizedMatrix: GGUF type {ggml_type} is not read directly")
         blocks = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(rows, -1)
@@ -273,15 +283,15 @@ class QuantizedMatrix:
             )
         self.ggml_type = int(ggml_type)
         self.blocks = blocks
-        self.shape = (rows, cols)
+        self.shape = dims
 
-    ndim = property(lambda self: 2, doc="int: 2.")
+    ndim = property(lambda self: len(self.shape), doc="int: 2, or 3 for a stack of experts.")
     dtype = property(lambda self: np.dtype(np.float32), doc="numpy.dtype: float32 (the values).")
 
     @property
     def nbytes(self) -> int:
         """int: Bytes of the float32 values (as an ndarray's ``nbytes``)."""
-        return self.shape[0] * self.shape[1] * 4
+        return math.prod(self.shape) * 4
 
     def core_arg(self) -> tuple:
         """``(ggml_type, blocks)``: the form the core's constructors take."""
@@ -293,17 +303,20 @@ class QuantizedMatrix:
         Parameters
         ----------
         r0, r1 : int
-            Row range; ``r1=None`` means all rows.
+            Row range of the blocks' rows (a stack's experts one after the other);
+            ``r1=None`` means all rows.
 
         Returns
         -------
-        ndarray of shape (r1 - r0, cols), float32, fresh
+        ndarray, float32, fresh
+            Of :attr:`shape` when every row is asked for, else of shape (r1 - r0, cols).
         """
         from . import _ext
 
-        r1 = self.shape[0] if r1 is None else r1
+        whole = r0 == 0 and r1 is None
+        r1 = self.blocks.shape[0] if r1 is None else r1
         out = _ext.core().dequantize_gguf(self.ggml_type, self.blocks[r0:r1])
-        return out.reshape(r1 - r0, self.shape[1])
+        return out.reshape(self.shape if whole else (r1 - r0, self.shape[-1]))
 
     def check_finite(self, name: str, where: str) -> None:
         """Raise ValueError, as :func:`canonical_copy` does, if a value is NaN or infinite.
@@ -452,10 +465,12 @@ def canonical_copy(value: object, name: str, where: str) -> np.ndarray:
         A NaN or infinite element (the message gives the flat index and the value).
     """
     if isinstance(value, QuantizedMatrix):  # immutable blocks, packed by the core, not kept
-        if not name.endswith("proj.weight']"):
+        stack = name.endswith(("experts.gate_up_proj']", "experts.down_proj']"))
+        if not (name.endswith("proj.weight']") and value.ndim == 2 or stack and value.ndim == 3):
             raise TypeError(
-                f"{where}: {name} is GGUF blocks (QuantizedMatrix); only projection matrices "
-                "may be given so, this tensor must be a float32 array"
+                f"{where}: {name} is GGUF blocks (QuantizedMatrix of shape {value.shape}); only "
+                "projection matrices (2-D) and stacked experts (3-D) may be given so, this "
+                "tensor must be a float32 array"
             )
         value.check_finite(name, where)
         return value

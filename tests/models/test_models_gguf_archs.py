@@ -227,16 +227,34 @@ def _hf_model(arch: str):
     return model
 
 
+def conversion_root(tmp_path_factory, name: str):
+    """(converter path, a fresh folder, its ``bpe_tokenizer`` folder) for a module's
+    conversions, torch's threads set."""
+    torch = require("torch", "torch runs the HF oracle")
+    torch.set_num_threads(TORCH_THREADS)
+    conv = converter_path()
+    root = tmp_path_factory.mktemp(name)
+    bpe = str(root / "bpe_tokenizer")
+    os.makedirs(bpe)
+    _bpe_tokenizer(bpe)
+    return conv, root, bpe
+
+
+def add_tokenizer(folder: str, spm: bool, bpe: str) -> None:
+    """The tokenizer the converter reads beside a saved model: a SentencePiece model, or the
+    byte-level BPE of ``bpe``."""
+    if spm:
+        _spm_tokenizer(folder)
+    else:
+        for name in os.listdir(bpe):
+            shutil.copy(os.path.join(bpe, name), folder)
+
+
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     """arch -> (folder, gguf path, HF model): every architecture converted once."""
     torch = require("torch", "torch runs the HF oracle")
-    torch.set_num_threads(TORCH_THREADS)
-    conv = converter_path()
-    root = tmp_path_factory.mktemp("gguf_archs")
-    bpe = str(root / "bpe_tokenizer")
-    os.makedirs(bpe)
-    _bpe_tokenizer(bpe)
+    conv, root, bpe = conversion_root(tmp_path_factory, "gguf_archs")
     out, jobs = {}, []
     for arch in ARCHS:
         folder = str(root / arch)
@@ -246,11 +264,7 @@ def converted(tmp_path_factory):
             _legacy_layer_types(folder)
         if arch == "nemotron_h":
             _hub_style_nemotron_h(folder)
-        if arch in SPM_ARCHS:
-            _spm_tokenizer(folder)
-        else:
-            for name in os.listdir(bpe):
-                shutil.copy(os.path.join(bpe, name), folder)
+        add_tokenizer(folder, arch in SPM_ARCHS, bpe)
         path = os.path.join(folder, "m.gguf")
         jobs += [folder, path, "json" if arch in FROM_JSON else "auto"]
         out[arch] = (folder, path, model)
@@ -300,6 +314,46 @@ def _ids(shape, seed=1, vocab=320):
     return np.random.default_rng(seed).integers(0, vocab, shape)
 
 
+def assert_close_to_hf(model, hf, arch: str, folder: str | None):
+    """``model``'s logits within RTOL/ATOL of HF's, and (``folder`` given) bit for bit those of
+    ``load_model(folder)``."""
+    ids = _ids((2, 16))
+    got = model.forward(ids)
+    want = hf_logits(hf, ids)
+    assert got.shape == want.shape
+    print(f"{arch}: max |logit - HF| = {float(np.abs(got - want).max()):.3g}")
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    if folder is not None:
+        assert np.array_equal(bits(got), bits(exactblocks.load_model(folder).forward(ids)))
+
+
+def assert_greedy_and_decode(model, hf, new_tokens: int, length: int) -> None:
+    """Greedy ``generate`` equal to HF's for ``new_tokens`` (on a well-conditioned seed), and
+    a prefill then ``step`` calls equal to one ``forward`` of ``length`` tokens, bit for bit."""
+    import torch
+
+    prompt = [3, 17, 250, 41, 99, 8]
+    with torch.no_grad():
+        ref = hf.generate(
+            torch.tensor([prompt]),
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+        )[0, len(prompt) :].tolist()
+        lg = hf(torch.tensor([prompt + ref]), use_cache=False).logits[0, len(prompt) - 1 : -1]
+        top2 = torch.topk(lg, 2).values
+        assert float((top2[:, 0] - top2[:, 1]).min()) > 1e-4, "ill-conditioned seed"
+    assert model.generate(prompt, max_new_tokens=new_tokens, stop=()).ids == ref
+
+    ids = _ids((2, length), seed=2)
+    full = model.forward(ids)
+    st = model.allocate_state(2, length)
+    cut = length // 2 - 1
+    parts = [model.forward(ids[:, :cut], st)]
+    parts += [model.step(ids[:, t], st) for t in range(cut, length)]
+    assert np.array_equal(bits(np.concatenate(parts, axis=1)), bits(full))
+
+
 @pytest.mark.parametrize("arch", [*ARCHS, *EXTRA])
 def test_logits_close_to_hf_and_equal_to_folder(converted, arch):
     folder, path, hf = converted[arch]
@@ -307,37 +361,13 @@ def test_logits_close_to_hf_and_equal_to_folder(converted, arch):
     assert model.family == FAMILY.get(arch, arch)
     if arch == "stablelm_qk":
         assert model.config["qk_layernorm"] and model.config["use_parallel_residual"]
-    ids = _ids((2, 16))
-    got = model.forward(ids)
-    want = hf_logits(hf, ids)
-    assert got.shape == want.shape
-    print(f"{arch}: max |logit - HF| = {float(np.abs(got - want).max()):.3g}")
-    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
-    if arch in EXACT:
-        assert np.array_equal(bits(got), bits(exactblocks.load_model(folder).forward(ids)))
+    assert_close_to_hf(model, hf, arch, folder if arch in EXACT else None)
 
 
 @pytest.mark.parametrize("arch", [*ARCHS, *EXTRA])
 def test_greedy_generate_equals_hf_and_decode_equals_prefill(converted, arch):
-    import torch
-
     _, path, hf = converted[arch]
-    model = _load(path)
-    prompt = [3, 17, 250, 41, 99, 8]
-    with torch.no_grad():
-        ref = hf.generate(
-            torch.tensor([prompt]), do_sample=False, max_new_tokens=16, min_new_tokens=16
-        )[0, len(prompt) :].tolist()
-        lg = hf(torch.tensor([prompt + ref]), use_cache=False).logits[0, len(prompt) - 1 : -1]
-        top2 = torch.topk(lg, 2).values
-        assert float((top2[:, 0] - top2[:, 1]).min()) > 1e-4, "ill-conditioned seed"
-    assert model.generate(prompt, max_new_tokens=16, stop=()).ids == ref
-
-    ids = _ids((2, 12), seed=2)
-    full = model.forward(ids)
-    st = model.allocate_state(2, 12)
-    parts = [model.forward(ids[:, :5], st)] + [model.step(ids[:, t], st) for t in range(5, 12)]
-    assert np.array_equal(bits(np.concatenate(parts, axis=1)), bits(full))
+    assert_greedy_and_decode(_load(path), hf, 16, 12)
 
 
 def test_bpe_files_carry_their_tokenizer(converted):

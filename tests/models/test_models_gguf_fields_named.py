@@ -200,14 +200,26 @@ def _mixtral_as_llama() -> dict:
 
 
 @pytest.mark.parametrize("experts", [False, True], ids=["dense_tensors", "expert_tensors"])
-@pytest.mark.parametrize("key", ["llama.expert_count", "llama.expert_used_count"])
-def test_a_gguf_mixture_of_experts_is_refused_naming_the_key(tmp_path, key, experts):
-    """MoE GGUFs are not read yet: the expert key is named before any tensor (not a shape, not
-    an unexpected expert tensor)."""
+@pytest.mark.parametrize(
+    "key, message",
+    [
+        # expert_count >= 1 makes the file Mixtral's, which needs expert_used_count
+        ("llama.expert_count", "has no 'llama.expert_used_count' field"),
+        # a dense Llama stating experts used
+        (
+            "llama.expert_used_count",
+            "llama.expert_used_count=4 is not supported (expected 0 "
+            "without llama.expert_count >= 1",
+        ),
+    ],  # fmt: skip
+)
+def test_a_gguf_expert_key_alone_is_refused_naming_the_key(tmp_path, key, message, experts):
+    """An expert key without its partner is named before any tensor (not a shape, not an
+    unexpected expert tensor)."""
     tensors = _mixtral_as_llama() if experts else None
     path = write_llama(tmp_path / "m.gguf", keys={key: 4}, tensors=tensors)
-    message = refused(path, repr(path), f"{key}=4", "mixtures of experts are not read")
-    assert "has shape" not in message and "unexpected tensor" not in message, message
+    text = refused(path, repr(path), message)
+    assert "has shape" not in text and "unexpected tensor" not in text, text
 
 
 def test_a_gguf_ffn_of_the_wrong_shape_names_the_dense_width(tmp_path):

@@ -33,7 +33,13 @@ import numpy as np
 from exactblocks._validation import FormatError
 from exactblocks.loaders.gguf import check_type, dequantize, gguf_field, unpermute_qk
 
-__all__ = ["GGUFArch", "blocks_held", "config_key_label", "file_names", "read_arch"]
+__all__ = [
+    "GGUFArch",
+    "blocks_held",
+    "config_key_label",
+    "file_names",
+    "read_arch",
+]
 
 _MISSING = object()
 
@@ -58,6 +64,10 @@ _COUNTS = {
     "expert_count": 0,
     "expert_used_count": 0,
     "expert_shared_feed_forward_length": 0,
+    "expert_feed_forward_length": 1,
+    "expert_group_count": 0,
+    "expert_group_used_count": 0,
+    "expert_gating_func": 0,
     "nextn_predict_layers": 0,
     "ssm.inner_size": 1,
     "ssm.state_size": 1,
@@ -71,7 +81,8 @@ _PER_LAYER = ("feed_forward_length", "attention.head_count", "attention.head_cou
 # keys that are real numbers, true/false, or text
 _REALS = ("epsilon", "freq_base", "freq_base_swa", "scale", "factor", "softcapping",
           "attn_factor", "scale_linear")  # fmt: skip
-_FLAGS = ("attention.causal", "use_parallel_residual", "rope.scaling.finetuned")
+_FLAGS = ("attention.causal", "use_parallel_residual", "rope.scaling.finetuned",
+          "expert_weights_norm")  # fmt: skip
 _TEXTS = ("rope.scaling.type",)
 
 
@@ -317,10 +328,11 @@ def _has(names, suffix: str) -> bool:
     return f"blk.0.{suffix}" in names
 
 
-def _common(k: _Keys, names, *, eps_key: str) -> dict:
+def _common(k: _Keys, names, *, eps_key: str, experts: bool = False) -> dict:
     """The fields ``llama_model_base::load_hparams`` reads for every architecture, with its
     defaults: head_count_kv = head_count, key_length = embedding_length / head_count,
-    rope.freq_base = 10000 (src/llama-model.cpp)."""
+    rope.freq_base = 10000 (src/llama-model.cpp). Without ``experts``, a file stating experts
+    is refused (the MoE families read those keys: ``_gguf_moe.moe_config``)."""
     d = k.need("embedding_length")
     n_heads = k.need("attention.head_count", minimum=1)
     if isinstance(n_heads, list) or isinstance(k.get("attention.head_count_kv"), list):
@@ -336,9 +348,9 @@ def _common(k: _Keys, names, *, eps_key: str) -> dict:
         k.fail("feed_forward_length", ff, "one width for every layer")
     if k.get("attention.causal", True) is not True:
         k.fail("attention.causal", False, "true: exactblocks decodes causally")
-    for key in ("expert_count", "expert_used_count"):
+    for key in () if experts else ("expert_count", "expert_used_count"):
         if k.get(key, 0):
-            k.fail(key, k.get(key), "0: mixtures of experts are not read")
+            k.fail(key, k.get(key), "0: a mixture of experts is not this architecture")
     return {
         "hidden_size": d,
         "intermediate_size": ff,

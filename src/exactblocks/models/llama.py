@@ -91,12 +91,14 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
 # -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
 
 
-def _llama_config(k: _Keys, names) -> dict:
+def _llama_config(k: _Keys, names, *, experts: bool = False) -> dict:
     """src/models/llama.cpp with the refusals of a Llama read as HF ``LlamaConfig``: partial
     RoPE, RoPE scaling and ``rope_freqs.weight`` (llama3-style scaling) are refused; the
-    optional biases conversion/llama.py permutes with their rows are read, and a mixture of
-    experts (``expert_count``: llama.cpp writes Mixtral as arch llama) is refused. The llama.*
-    keys it does not know are ignored (llama.cpp files of Llama fine-tunes carry many)."""
+    optional biases conversion/llama.py permutes with their rows are read. A file stating
+    ``expert_count`` >= 1 is Mixtral's (``mixtral.GGUF_AS_LLAMA``, which reads its expert keys
+    and calls this with ``experts=True``); a stray ``expert_used_count`` is refused. The
+    llama.* keys it does not know are ignored (llama.cpp files of Llama fine-tunes carry
+    many)."""
     d = k.need("embedding_length")
     n_heads = k.need("attention.head_count", minimum=1)
     if isinstance(n_heads, list) or isinstance(k.get("attention.head_count_kv"), list):
@@ -119,9 +121,9 @@ def _llama_config(k: _Keys, names) -> dict:
     ff = k.need("feed_forward_length")
     if isinstance(ff, list):
         k.fail("feed_forward_length", ff, "one width for every layer")
-    for key in ("expert_count", "expert_used_count"):  # llama.cpp's Mixtral files: arch llama
-        if k.get(key, 0):
-            k.fail(key, k.get(key), "0: mixtures of experts are not read")
+    for key in () if experts else ("expert_count", "expert_used_count"):
+        if k.get(key, 0):  # (an expert_count >= 1 makes the file Mixtral's: record_for)
+            k.fail(key, k.get(key), "0 without llama.expert_count >= 1 (a dense Llama)")
     c = {
         "hidden_size": d,
         "intermediate_size": ff,

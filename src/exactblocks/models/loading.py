@@ -326,10 +326,11 @@ def load_gguf_model(path, *, direct: bool = False) -> tuple[dict, dict, object]:
 
     The file's ``general.architecture`` picks its family's record
     (:data:`~exactblocks.models.registry.GGUF_ARCHITECTURES`: ``llama`` (also Mistral and
-    SmolLM2 files), ``qwen2``, ``qwen3``, ``gemma2``, ``gemma3``, ``phi3``, ``stablelm``,
-    ``starcoder2``, ``olmo2``, ``granite``, ``smollm3``, ``mamba2``, ``granitehybrid`` and
-    ``nemotron_h``), which reads its keys and renames its tensors, undoing what llama.cpp's
-    converter did to them.
+    SmolLM2 files, and Mixtral: ``llama`` with ``llama.expert_count`` >= 1), ``qwen2``,
+    ``qwen3``, ``qwen3moe``, ``qwen2moe``, ``olmoe``, ``gemma2``, ``gemma3``, ``phi3``,
+    ``stablelm``, ``starcoder2``, ``olmo2``, ``granite``, ``smollm3``, ``mamba2``,
+    ``granitehybrid`` and ``nemotron_h``), which reads its keys and renames its tensors,
+    undoing what llama.cpp's converter did to them.
 
     Parameters
     ----------
@@ -368,7 +369,7 @@ def load_gguf_model(path, *, direct: bool = False) -> tuple[dict, dict, object]:
     if direct and path is None:
         path = default_smollm2_path()
     reader = GGUFFile(path) if direct and isinstance(path, (str, os.PathLike)) else open_gguf(path)
-    entry = gguf_arch(gguf_field(reader, "general.architecture", None))
+    entry = gguf_arch(gguf_field(reader, "general.architecture", None), reader)
     config, tensors = read_arch(reader, entry, direct)
     return config, tensors, reader
 
@@ -412,9 +413,10 @@ def _load_gguf(path: str, max_positions) -> Model:
     # layer's tensors (q/k blocks un-permuted into fresh arrays among them) once it is built.
     release = partial(release_map, reader.data) if isinstance(reader, GGUFFile) else None
     arch = gguf_field(reader, "general.architecture")
-    changes = gguf_arch(arch).spec_changes
+    record = gguf_arch(arch, reader)
+    changes = record.spec_changes
     label = config_key_label(reader, arch)
-    names = file_names(gguf_arch(arch), cfg["num_hidden_layers"])
+    names = file_names(record, cfg["num_hidden_layers"])
     source = ArraySource(arrays, path, release, names=names)
     del reader, arrays
     return build_model(cfg, source, tokenizer=tokenizer, max_positions=max_positions,

@@ -6,16 +6,23 @@ in every layer (HF ``MixtralSparseMoeBlock``, transformers 5.23): softmax router
 ``intermediate_size``. Checkpoints name them ``block_sparse_moe.gate`` and
 ``block_sparse_moe.experts.e.{w1,w3,w2}`` (gate, up, down); transformers 5's in-memory model
 stacks them under ``mlp.``. The block's MoE arithmetic: SPEC.md 4.8. ``router_jitter_noise``
-other than 0 is refused (training only). GGUF: not yet.
+other than 0 is refused (training only). GGUF: ``general.architecture == "llama"`` with
+``llama.expert_count`` >= 1 (:data:`GGUF_EXPERTS`; llama.cpp's converter writes Mixtral so):
+experts ``feed_forward_length`` wide, the top-k weights always renormalised (llama.cpp's
+llama.cpp graph fixes ``norm_w = true``, as HF Mixtral), no sliding window (llama.cpp's llama
+graph has none).
 """
 
 from __future__ import annotations
 
 from ._config import ConfigReader
 from ._decoder import DecoderSpec, heads_and_dims, rope_fields
+from ._gguf import _ATTN, _PRE_NORMS, _TOP, GGUFArch, _Keys, _unpermute_qk
+from ._gguf_moe import MOE_BLOCK, MOE_REQUIRED, moe_config, moe_convert, stack_experts
+from .llama import _llama_config
 from .moe_config import moe_fields
 
-__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
+__all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "GGUF_EXPERTS", "MODEL_TYPES", "spec_from_config"]
 
 ARCHITECTURES = ("MixtralForCausalLM",)
 MODEL_TYPES = ("mixtral",)
@@ -41,6 +48,7 @@ DEFAULTS = {
     "eos_token_id": 2,
 }
 
+#: llama.cpp writes Mixtral under ``llama`` (:data:`GGUF_EXPERTS`), not an architecture of its own
 GGUF = None
 
 
@@ -80,3 +88,45 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
         **moe_fields(c, n, norm_topk_key=None),
     )
     return spec, c.resolved
+
+
+# -- GGUF: llama.cpp writes Mixtral as arch llama with experts ----------------------------------
+
+
+def _gguf_config(k: _Keys, names) -> dict:
+    """src/models/llama.cpp with ``expert_count`` >= 1: Llama's keys (as
+    :func:`exactblocks.models.llama._llama_config`), every layer an MoE layer of
+    ``feed_forward_length`` wide experts, softmax routing, top-k renormalised (fixed in
+    llama.cpp's graph). Granite-MoE's shared expert (``expert_shared_feed_forward_length``)
+    is refused."""
+    shared = k.get("expert_shared_feed_forward_length", 0)
+    if shared:
+        k.fail("expert_shared_feed_forward_length", shared, "0: a Mixtral has no shared expert")
+    ff = k.need("feed_forward_length")
+    moe = moe_config(k, n_ff=ff if isinstance(ff, int) else 0, width_key=None, shared=False)
+    c = _llama_config(k, names, experts=True)
+    for key in ("attention_bias", "mlp_bias"):  # not MixtralConfig fields: Mixtral has neither
+        c.pop(key)
+    moe["num_local_experts"] = moe.pop("num_experts")
+    del moe["norm_topk_prob"]  # (HF Mixtral always renormalises, as llama.cpp)
+    c.update(moe, sliding_window=None, router_jitter_noise=0.0)
+    return c
+
+
+def _convert(name: str, w, config: dict):
+    """The router as float32 (:func:`~exactblocks.models._gguf_moe.moe_convert`), q/k rows
+    un-permuted (conversion/llama.py permutes them, as for a Llama)."""
+    return [pair for n, a in moe_convert(name, w, config) for pair in _unpermute_qk(n, a, config)]
+
+
+GGUF_EXPERTS = GGUFArch(
+    "llama",
+    "MixtralForCausalLM",
+    "mixtral",
+    _gguf_config,
+    {**_ATTN, **_PRE_NORMS, **MOE_BLOCK},
+    _TOP,
+    convert=_convert,
+    finish=stack_experts,
+    required=MOE_REQUIRED,
+)

@@ -5,13 +5,17 @@ all ``kv_heads * head_dim`` values before RoPE (HF ``OlmoeAttention`` ``q_norm``
 as OLMo 2's) and a mixture-of-experts MLP in every layer (HF ``OlmoeSparseMoeBlock``,
 transformers 5.23): softmax router, top ``num_experts_per_tok`` of ``num_experts``
 (renormalised with ``norm_topk_prob``), SwiGLU experts of ``intermediate_size``. The block's
-MoE arithmetic: SPEC.md 4.8. ``clip_qkv`` (clamping q, k, v) is refused. GGUF: not yet.
+MoE arithmetic: SPEC.md 4.8. ``clip_qkv`` (clamping q, k, v) is refused. GGUF:
+``general.architecture == "olmoe"`` (experts ``feed_forward_length`` wide; the top-k weights
+never renormalised: llama.cpp's olmoe.cpp fixes ``norm_w = false``, the file states nothing).
 """
 
 from __future__ import annotations
 
 from ._config import ConfigReader
 from ._decoder import DecoderSpec, heads_and_dims, rope_fields
+from ._gguf import _ATTN, _ATTN_BIAS, _PRE_NORMS, _TOP, GGUFArch, _common, _has, _Keys, _rope
+from ._gguf_moe import MOE_BLOCK, MOE_REQUIRED, moe_config, moe_convert, stack_experts
 from .moe_config import moe_fields
 
 __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
@@ -40,8 +44,6 @@ DEFAULTS = {
     "bos_token_id": None,
     "eos_token_id": 50279,
 }
-
-GGUF = None
 
 
 def spec_from_config(config) -> tuple[DecoderSpec, dict]:
@@ -85,3 +87,38 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
         **moe_fields(c, n, norm_topk_key="norm_topk_prob"),
     )
     return spec, c.resolved
+
+
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
+
+
+def _gguf_config(k: _Keys, names) -> dict:
+    """src/models/olmoe.cpp: the common keys, q/k RMSNorms over all heads, every layer an MoE
+    layer of ``feed_forward_length`` wide experts, softmax routing, top-k not renormalised
+    (fixed in llama.cpp's graph). The file has no clamp of q/k/v (conversion/olmo.py writes
+    none for OLMoE)."""
+    c = _common(k, names, eps_key="rms_norm_eps", experts=True)
+    c.update(_rope(k, c["head_dim"]))
+    c.update(hidden_act="silu", clip_qkv=None, attention_bias=_has(names, "attn_q.bias"))
+    c.update(moe_config(k, n_ff=c["intermediate_size"], width_key=None, shared=False))
+    return c
+
+
+GGUF = GGUFArch(
+    "olmoe",
+    "OlmoeForCausalLM",
+    "olmoe",
+    _gguf_config,
+    {
+        **_ATTN,
+        **_ATTN_BIAS,
+        **_PRE_NORMS,
+        **MOE_BLOCK,
+        "attn_q_norm.weight": "self_attn.q_norm.weight",
+        "attn_k_norm.weight": "self_attn.k_norm.weight",
+    },
+    _TOP,
+    convert=moe_convert,
+    finish=stack_experts,
+    required=MOE_REQUIRED,
+)

@@ -7,13 +7,25 @@ experts of ``moe_intermediate_size``, plus a shared SwiGLU expert of
 ``shared_expert_intermediate_size`` on every token, scaled by ``sigmoid(shared_expert_gate
 h)``. Layers in ``mlp_only_layers`` or off ``decoder_sparse_step`` keep a dense MLP of
 ``intermediate_size``. The block's MoE arithmetic: SPEC.md 4.8. Sliding windows
-(``use_sliding_window``) are not supported yet. GGUF: not yet.
+(``use_sliding_window``) are not supported yet. GGUF: ``general.architecture ==
+"qwen2moe"`` (every layer sparse, with the shared expert; the top-k weights never
+renormalised: llama.cpp's qwen2moe.cpp fixes ``norm_w = false``, the file states nothing).
 """
 
 from __future__ import annotations
 
 from ._config import ConfigReader
 from ._decoder import DecoderSpec, heads_and_dims, rope_fields
+from ._gguf import _ATTN, _ATTN_BIAS, _PRE_NORMS, _TOP, GGUFArch, _Keys
+from ._gguf_moe import (
+    MOE_BLOCK,
+    MOE_REQUIRED,
+    SHARED_BLOCK,
+    SHARED_REQUIRED,
+    moe_convert,
+    qwen_moe_config,
+    stack_experts,
+)
 from .moe_config import moe_fields
 
 __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
@@ -46,8 +58,6 @@ DEFAULTS = {
     "bos_token_id": None,
     "eos_token_id": None,
 }
-
-GGUF = None
 
 
 def spec_from_config(config) -> tuple[DecoderSpec, dict]:
@@ -94,3 +104,34 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
         ),  # fmt: skip
     )
     return spec, c.resolved
+
+
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
+
+
+def _gguf_config(k: _Keys, names) -> dict:
+    """src/models/qwen2moe.cpp: Qwen2's keys (q/k/v biases when the file holds them), every
+    layer an MoE layer of ``expert_feed_forward_length`` wide experts (default
+    ``feed_forward_length / expert_used_count``) plus the shared expert of
+    ``expert_shared_feed_forward_length`` (default ``feed_forward_length``) behind its sigmoid
+    gate; softmax routing, top-k not renormalised (fixed in llama.cpp's graph)."""
+    return qwen_moe_config(k, names, shared=True)
+
+
+GGUF = GGUFArch(
+    "qwen2moe",
+    "Qwen2MoeForCausalLM",
+    "qwen2_moe",
+    _gguf_config,
+    {
+        **_ATTN,
+        **{k: v for k, v in _ATTN_BIAS.items() if k != "attn_output.bias"},
+        **_PRE_NORMS,
+        **MOE_BLOCK,
+        **SHARED_BLOCK,
+    },
+    _TOP,
+    convert=moe_convert,
+    finish=stack_experts,
+    required=MOE_REQUIRED + SHARED_REQUIRED,
+)

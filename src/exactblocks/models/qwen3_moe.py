@@ -5,13 +5,17 @@ Qwen3's attention (per-head q/k RMSNorm before RoPE) with a mixture-of-experts M
 softmax, the top ``num_experts_per_tok`` (renormalised with ``norm_topk_prob``), SwiGLU
 experts of width ``moe_intermediate_size``; layers listed in ``mlp_only_layers``, or not a
 multiple of ``decoder_sparse_step`` (``(i + 1) % step != 0``), keep a dense SwiGLU MLP of
-``intermediate_size``. The block's MoE arithmetic: SPEC.md 4.8. GGUF: not yet.
+``intermediate_size``. The block's MoE arithmetic: SPEC.md 4.8. GGUF:
+``general.architecture == "qwen3moe"`` (every layer sparse, the top-k weights always
+renormalised: llama.cpp's qwen3moe.cpp fixes ``norm_w = true``, the file states nothing).
 """
 
 from __future__ import annotations
 
 from ._config import ConfigReader
 from ._decoder import DecoderSpec, heads_and_dims, rope_fields
+from ._gguf import _GLU, _QWEN_BLOCK, _TOP, GGUFArch, _Keys
+from ._gguf_moe import MOE_BLOCK, MOE_REQUIRED, moe_convert, qwen_moe_config, stack_experts
 from .moe_config import moe_fields
 
 __all__ = ["ARCHITECTURES", "DEFAULTS", "GGUF", "MODEL_TYPES", "spec_from_config"]
@@ -44,8 +48,6 @@ DEFAULTS = {
     "bos_token_id": None,
     "eos_token_id": None,
 }
-
-GGUF = None
 
 
 def spec_from_config(config) -> tuple[DecoderSpec, dict]:
@@ -89,3 +91,27 @@ def spec_from_config(config) -> tuple[DecoderSpec, dict]:
         **moe_fields(c, n, norm_topk_key="norm_topk_prob"),
     )
     return spec, c.resolved
+
+
+# -- GGUF: llama.cpp's metadata keys and tensor names -> this family ----------------------------
+
+
+def _gguf_config(k: _Keys, names) -> dict:
+    """src/models/qwen3moe.cpp: Qwen3's keys, every layer an MoE layer of
+    ``expert_feed_forward_length`` wide experts (llama.cpp's default when absent:
+    ``feed_forward_length / expert_used_count``), softmax routing, top-k renormalised (fixed in
+    llama.cpp's graph: ``norm_topk_prob=True`` whatever the HF checkpoint said)."""
+    return qwen_moe_config(k, names, shared=False)
+
+
+GGUF = GGUFArch(
+    "qwen3moe",
+    "Qwen3MoeForCausalLM",
+    "qwen3_moe",
+    _gguf_config,
+    {**{k: v for k, v in _QWEN_BLOCK.items() if k not in _GLU}, **MOE_BLOCK},
+    _TOP,
+    convert=moe_convert,
+    finish=stack_experts,
+    required=MOE_REQUIRED,
+)

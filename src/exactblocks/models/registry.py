@@ -4,7 +4,9 @@
 
 A family module provides ``ARCHITECTURES``, ``MODEL_TYPES``, ``DEFAULTS``,
 ``spec_from_config(config) -> (spec, resolved_config)`` and ``GGUF`` (its
-:class:`~exactblocks.models._gguf.GGUFArch` record, or None); the spec names its tensors and
+:class:`~exactblocks.models._gguf.GGUFArch` record, or None; ``GGUF_EXPERTS`` where llama.cpp
+writes the family as another architecture with experts, Mixtral as ``llama``); the spec names
+its tensors and
 builds its layers (``_decoder.DecoderSpec``, ``mamba2.Mamba2Spec``). docs/adding-a-family.md
 says how to add one.
 """
@@ -17,7 +19,13 @@ from types import ModuleType
 
 from ._gguf import GGUFArch
 
-__all__ = ["FAMILIES", "GGUF_ARCHITECTURES", "family_for_config", "gguf_arch"]
+__all__ = [
+    "FAMILIES",
+    "GGUF_ARCHITECTURES",
+    "GGUF_EXPERT_FORMS",
+    "family_for_config",
+    "gguf_arch",
+]
 
 #: family name -> module, in the order they are tried (the one list of families).
 FAMILIES: dict[str, ModuleType] = {
@@ -50,6 +58,16 @@ FAMILIES: dict[str, ModuleType] = {
 #: under another architecture, as Mistral under ``llama``).
 GGUF_ARCHITECTURES: dict[str, GGUFArch] = {
     fam.GGUF.arch: fam.GGUF for fam in FAMILIES.values() if fam.GGUF is not None
+}
+
+
+#: GGUF ``general.architecture`` -> the record of a file of it that states
+#: ``<arch>.expert_count`` >= 1, where that is another family: each family's ``GGUF_EXPERTS``
+#: (``llama`` -> Mixtral: llama.cpp's converter writes Mixtral as llama with experts).
+GGUF_EXPERT_FORMS: dict[str, GGUFArch] = {
+    fam.GGUF_EXPERTS.arch: fam.GGUF_EXPERTS
+    for fam in FAMILIES.values()
+    if getattr(fam, "GGUF_EXPERTS", None) is not None
 }
 
 
@@ -114,13 +132,17 @@ def family_for_config(config: Mapping) -> ModuleType:
     return by_type
 
 
-def gguf_arch(arch) -> GGUFArch:
+def gguf_arch(arch, reader=None) -> GGUFArch:
     """The record that reads a GGUF of ``general.architecture == arch``.
 
     Parameters
     ----------
     arch : str or None
         The file's ``general.architecture`` (None when it states none).
+    reader : GGUFFile or gguf.GGUFReader or None, default=None
+        The file: one stating ``<arch>.expert_count`` as an integer >= 1 is read by the
+        architecture's :data:`GGUF_EXPERT_FORMS` record when it has one (any other value is
+        left to the dense record's reader, which refuses it by name).
 
     Returns
     -------
@@ -137,4 +159,11 @@ def gguf_arch(arch) -> GGUFArch:
             f"load_gguf_model: general.architecture={arch!r} is not supported; supported: "
             f"{sorted(GGUF_ARCHITECTURES)}"
         )
+    moe = GGUF_EXPERT_FORMS.get(arch)
+    if moe is not None and reader is not None:
+        from exactblocks.loaders.gguf import gguf_field
+
+        n = gguf_field(reader, f"{arch}.expert_count", 0)
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+            return moe
     return entry

@@ -128,15 +128,16 @@ def dequantize(tensor, direct: bool = False):
 
     Notes
     -----
-    Without ``direct``: owned (not a view of the file). With ``direct``: a 2-D tensor of a type
-    the core packs straight from its blocks (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K) is returned as a
+    Without ``direct``: owned (not a view of the file). With ``direct``: a 2-D tensor (or a 3-D
+    stack of experts, llama.cpp's ``ffn_*_exps``) of a type the core packs straight from its
+    blocks (:data:`DIRECT_TYPES`) is returned as a
     :class:`~exactblocks._weights.QuantizedMatrix` over the file's memory map (nothing is
     dequantised or copied), and an F32 tensor as a read-only view of the map (its consumer
     copies what it keeps).
     """
     expect = tuple(int(n) for n in reversed(list(tensor.shape)))
     kind = _type_code(tensor)
-    if direct and len(expect) == 2 and kind in DIRECT_TYPES:
+    if direct and len(expect) in (2, 3) and kind in DIRECT_TYPES:
         from exactblocks._weights import QuantizedMatrix
 
         return QuantizedMatrix(kind, tensor.data, expect)
