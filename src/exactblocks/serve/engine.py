@@ -263,6 +263,7 @@ class Engine:
         *,
         prompt_logprobs: int | None = None,
         prefill_only: bool = False,
+        resume=(),
     ) -> RequestHandle:
         """Queue a request; return its handle.
 
@@ -284,6 +285,13 @@ class Engine:
         prefill_only : bool, default=False
             True: run the prompt and finish (reason ``"length"``) without generating
             (``max_tokens=0``; ``params.max_tokens`` is then not used).
+        resume : sequence of int, default=()
+            The tokens an earlier run of this same request (same prompt and params, a seed
+            given when sampling) already sent, to continue it elsewhere (a replica lost
+            mid-stream): the row runs ``prompt_ids + resume``, the generator skips the draws
+            they consumed, and the events sent are exactly those the uninterrupted run sends
+            after them (its FinishEvent counts them as completion tokens). Not with
+            ``prompt_logprobs`` or ``prefill_only``.
 
         Raises
         ------
@@ -305,13 +313,20 @@ class Engine:
         vocab = self.model.vocab_size
         if ids.ndim != 1 or ((ids < 0) | (ids >= vocab)).any():
             raise ValueError(f"a prompt token id is outside the vocabulary [0, {vocab})")
+        resume = [int(t) for t in resume]
+        if resume and (prompt_logprobs is not None or prefill_only):
+            raise ValueError("resume cannot be combined with prompt_logprobs or prefill_only")
         try:
-            gen = self.model.generation(ids.tolist(), params, where="Engine.submit")
+            gen = self.model.generation(ids.tolist(), params, where="Engine.submit",
+                                        resume=resume)  # fmt: skip
         except TypeError as exc:  # stop strings without a tokenizer: a bad request
             raise ValueError(str(exc)) from None
         handle = RequestHandle(self, next(self._ids), ids.tolist(), params, sink)
+        n_prompt = len(ids)
+        if resume:
+            ids = np.concatenate([ids, np.asarray(resume, dtype=np.int64)])
         seq = _Seq(handle=handle, ids=ids, gen=gen, prompt_top=prompt_logprobs,
-                   prefill_only=bool(prefill_only))  # fmt: skip
+                   prefill_only=bool(prefill_only), n_prompt=n_prompt)  # fmt: skip
         if prompt_logprobs is not None:
             seq.prompt_lps = [(None, None)]
         with self._cond:
@@ -361,7 +376,9 @@ class Engine:
         """
         with self._cond:
             waiting = len(self._waiting) + len(self._incoming)
-        held = sum(s.pos + len(s.gen.ids) for s in list(self._rows) if s is not None)
+        # a row holds its prompt and resumed tokens (both in pos) and the tokens generated since
+        held = sum(s.pos + len(s.gen.ids) - (len(s.ids) - s.n_prompt)
+                   for s in list(self._rows) if s is not None)  # fmt: skip
         return {
             "running": self.max_batch - self._free_rows(),
             "waiting": waiting,
@@ -671,7 +688,7 @@ class Engine:
                 reason,
                 text=text,
                 tail=tail,
-                prompt_tokens=len(seq.ids),
+                prompt_tokens=seq.n_prompt,
                 completion_tokens=len(seq.gen.ids),
                 cached_tokens=seq.cached,
                 error=error,
