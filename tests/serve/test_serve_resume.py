@@ -79,4 +79,4 @@ def test_bad_resumes_are_refused(smol):
         g = SamplingParams(max_tokens=8, temperature=0.0, grammar=Grammar.regex("(sea|sky)+"))
         with pytest.raises(GrammarError, match=r"resume\[0\]"):
             eng.submit(ids, g, resume=smol.tokenizer.encode(" moon"))
-        assert eng.stats()["requests_submitted"] == 0  # nothing was queued
+        assert eng.stats().get("requests_submitted", 0) == 0  # nothing was queued
