@@ -188,8 +188,10 @@ def test_shared_prefix_goes_to_the_replica_that_cached_it(fleet, single):
 
 
 def _stream(client, i, out: dict, progress: list):
-    msgs = [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": f"Tell a long story about lighthouse number {i}."}]
+    msgs = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"Tell a long story about lighthouse number {i}."},
+    ]
     s = client.chat.completions.create(model=NAME, messages=msgs, max_tokens=160, stream=True,
                                        temperature=0.8, seed=70 + i, logprobs=True,
                                        extra_body={"ignore_eos": True})  # fmt: skip

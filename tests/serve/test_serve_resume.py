@@ -16,8 +16,11 @@ PROMPT = "Write three short sentences about the sea, the sky and the moon."
 
 
 def _chat(model):
-    return list(model.tokenizer.apply_chat_template(
-        [{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=True))
+    return list(
+        model.tokenizer.apply_chat_template(
+            [{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=True
+        )
+    )
 
 
 def _events(result):

@@ -270,7 +270,7 @@ def _prometheus(stats: dict, http_counts: Counter, model_name: str = "",
         for replica, rep in sorted(per_replica.items()):
             lines.append(f'{name}{{model_name="{label}",replica="{replica}"}} '
                          f"{float(rep.get(key, 0))!r}")  # fmt: skip
-    for name, (key, help_text) in (REPLICA_COUNTERS.items() if per_replica else ()):
+    for name, (key, help_text) in REPLICA_COUNTERS.items() if per_replica else ():
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
         for replica, rep in sorted(per_replica.items()):
             lines.append(f'{name}{{model_name="{label}",replica="{replica}"}} '
