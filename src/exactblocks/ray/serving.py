@@ -248,6 +248,8 @@ class EngineReplica:
         try:
             while True:
                 events = await queue.get()
+                while not queue.empty():  # steps the ingress has not read yet: one message
+                    events = events + queue.get_nowait()
                 yield events
                 if isinstance(events[-1], FinishEvent):
                     return
@@ -584,9 +586,13 @@ class FleetEngine:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    if not (_lost(exc) or isinstance(exc, RuntimeError)) or lost >= RETRIES:
-                        self._fail(handle, sink, f"the request's replicas were lost ({lost} "
-                                   f"re-issues): {type(exc).__name__}: {exc}")  # fmt: skip
+                    if not (_lost(exc) or isinstance(exc, RuntimeError)):
+                        self._fail(handle, sink, f"the replica failed: {type(exc).__name__}: "
+                                   f"{exc}")  # fmt: skip
+                        return
+                    if lost >= RETRIES:
+                        self._fail(handle, sink, f"the request lost {lost + 1} replicas, the "
+                                   f"last with {type(exc).__name__}: {exc}")  # fmt: skip
                         return
                     lost += 1
                     self.counters["failovers"] += 1
