@@ -436,7 +436,9 @@ class Generation:
             raise ValueError(f"{where}: the generation ends with resume's last token "
                              f"({self.finish_reason}): there is nothing to resume")  # fmt: skip
         if self.rng is not None:
-            self.rng.bit_generator.advance(len(tokens))  # one draw per sampled token
+            bits = self.rng.bit_generator
+            assert isinstance(bits, np.random.PCG64)
+            bits.advance(len(tokens))  # one draw per sampled token
 
     @property
     def finished(self) -> bool:
@@ -476,7 +478,7 @@ class Generation:
                        top_k=p.top_k, top_p=p.top_p, rng=self.rng)  # fmt: skip
         return int(allowed[i])
 
-    def accept(self, token: int, logits: np.ndarray) -> tuple[list[TokenEvent], str]:
+    def accept(self, token: int, logits: np.ndarray | None) -> tuple[list[TokenEvent], str]:
         """Take the sampled ``token`` of ``logits``: stop, or append and emit.
 
         Parameters

@@ -335,11 +335,10 @@ class PrefixAffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         Prefixes remembered per replica from this router's own choices.
     """
 
-    def initialize_state(self, block: int = 64, imbalanced_threshold: int = 4,
-                         remember: int = 4096):  # fmt: skip
-        self._block = int(block)
-        self._threshold = int(imbalanced_threshold)
-        self._remember = int(remember)
+    def initialize_state(self, **kwargs) -> None:
+        self._block = int(kwargs.get("block", 64))
+        self._threshold = int(kwargs.get("imbalanced_threshold", 4))
+        self._remember = int(kwargs.get("remember", 4096))
         self._routed: dict = {}  # replica id -> OrderedDict of prefix hashes
 
     def _two_choices(self, pending) -> list:
@@ -349,10 +348,10 @@ class PrefixAffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             ids = self.apply_multiplex_routing(pending_request=pending)
         else:
             ids = self.apply_locality_routing(pending_request=pending)
-        ids = list(ids)
-        if not ids:
+        pool = list(ids)
+        if not pool:
             return []
-        chosen = random.sample(ids, min(2, len(ids)))
+        chosen = random.sample(pool, min(2, len(pool)))
         return [[self._replicas[i] for i in chosen]]
 
     def _hashes(self, pending) -> list:
@@ -658,7 +657,7 @@ class Ingress:
     :class:`FleetEngine` (the same routes, checks, errors and options as ``exactblocks
     serve``). Built by :func:`fleet_app`; Ray Serve wraps it with ``serve.ingress``."""
 
-    async def __init__(self, replicas, registry, *, model_name: str, api_key=None,
+    async def __init__(self, replicas, registry, *, model_name: str, api_key=None,  # type: ignore[misc]
                        chat_template=None, tool_call_parser=None):  # fmt: skip
         info = await replicas.describe.remote()
         self._fleet = FleetEngine(replicas, registry, info)
@@ -759,8 +758,8 @@ def fleet_app(model=None, *, model_ref=None, replicas: int = 1, max_replicas: in
         model_name = os.path.basename(os.path.normpath(model)) if model else "model"
 
     quiet = {"enable_access_log": False}  # the reports every second and the stream calls
-    registry = serve.deployment(Registry, name="Registry", ray_actor_options={"num_cpus": 0},
-                                logging_config=quiet).bind()  # fmt: skip
+    registry = serve.deployment(name="Registry", ray_actor_options={"num_cpus": 0},
+                                logging_config=quiet)(Registry).bind()  # fmt: skip
     options: dict = {
         "name": "EngineReplica",
         "ray_actor_options": {"num_cpus": cpus},
@@ -782,17 +781,17 @@ def fleet_app(model=None, *, model_ref=None, replicas: int = 1, max_replicas: in
     if prefix_affinity:
         from ray.serve.config import RequestRouterConfig
 
-        options["request_router_config"] = RequestRouterConfig(
-            request_router_class=PrefixAffinityRouter,
-            request_router_kwargs={"block": block},
-            request_routing_stats_period_s=1.0,
-        )
-    engines = serve.deployment(EngineReplica, **options).bind(
+        router: dict = {"request_router_class": PrefixAffinityRouter,
+                        "request_router_kwargs": {"block": block},
+                        "request_routing_stats_period_s": 1.0}  # fmt: skip
+        options["request_router_config"] = RequestRouterConfig(**router)
+    engines = serve.deployment(**options)(EngineReplica).bind(
         model, model_ref, engine_options=engine_options, load_options=load_options,
         registry=registry,
     )  # fmt: skip
-    ingress = serve.deployment(serve.ingress()(Ingress), name="Ingress",
-                               ray_actor_options={"num_cpus": 0})  # fmt: skip
+    ingress = serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0})(
+        serve.ingress()(Ingress)
+    )
     return ingress.bind(engines, registry, model_name=model_name, api_key=api_key,
                         chat_template=chat_template, tool_call_parser=tool_call_parser)  # fmt: skip
 
