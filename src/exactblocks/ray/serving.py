@@ -763,8 +763,10 @@ def fleet_app(model=None, *, model_ref=None, replicas: int = 1, max_replicas: in
     options: dict = {
         "name": "EngineReplica",
         "ray_actor_options": {"num_cpus": cpus},
-        # the router never sends a replica more than its engine takes (rows + its queue)
+        # the router never sends a replica more than its engine takes (rows + its queue);
+        # beyond that, max_queue more wait at the ingress, then 429 (BackPressureError)
         "max_ongoing_requests": max_batch + max_queue,
+        "max_queued_requests": max(1, max_queue),
         "logging_config": quiet,
     }
     if max_replicas is not None and max_replicas > replicas:
@@ -789,9 +791,12 @@ def fleet_app(model=None, *, model_ref=None, replicas: int = 1, max_replicas: in
         model, model_ref, engine_options=engine_options, load_options=load_options,
         registry=registry,
     )  # fmt: skip
-    ingress = serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0})(
-        serve.ingress()(Ingress)
-    )
+    # every request of every replica, and those waiting, pass through the one ingress (Ray
+    # Serve's default of 5 at once would cap the fleet)
+    most = (max_replicas or replicas) * (max_batch + max_queue) + max(1, max_queue)
+    ingress = serve.deployment(
+        name="Ingress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=most
+    )(serve.ingress()(Ingress))
     return ingress.bind(engines, registry, model_name=model_name, api_key=api_key,
                         chat_template=chat_template, tool_call_parser=tool_call_parser)  # fmt: skip
 
