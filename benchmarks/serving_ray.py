@@ -6,7 +6,8 @@ On the same GGUF, with the same CPUs in total: one ``exactblocks serve`` process
 each server and client count (16 and 32 by default), the clients of
 :func:`benchmarks.serving.run_clients` stream seeded ``/v1/completions``; it prints aggregate
 tokens/s and the ratio of each fleet to the single process. Then the shared-prefix time to
-first token: 4 clients whose prompts share a long prefix, on the largest fleet with
+first token: for each of 6 long prefixes one request, then 4 concurrent followers (their
+time to first token), on the largest fleet with
 prefix-affinity routing and with Ray Serve's power-of-two choices (``--ray-routing pow2``),
 and on the single process. The machine's load is printed beside every round.
 """
@@ -21,15 +22,34 @@ from .serving import MODES, _free_port, _ms, _ratio, _Server, run_clients
 
 __all__ = ["run_ray"]
 
-#: A prefix of about 500 tokens shared by the shared-prefix round's prompts.
-SHARED = (
-    "Background for every answer below. "
-    + " ".join(
-        f"Note {i}: the harbour office records the tide, the wind and the boats of day {i}."
+
+def shared_prefix(k: int) -> str:
+    """Prefix ``k`` of the shared-prefix round: about 500 tokens, distinct per k."""
+    notes = " ".join(
+        f"Note {i}: harbour office {k} records the tide, the wind and the boats of day {i}."
         for i in range(24)
     )
-    + " Question: "
-)
+    return f"Background {k} for every answer below. {notes} Question: "
+
+
+#: Distinct prefixes of the shared-prefix round (each cached by one request, then 4 followers).
+N_PREFIXES = 6
+
+
+def _shared_round(server: _Server) -> dict:
+    """For each prefix: one request (it caches the prefix on a replica), then 4 concurrent
+    followers; the median over the prefixes of the followers' TTFT p50."""
+    ttft, errors = [], []
+    for k in range(N_PREFIXES):
+        for clients in (1, 4):
+            r = run_clients(server.port, "model", clients, 1, 4, prompt_prefix=shared_prefix(k),
+                            sampling=MODES["seeded"])  # fmt: skip
+            errors += r["errors"]
+        ttft.append(r["ttft_p50"])
+    p50 = sorted(ttft)[len(ttft) // 2]
+    print(f"{server.name:24s} shared prefix: followers' TTFT p50 {_ms(p50)} ms, errors "
+          f"{len(errors)}, load {loadavg()}", flush=True)  # fmt: skip
+    return {"ttft_p50": p50, "errors": errors}
 
 
 def _command(model: str, port: int, slots: int, ctx: int, *extra: str) -> list[str]:
@@ -99,7 +119,7 @@ def run_ray(model: str, replicas: list[int], counts: list[int], requests: int,
                     tps[(name, n)] = r["tokens_per_s"]
                     failed |= bool(r["errors"])
             if key is None or key == top or key == -top:
-                r = _round(s, 4, 3, 8, "shared", prefix=SHARED)
+                r = _shared_round(s)
                 ttft[name] = r["ttft_p50"]
                 failed |= bool(r["errors"])
         finally:
@@ -109,7 +129,10 @@ def run_ray(model: str, replicas: list[int], counts: list[int], requests: int,
     print("\n| server | clients | tokens/s | ratio to 1 process |\n|---|---|---|---|")
     for (name, n), v in tps.items():
         print(f"| {name} | {n} | {v:.1f} | {_ratio(v, tps[(single, n)])} |")
-    print("\nshared-prefix time to first token (p50, 4 clients x 3 requests, ~500-token prefix)")
+    print(
+        f"\nshared-prefix time to first token: the median over {N_PREFIXES} ~500-token "
+        "prefixes of the TTFT p50 of 4 concurrent followers after one request cached it"
+    )
     print("\n| server | TTFT p50 ms |\n|---|---|")
     for name, v in ttft.items():
         print(f"| {name} | {_ms(v)} |")
