@@ -417,11 +417,29 @@ def main(argv=None) -> int:
         metavar="PATH",
         help="llama.cpp's llama-server executable (default: $LLAMA_SERVER, else PATH)",
     )
+    ap.add_argument(
+        "--ray-replicas",
+        default=None,
+        metavar="N[,M]",
+        help="instead of the llama.cpp comparison: fleets of N (and M) replicas on Ray Serve "
+        "against one process on the same CPUs, and shared-prefix TTFT with and without "
+        "prefix-affinity routing (benchmarks/serving_ray.py; default clients 16,32)",
+    )
     args = ap.parse_args(argv)
     if args.model is None:
         from exactblocks.loaders.gguf import default_smollm2_path
 
         args.model = default_smollm2_path()
+    if args.ray_replicas is not None:
+        from .serving_ray import run_ray
+
+        clients = "16,32" if args.clients == "1,4,16" else args.clients
+        print(f"command: python -m benchmarks.serving --model {args.model} --ray-replicas "
+              f"{args.ray_replicas} --clients {clients} --requests {args.requests} "
+              f"--max-tokens {args.max_tokens}; load average {loadavg()}")  # fmt: skip
+        return run_ray(args.model, [int(n) for n in args.ray_replicas.split(",")],
+                       [int(c) for c in clients.split(",")], args.requests, args.max_tokens,
+                       CTX_PER_SEQUENCE)  # fmt: skip
     counts = [int(c) for c in args.clients.split(",")]
     modes = [m.strip() for m in args.modes.split(",")]
     bad = [m for m in modes if m not in MODES]

@@ -173,6 +173,44 @@ def add_parser(sub, positive_int) -> None:
         default=None,
         help="the model id clients send (default: MODEL's file or folder name)",
     )
+    ray = p.add_argument_group(
+        "Ray Serve (a fleet of replicas behind one ingress; needs the ray-serve extra)"
+    )
+    ray.add_argument(
+        "--ray-replicas",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="serve with N engine replicas on Ray Serve (the minimum when autoscaling)",
+    )
+    ray.add_argument(
+        "--ray-max-replicas",
+        type=positive_int,
+        default=None,
+        metavar="M",
+        help="autoscale between --ray-replicas and M on queue depth (default: fixed N)",
+    )
+    ray.add_argument(
+        "--ray-cpus-per-replica",
+        type=positive_int,
+        default=1,
+        metavar="K",
+        help="Ray CPUs per replica, = its threads (default: 1)",
+    )
+    ray.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="join a running Ray cluster ('auto', or the head's address; default: start a "
+        "local one); MODEL must be readable at the same path on every node",
+    )
+    ray.add_argument(
+        "--ray-routing",
+        choices=("prefix", "pow2"),
+        default="prefix",
+        help="prefix: to the replica caching the longest prefix unless queues are "
+        "imbalanced; pow2: Ray Serve's power of two choices (default: prefix)",
+    )
 
 
 def available_memory(meminfo: str = "/proc/meminfo") -> int | None:
@@ -369,6 +407,15 @@ def run_serve(args, err=None) -> int:
             file=err,
         )
         return 2
+    ray_flags = [f for f, v in (("--ray-max-replicas", args.ray_max_replicas),
+                                ("--ray-address", args.ray_address)) if v is not None]  # fmt: skip
+    if args.ray_replicas is None:
+        if ray_flags:
+            raise FlagError(ray_flags[0], "needs --ray-replicas N (a Ray Serve fleet)")
+    else:
+        from .serve_ray import run_fleet_command
+
+        return run_fleet_command(args, err)
     from exactblocks.serve.cli import build_server
 
     path = resolve(args.model)

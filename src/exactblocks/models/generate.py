@@ -338,6 +338,14 @@ class Generation:
     vocab_size : int
     where : str
         The call named in errors.
+    resume : sequence of int, default=()
+        Tokens this same request already generated (a run cut short, e.g. on a lost server
+        replica): they are replayed through the stop rules, the grammar and the detokenizer,
+        the generator is advanced by one draw per token (``PCG64.advance``: exactly the draws
+        they consumed), and their events are not emitted again, so the events that follow
+        are the ones the uninterrupted run emits after them, bit for bit, once the caller
+        feeds the logits of ``prompt_ids + resume``. They count in :attr:`ids` and towards
+        ``max_tokens``; :attr:`logprobs` holds only the new tokens'.
 
     Raises
     ------
@@ -346,7 +354,10 @@ class Generation:
     ValueError
         A stop id outside the vocabulary (it could never be generated); a grammar without an
         end token (:class:`~exactblocks.models.structured.GrammarError` when it fails
-        against the tokenizer).
+        against the tokenizer); a ``resume`` token outside the vocabulary, a stop token, or
+        one after which the generation would already have ended (a stop string, the
+        grammar's end, ``max_tokens``), naming its index; a ``resume`` token the grammar
+        does not allow (GrammarError).
 
     Attributes
     ----------
@@ -364,7 +375,7 @@ class Generation:
     """
 
     def __init__(self, params: SamplingParams, prompt_ids, *, tokenizer, eos_token_ids,
-                 vocab_size: int, where: str):  # fmt: skip
+                 vocab_size: int, where: str, resume: Sequence[int] = ()):  # fmt: skip
         self.params = params
         self.prompt_ids = list(prompt_ids)
         if params.stop and tokenizer is None:
@@ -396,6 +407,38 @@ class Generation:
         self.error: str | None = None
         self._pending: list[tuple[TokenEvent, int]] = []  # (event, end of its text)
         self._carry = ""  # released text not yet attached to an event
+        self._hidden = 0  # events still to drop: those of replayed tokens (already sent)
+        if len(resume):
+            self._replay(resume, vocab_size, where)
+
+    def _replay(self, resume: Sequence[int], vocab_size: int, where: str) -> None:
+        """Feed ``resume`` as if sampled: state, text and draws move; nothing is emitted."""
+        tokens = [int(t) for t in resume]
+        for i, t in enumerate(tokens):
+            if not 0 <= t < vocab_size:
+                raise ValueError(
+                    f"{where}: resume[{i}]={t} is outside the vocabulary [0, {vocab_size})"
+                )
+            if t in self.stop_ids:
+                raise ValueError(f"{where}: resume[{i}]={t} is a stop token: the generation "
+                                 "ended there")  # fmt: skip
+            if self.finished:
+                raise ValueError(
+                    f"{where}: resume has {len(tokens)} tokens, but the generation ends after "
+                    f"{i} of them ({self.finish_reason})"
+                )
+            self._hidden += 1
+            try:
+                self.accept(t, None)  # the matcher refuses a token its grammar does not allow
+            except GrammarError as exc:
+                raise GrammarError(f"resume[{i}]: {exc}", exc.kind, exc.detail) from None
+        if self.finished:
+            raise ValueError(f"{where}: the generation ends with resume's last token "
+                             f"({self.finish_reason}): there is nothing to resume")  # fmt: skip
+        if self.rng is not None:
+            bits = self.rng.bit_generator
+            assert isinstance(bits, np.random.PCG64)
+            bits.advance(len(tokens))  # one draw per sampled token
 
     @property
     def finished(self) -> bool:
@@ -435,7 +478,7 @@ class Generation:
                        top_k=p.top_k, top_p=p.top_p, rng=self.rng)  # fmt: skip
         return int(allowed[i])
 
-    def accept(self, token: int, logits: np.ndarray) -> tuple[list[TokenEvent], str]:
+    def accept(self, token: int, logits: np.ndarray | None) -> tuple[list[TokenEvent], str]:
         """Take the sampled ``token`` of ``logits``: stop, or append and emit.
 
         Parameters
@@ -460,7 +503,7 @@ class Generation:
             self.matcher.consume(token)
         p = self.params
         lp = top = None
-        if p.logprobs:
+        if p.logprobs and logits is not None:  # None: a replayed token (nothing reported)
             lp, top = logprobs(logits, token, p.top_logprobs)
             self.logprobs.append(lp)
             lp = float(lp)
@@ -496,6 +539,10 @@ class Generation:
         del self._pending[:n]
         if out and self._carry:
             out[-1].text, self._carry = self._carry, ""
+        if self._hidden:  # a replayed token's event (and the text it carried) was sent before
+            drop = min(self._hidden, len(out))
+            self._hidden -= drop
+            out = out[drop:]
         self.events += out
         return out
 

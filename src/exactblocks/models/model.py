@@ -756,7 +756,8 @@ class Model:
             pass
         return out.output
 
-    def generation(self, prompt_ids, params: SamplingParams, *, where: str = "Model.generation"):
+    def generation(self, prompt_ids, params: SamplingParams, *, where: str = "Model.generation",
+                   resume=()):  # fmt: skip
         """A :class:`~exactblocks.models.generate.Generation` of ``prompt_ids`` on this model.
 
         Parameters
@@ -765,6 +766,8 @@ class Model:
         params : SamplingParams
         where : str, default="Model.generation"
             The call named in errors.
+        resume : sequence of int, default=()
+            Tokens the request already generated, replayed (as ``Generation``'s ``resume``).
 
         Returns
         -------
@@ -783,4 +786,4 @@ class Model:
             )
         return Generation(params, prompt_ids, tokenizer=self.tokenizer,
                           eos_token_ids=self.eos_token_ids, vocab_size=self.vocab_size,
-                          where=where)  # fmt: skip
+                          where=where, resume=resume)  # fmt: skip

@@ -26,6 +26,8 @@ from .engine import (
     RequestHandle,
     SamplingParams,
     TokenEvent,
+    check_sizes,
+    prepare_request,
 )
 from .tools import TOOL_CALL_PARSERS
 
@@ -40,7 +42,9 @@ __all__ = [
     "SamplingParams",
     "TOOL_CALL_PARSERS",
     "TokenEvent",
+    "check_sizes",
     "create_app",
+    "prepare_request",
 ]
 
 

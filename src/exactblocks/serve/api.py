@@ -189,10 +189,15 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(
-            _prometheus(engine.stats(), http_counts, model_name),
-            media_type="text/plain; version=0.0.4",
-        )
+        # an engine of several replicas (exactblocks.ray's fleet) reads their reports first
+        # and labels the gauges per replica
+        refresh = getattr(engine, "refresh", None)
+        if refresh is not None:
+            await refresh()
+        per_replica = getattr(engine, "replica_stats", None)
+        text = _prometheus(engine.stats(), http_counts, model_name,
+                           None if per_replica is None else per_replica())  # fmt: skip
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     # -- generation and embeddings ----------------------------------------------------------
     tok = model.tokenizer
@@ -229,9 +234,21 @@ VLLM_GAUGES = {
 }
 
 
-def _prometheus(stats: dict, http_counts: Counter, model_name: str = "") -> str:
+#: Per-replica counters of a fleet's ``/metrics`` -> the engine's stats key and help.
+REPLICA_COUNTERS = {
+    "exactblocks_replica_requests_submitted_total": ("requests_submitted", "Requests taken."),
+    "exactblocks_replica_prefix_cache_hits_total": ("prefix_cache_hits", "Prefix-cache hits."),
+    "exactblocks_replica_generation_tokens_total": ("generation_tokens_total",
+                                                   "Tokens generated."),
+}  # fmt: skip
+
+
+def _prometheus(stats: dict, http_counts: Counter, model_name: str = "",
+                per_replica: dict | None = None) -> str:  # fmt: skip
     """Prometheus text exposition of the engine's stats, the HTTP status counts, and the
-    gauges under vLLM's names (labelled ``model_name`` as vLLM labels them)."""
+    gauges under vLLM's names (labelled ``model_name`` as vLLM labels them). With
+    ``per_replica`` (``{replica: stats}``, a fleet), the vLLM gauges have one sample per
+    replica (labelled ``replica`` too) and :data:`REPLICA_COUNTERS` are added."""
     gauges = {"running", "waiting", "max_batch", "prefix_cache_bytes", "prefix_cache_entries",
               "kv_cache_usage"}  # fmt: skip
     lines = []
@@ -246,6 +263,16 @@ def _prometheus(stats: dict, http_counts: Counter, model_name: str = "") -> str:
         lines.append(f'exactblocks_http_responses_total{{route="{route}",code="{status}"}} {n}')
     label = model_name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     for name, (key, help_text) in VLLM_GAUGES.items():
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge",
-                  f'{name}{{model_name="{label}"}} {float(stats[key])!r}']  # fmt: skip
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        if per_replica is None:
+            lines.append(f'{name}{{model_name="{label}"}} {float(stats[key])!r}')
+            continue
+        for replica, rep in sorted(per_replica.items()):
+            lines.append(f'{name}{{model_name="{label}",replica="{replica}"}} '
+                         f"{float(rep.get(key, 0))!r}")  # fmt: skip
+    for name, (key, help_text) in REPLICA_COUNTERS.items() if per_replica else ():
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+        for replica, rep in sorted(per_replica.items()):
+            lines.append(f'{name}{{model_name="{label}",replica="{replica}"}} '
+                         f"{float(rep.get(key, 0))!r}")  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -56,6 +56,8 @@ __all__ = [
     "RequestHandle",
     "SamplingParams",
     "TokenEvent",
+    "check_sizes",
+    "prepare_request",
 ]
 
 DEFAULT_MAX_TOKENS_PER_SEQUENCE = 4096
@@ -65,6 +67,85 @@ MIN_PREFILL_TOKENS = 16
 MASK_THREADS = 2
 #: Logits of every position the prompt-logprob rows of one step may carry, in bytes.
 SCORED_LOGITS_BYTES = 64 * 2**20
+
+
+def check_sizes(cap: int, n_prompt: int, max_tokens: int | None) -> int:
+    """:meth:`Engine.check` for a server of ``cap`` tokens per sequence (any engine's check).
+
+    Parameters
+    ----------
+    cap : int
+        Tokens per sequence (prompt + completion).
+    n_prompt : int
+    max_tokens : int or None
+
+    Returns
+    -------
+    int
+        The max_tokens to use (None = all the room left).
+
+    Raises
+    ------
+    PromptTooLong, ValueError
+        As :meth:`Engine.check`.
+    """
+    if n_prompt < 1:
+        raise ValueError("the prompt is empty")
+    if n_prompt >= cap + (max_tokens == 0):
+        raise PromptTooLong(
+            f"the prompt has {n_prompt} tokens; this server holds at most {cap} tokens per "
+            "sequence (prompt + completion)"
+        )
+    if max_tokens is None:
+        return cap - n_prompt
+    if n_prompt + max_tokens > cap:
+        raise ValueError(
+            f"max_tokens={max_tokens} with a prompt of {n_prompt} tokens exceeds the "
+            f"{cap} tokens per sequence of this server (at most {cap - n_prompt})"
+        )
+    return max_tokens
+
+
+def prepare_request(model, cap: int, prompt_ids, params: SamplingParams, *,
+                    prompt_logprobs=None, prefill_only=False, resume=()):  # fmt: skip
+    """Every check of :meth:`Engine.submit`, before anything is queued (any engine's).
+
+    Parameters
+    ----------
+    model : exactblocks.Model or an object with ``vocab_size`` and ``generation``
+    cap : int
+        Tokens per sequence.
+    prompt_ids, params, prompt_logprobs, prefill_only, resume
+        As :meth:`Engine.submit`.
+
+    Returns
+    -------
+    tuple
+        ``(ids, resume, generation)``: the prompt as an int64 array, the resumed tokens as a
+        list of int, and the request's :class:`~exactblocks.models.generate.Generation`.
+
+    Raises
+    ------
+    PromptTooLong, ValueError
+        As :meth:`Engine.submit`.
+    """
+    ids = np.asarray(list(prompt_ids), dtype=np.int64)
+    check_sizes(cap, len(ids), 0 if prefill_only else params.max_tokens)
+    if prompt_logprobs is not None and not (
+        isinstance(prompt_logprobs, int) and 0 <= prompt_logprobs <= 20
+    ):
+        raise ValueError(f"prompt_logprobs={prompt_logprobs!r} must be None or an int in [0, 20]")
+    vocab = model.vocab_size
+    if ids.ndim != 1 or ((ids < 0) | (ids >= vocab)).any():
+        raise ValueError(f"a prompt token id is outside the vocabulary [0, {vocab})")
+    resume = [int(t) for t in resume]
+    if resume and (prompt_logprobs is not None or prefill_only):
+        raise ValueError("resume cannot be combined with prompt_logprobs or prefill_only")
+    try:
+        gen = model.generation(ids.tolist(), params, where="Engine.submit", resume=resume)
+    except TypeError as exc:  # stop strings without a tokenizer: a bad request
+        raise ValueError(str(exc)) from None
+    return ids, resume, gen
 
 
 class Engine:
@@ -238,22 +319,7 @@ class Engine:
         ValueError
             An empty prompt, or prompt + max_tokens beyond ``max_tokens_per_sequence``.
         """
-        cap = self.max_tokens_per_sequence
-        if n_prompt < 1:
-            raise ValueError("the prompt is empty")
-        if n_prompt >= cap + (max_tokens == 0):
-            raise PromptTooLong(
-                f"the prompt has {n_prompt} tokens; this server holds at most {cap} tokens per "
-                "sequence (prompt + completion)"
-            )
-        if max_tokens is None:
-            return cap - n_prompt
-        if n_prompt + max_tokens > cap:
-            raise ValueError(
-                f"max_tokens={max_tokens} with a prompt of {n_prompt} tokens exceeds the "
-                f"{cap} tokens per sequence of this server (at most {cap - n_prompt})"
-            )
-        return max_tokens
+        return check_sizes(self.max_tokens_per_sequence, n_prompt, max_tokens)
 
     def submit(
         self,
@@ -263,6 +329,7 @@ class Engine:
         *,
         prompt_logprobs: int | None = None,
         prefill_only: bool = False,
+        resume=(),
     ) -> RequestHandle:
         """Queue a request; return its handle.
 
@@ -284,6 +351,13 @@ class Engine:
         prefill_only : bool, default=False
             True: run the prompt and finish (reason ``"length"``) without generating
             (``max_tokens=0``; ``params.max_tokens`` is then not used).
+        resume : sequence of int, default=()
+            The tokens an earlier run of this same request (same prompt and params, a seed
+            given when sampling) already sent, to continue it elsewhere (a replica lost
+            mid-stream): the row runs ``prompt_ids + resume``, the generator skips the draws
+            they consumed, and the events sent are exactly those the uninterrupted run sends
+            after them (its FinishEvent counts them as completion tokens). Not with
+            ``prompt_logprobs`` or ``prefill_only``.
 
         Raises
         ------
@@ -294,24 +368,16 @@ class Engine:
             a stop id outside the vocabulary.
         EngineClosed
         """
-        ids = np.asarray(list(prompt_ids), dtype=np.int64)
-        self.check(len(ids), 0 if prefill_only else params.max_tokens)
-        if prompt_logprobs is not None and not (
-            isinstance(prompt_logprobs, int) and 0 <= prompt_logprobs <= 20
-        ):
-            raise ValueError(
-                f"prompt_logprobs={prompt_logprobs!r} must be None or an int in [0, 20]"
-            )
-        vocab = self.model.vocab_size
-        if ids.ndim != 1 or ((ids < 0) | (ids >= vocab)).any():
-            raise ValueError(f"a prompt token id is outside the vocabulary [0, {vocab})")
-        try:
-            gen = self.model.generation(ids.tolist(), params, where="Engine.submit")
-        except TypeError as exc:  # stop strings without a tokenizer: a bad request
-            raise ValueError(str(exc)) from None
+        ids, resume, gen = prepare_request(
+            self.model, self.max_tokens_per_sequence, prompt_ids, params,
+            prompt_logprobs=prompt_logprobs, prefill_only=prefill_only, resume=resume,
+        )  # fmt: skip
         handle = RequestHandle(self, next(self._ids), ids.tolist(), params, sink)
+        n_prompt = len(ids)
+        if resume:
+            ids = np.concatenate([ids, np.asarray(resume, dtype=np.int64)])
         seq = _Seq(handle=handle, ids=ids, gen=gen, prompt_top=prompt_logprobs,
-                   prefill_only=bool(prefill_only))  # fmt: skip
+                   prefill_only=bool(prefill_only), n_prompt=n_prompt)  # fmt: skip
         if prompt_logprobs is not None:
             seq.prompt_lps = [(None, None)]
         with self._cond:
@@ -352,6 +418,14 @@ class Engine:
         """True while the loop thread runs (False before ``start`` and after a failure)."""
         return self._thread is not None and self._thread.is_alive()
 
+    def cached_prefixes(self) -> list[np.ndarray]:
+        """The token ids of every prefix the cache holds (int64 arrays), least recent first.
+
+        A snapshot taken from any thread (a router's view of where a prefix is cached); the
+        cache may change right after.
+        """
+        return [np.frombuffer(k, dtype=np.int64) for k in self.cache.keys()]
+
     def stats(self) -> dict:
         """A snapshot of gauges and counters (for /metrics).
 
@@ -361,7 +435,9 @@ class Engine:
         """
         with self._cond:
             waiting = len(self._waiting) + len(self._incoming)
-        held = sum(s.pos + len(s.gen.ids) for s in list(self._rows) if s is not None)
+        # a row holds its prompt and resumed tokens (both in pos) and the tokens generated since
+        held = sum(s.pos + len(s.gen.ids) - (len(s.ids) - s.n_prompt)
+                   for s in list(self._rows) if s is not None)  # fmt: skip
         return {
             "running": self.max_batch - self._free_rows(),
             "waiting": waiting,
@@ -671,7 +747,7 @@ class Engine:
                 reason,
                 text=text,
                 tail=tail,
-                prompt_tokens=len(seq.ids),
+                prompt_tokens=seq.n_prompt,
                 completion_tokens=len(seq.gen.ids),
                 cached_tokens=seq.cached,
                 error=error,

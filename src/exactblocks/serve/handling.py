@@ -342,10 +342,18 @@ def shared(engine: Engine, model_name: str) -> SimpleNamespace:
             engine.add_burst_hook(delivery.kick)
         events: asyncio.Queue = asyncio.Queue()
         handles: list = []
+        # an engine whose submission is remote (exactblocks.ray's fleet) answers it awaited,
+        # with the same errors
+        asubmit = getattr(engine, "asubmit", None)
         try:
             for index, (ids, params, plp, only) in enumerate(jobs):
-                handles.append(engine.submit(ids, params, delivery.sink(events, index),
-                                             prompt_logprobs=plp, prefill_only=only))  # fmt: skip
+                sink = delivery.sink(events, index)
+                if asubmit is not None:
+                    handles.append(await asubmit(ids, params, sink, prompt_logprobs=plp,
+                                                 prefill_only=only))  # fmt: skip
+                else:
+                    handles.append(engine.submit(ids, params, sink, prompt_logprobs=plp,
+                                                 prefill_only=only))  # fmt: skip
         except QueueFull as exc:
             for h in handles:
                 h.cancel()

@@ -181,6 +181,15 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def keys(self) -> list[bytes]:
+        """A snapshot of the entries' keys (int64 token ids as bytes), least recent first."""
+        for _ in range(3):  # another thread may insert meanwhile: take the snapshot again
+            try:
+                return list(self._entries)
+            except RuntimeError:
+                continue
+        return []
+
     def _touch(self, entry: PrefixEntry) -> None:
         for e in reversed(entry.chain()):  # leaf first, so ancestors end up more recent
             if not e.evicted:

@@ -80,6 +80,7 @@ class FinishEvent:
     cached_tokens: int = 0
     error: str | None = None
     stop_token: TokenEvent | None = None
+    n_prompt: int = 0  # the request's own prompt tokens (ids also holds resumed ones)
 
 
 @dataclass
@@ -169,3 +170,4 @@ class _Seq:
     prompt_lps: list | None = None  # (logprob, top) per prompt token so far
     prefill_only: bool = False  # max_tokens=0: finish once the prompt is in
     stop_token: TokenEvent | None = None
+    n_prompt: int = 0  # the request's own prompt tokens (ids also holds resumed ones)

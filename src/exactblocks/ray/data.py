@@ -1,5 +1,7 @@
 """Ray Data batch inference whose answers do not depend on how the work is split.
 
+(``exactblocks.ray.data``; its names are re-exported by ``exactblocks.ray``.)
+
 Three callable classes for ``Dataset.map_batches``: :class:`Generate` (text from a prompt or a
 chat), :class:`Score` (log-probabilities of a given continuation) and :class:`Embed` (a pooled
 hidden state). Each actor loads the model once in ``__init__`` (from a path every node can see,
