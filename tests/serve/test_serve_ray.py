@@ -259,7 +259,9 @@ def _running_replicas(app: str) -> int:
 def test_a_burst_scales_up_and_idling_scales_down(ray_local, smol, fleet):
     serve.delete("fleet")  # its replicas' CPUs and its route for this one
     port = int(fleet.rsplit(":", 1)[1])  # Ray Serve's HTTP proxy keeps the port it started on
-    url = ebray.run_fleet(str(smol.source), port=port, app_name="scale", replicas=1,
+    # this fleet's replicas get the model through the object store (pack_model), not a path
+    ref = ray.put(ebray.pack_model(str(smol.source)))
+    url = ebray.run_fleet(model_ref=ref, port=port, app_name="scale", replicas=1,
                           max_replicas=2, model_name=NAME, max_batch=2, max_queue=8,
                           autoscaling={"target_ongoing_requests": 1, "upscale_delay_s": 0.5,
                                        "downscale_delay_s": 3, "metrics_interval_s": 0.5,

@@ -36,6 +36,7 @@ import time
 from collections import OrderedDict
 
 import numpy as np
+import ray
 import xxhash
 from ray import serve
 from ray.serve.request_router import LocalityMixin, MultiplexMixin, RequestRouter
@@ -159,6 +160,8 @@ class EngineReplica:
                  registry=None):  # fmt: skip
         self._tmp = None
         if model_ref is not None:
+            if isinstance(model_ref, ray.ObjectRef):  # (Ray passes a nested ref unresolved)
+                model_ref = ray.get(model_ref)
             path, self._tmp = _unpack(model_ref)
         else:
             path = os.fspath(model)
@@ -754,8 +757,11 @@ def fleet_app(model=None, *, model_ref=None, replicas: int = 1, max_replicas: in
     max_batch = engine_options.setdefault("max_batch", 8)
     max_queue = engine_options.get("max_queue", 64)
     block = engine_options.setdefault("prefill_chunk", 64)
-    if model_name is None:
-        model_name = os.path.basename(os.path.normpath(model)) if model else "model"
+    if model_name is None and model is not None:
+        model_name = os.path.basename(os.path.normpath(model))
+    elif model_name is None:
+        name = model_ref.get("name") if isinstance(model_ref, dict) else None
+        model_name = name or "model"  # (an ObjectRef is not read here: "model")
 
     quiet = {"enable_access_log": False}  # the reports every second and the stream calls
     registry = serve.deployment(name="Registry", ray_actor_options={"num_cpus": 0},
