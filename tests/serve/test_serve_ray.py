@@ -192,9 +192,10 @@ def _stream(client, i, out: dict, progress: list):
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": f"Tell a long story about lighthouse number {i}."},
     ]
+    sampling = dict(temperature=0.8, seed=70 + i) if i % 2 else dict(temperature=0.0)
     s = client.chat.completions.create(model=NAME, messages=msgs, max_tokens=160, stream=True,
-                                       temperature=0.8, seed=70 + i, logprobs=True,
-                                       extra_body={"ignore_eos": True})  # fmt: skip
+                                       logprobs=True, extra_body={"ignore_eos": True},
+                                       **sampling)  # fmt: skip
     text, lps, fin = [], [], None
     for ch in s:
         if not ch.choices:
@@ -214,9 +215,9 @@ def _replica_actor(app: str, replica: str):
 
 
 def test_killed_replica_mid_stream_loses_no_token(fleet, single):
-    """Four streams share a prefix, so they run on one replica; that replica's actor is
-    killed while they stream. Every stream completes on the other replica with exactly the
-    text and logprobs of an uninterrupted run."""
+    """Four streams (two greedy, two seeded) share a prefix, so they run on one replica;
+    that replica's actor is killed while they stream. Every stream completes on the other
+    replica with exactly the text and logprobs of an uninterrupted run."""
     client = _client(fleet)
     sub0 = _settled_metrics(fleet, "exactblocks_replica_requests_submitted_total")
     out: dict = {}
